@@ -1,0 +1,217 @@
+// attention-core-bench: times MhaEngine::Forward per shape and prints the
+// median latency and achieved GFLOP/s (FLOPs counted as 2NLE^2 for Q,
+// 2NS*kdim*E + 2NS*vdim*E for K and V, 4NLS'E for the two attention products
+// and 2NLE^2 for the output projection).
+//
+//   attention-core-bench --batch=8 --seq_len=256 --embed_dim=512 --num_heads=8
+//   attention-core-bench --preset=goals --dtype=bfloat16 --json
+//   attention-core-bench --model=/path/to/model_dir --seq_len=64
+//   attention-core-bench --matmul_peak   # oneDNN 2048^3 float32 matmul
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "core/mha_engine.h"
+#include "core/primitive_cache.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(int64_t, embed_dim, 256, "Model embedding dimension E (ignored with --model).");
+ABSL_FLAG(int64_t, num_heads, 8, "Attention heads H (ignored with --model).");
+ABSL_FLAG(int64_t, batch, 1, "Batch size N.");
+ABSL_FLAG(int64_t, seq_len, 128, "Query length L.");
+ABSL_FLAG(int64_t, kv_seq_len, 0, "Key/value length S; 0 = self-attention on the query.");
+ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 or bfloat16.");
+ABSL_FLAG(int, threads, 0, "oneDNN (OpenMP) threads; 0 = all cores.");
+ABSL_FLAG(bool, need_weights, false, "Also return the attention weights.");
+ABSL_FLAG(int, iterations, 50, "Timed iterations per shape (the median is reported).");
+ABSL_FLAG(int, warmup, 3, "Untimed iterations per shape first.");
+ABSL_FLAG(std::string, model, "", "Model directory (config.json + model.safetensors).");
+ABSL_FLAG(std::string, preset, "",
+          "'goals': the issue's goal shapes (1x128 E768 H12, 8x256 E512 H8, 8x512 E1024 H16), "
+          "instead of the single shape from the flags.");
+ABSL_FLAG(bool, json, false, "Print one JSON object per shape instead of a table.");
+ABSL_FLAG(bool, matmul_peak, false, "Also measure a 2048^3 float32 oneDNN matmul (the peak).");
+
+namespace attention {
+namespace {
+
+struct Shape4 {
+  int64_t batch, seq_len, kv_seq_len, embed_dim, num_heads;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+template <typename F>
+std::vector<double> TimeMs(int warmup, int iterations, F&& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> ms;
+  for (int i = 0; i < iterations; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                     .count());
+  }
+  return ms;
+}
+
+double MatmulPeakGflops(int iterations) {
+  const int64_t n = 2048;
+  using dt = dnnl::memory::data_type;
+  dnnl::memory::desc md({n, n}, dt::f32, dnnl::memory::format_tag::ab);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), CpuEngine());
+  dnnl::matmul mm(pd);
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
+  dnnl::stream s(CpuEngine());
+  auto ms = TimeMs(2, iterations, [&] {
+    mm.execute(s, {{DNNL_ARG_SRC, Wrap(md, a.data())},
+                   {DNNL_ARG_WEIGHTS, Wrap(md, b.data())},
+                   {DNNL_ARG_DST, Wrap(md, c.data())}});
+    s.wait();
+  });
+  return 2.0 * n * n * n / (Median(ms) * 1e-3) / 1e9;
+}
+
+int Run() {
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (threads > 0) omp_set_num_threads(threads);
+  auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok() || (*dtype != DType::kFloat32 && *dtype != DType::kBFloat16)) {
+    std::cerr << "--dtype must be float32 or bfloat16\n";
+    return 2;
+  }
+  std::shared_ptr<const MhaModel> fixed_model;
+  if (!absl::GetFlag(FLAGS_model).empty()) {
+    auto m = MhaModel::LoadFromDirectory(absl::GetFlag(FLAGS_model));
+    if (!m.ok()) {
+      std::cerr << m.status() << "\n";
+      return 1;
+    }
+    fixed_model = *m;
+  }
+  std::vector<Shape4> shapes;
+  if (absl::GetFlag(FLAGS_preset) == "goals") {
+    shapes.push_back({1, 128, 0, 768, 12});
+    shapes.push_back({8, 256, 0, 512, 8});
+    shapes.push_back({8, 512, 0, 1024, 16});
+  } else if (absl::GetFlag(FLAGS_preset).empty()) {
+    shapes.push_back({absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_seq_len),
+                      absl::GetFlag(FLAGS_kv_seq_len), absl::GetFlag(FLAGS_embed_dim),
+                      absl::GetFlag(FLAGS_num_heads)});
+  } else {
+    std::cerr << "unknown --preset '" << absl::GetFlag(FLAGS_preset) << "'\n";
+    return 2;
+  }
+  const bool json = absl::GetFlag(FLAGS_json);
+  const int iterations = std::max(1, absl::GetFlag(FLAGS_iterations));
+  const int used_threads = omp_get_max_threads();
+  if (!json) {
+    std::printf("%-6s %-6s %-6s %-6s %-4s %-9s %-7s %10s %10s %9s\n", "N", "L", "S", "E", "H",
+                "dtype", "weights", "median_ms", "min_ms", "GFLOP/s");
+  }
+  for (const Shape4& sh : shapes) {
+    std::shared_ptr<const MhaModel> model = fixed_model;
+    if (model == nullptr) {
+      MhaSpec spec;
+      spec.embed_dim = sh.embed_dim;
+      spec.num_heads = sh.num_heads;
+      spec.kdim = spec.vdim = sh.embed_dim;
+      spec.compute_dtype = *dtype;
+      auto m = MhaModel::Random(spec, 7);
+      if (!m.ok()) {
+        std::cerr << m.status() << "\n";
+        return 1;
+      }
+      model = *m;
+    }
+    const MhaSpec& spec = model->spec();
+    auto engine = MhaEngine::Create(model);
+    if (!engine.ok()) {
+      std::cerr << engine.status() << "\n";
+      return 1;
+    }
+    const int64_t n = sh.batch, l = sh.seq_len, e = spec.embed_dim;
+    const bool cross = sh.kv_seq_len > 0 || spec.kdim != e || spec.vdim != e;
+    const int64_t s = sh.kv_seq_len > 0 ? sh.kv_seq_len : l;
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal;
+    auto fill = [&](int64_t count) {
+      std::vector<float> v(count);
+      for (float& x : v) x = normal(rng);
+      return v;
+    };
+    std::vector<float> q = fill(n * l * e), k = fill(n * s * spec.kdim), v = fill(n * s * spec.vdim);
+    MhaInputs in;
+    in.query = TensorView{DType::kFloat32, {n, l, e}, q.data()};
+    if (cross) {
+      in.key = TensorView{DType::kFloat32, {n, s, spec.kdim}, k.data()};
+      in.value = TensorView{DType::kFloat32, {n, s, spec.vdim}, v.data()};
+    }
+    in.need_weights = absl::GetFlag(FLAGS_need_weights);
+    absl::Status status;
+    auto ms = TimeMs(absl::GetFlag(FLAGS_warmup), iterations, [&] {
+      auto out = (*engine)->Forward(in);
+      if (!out.ok()) status = out.status();
+    });
+    if (!status.ok()) {
+      std::cerr << status << "\n";
+      return 1;
+    }
+    const int64_t s_total = s + spec.extra_keys();
+    const double flops = 2.0 * n * l * e * e + 2.0 * n * s * spec.kdim * e +
+                         2.0 * n * s * spec.vdim * e + 4.0 * n * l * s_total * e +
+                         2.0 * n * l * e * e;
+    const double median = Median(ms);
+    const double gflops = flops / (median * 1e-3) / 1e9;
+    const double min_ms = *std::min_element(ms.begin(), ms.end());
+    const std::string dtype_name(DTypeName(spec.compute_dtype));
+    if (json) {
+      nlohmann::json j = {{"batch", n},          {"seq_len", l},
+                          {"kv_seq_len", s},     {"embed_dim", e},
+                          {"num_heads", spec.num_heads}, {"dtype", dtype_name},
+                          {"threads", used_threads},     {"need_weights", in.need_weights},
+                          {"iterations", iterations},    {"median_ms", median},
+                          {"min_ms", min_ms},            {"gflops", gflops}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("%-6ld %-6ld %-6ld %-6ld %-4ld %-9s %-7s %10.3f %10.3f %9.1f\n", n, l, s, e,
+                  spec.num_heads, dtype_name.c_str(), in.need_weights ? "yes" : "no", median,
+                  min_ms, gflops);
+    }
+  }
+  if (absl::GetFlag(FLAGS_matmul_peak)) {
+    const double peak = MatmulPeakGflops(std::max(5, iterations / 5));
+    if (json) {
+      std::printf("%s\n", nlohmann::json({{"matmul_peak_gflops", peak}, {"threads", used_threads}})
+                              .dump()
+                              .c_str());
+    } else {
+      std::printf("oneDNN 2048^3 float32 matmul: %.1f GFLOP/s (%d threads)\n", peak,
+                  used_threads);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace attention
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Times the attention engine per shape: attention-core-bench [--flags]; see --help.");
+  absl::ParseCommandLine(argc, argv);
+  return attention::Run();
+}

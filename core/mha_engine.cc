@@ -1,0 +1,320 @@
+#include "core/mha_engine.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/input_validation.h"
+#include "core/status_macros.h"
+
+namespace attention {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using dims = dnnl::memory::dims;
+
+// W (out, in) float32 -> W^T (in, out) * scale in `dtype`, written at `dst`
+// with `ld` elements between rows.
+void TransposeInto(const Tensor& w, float scale, DType dtype, void* dst, int64_t ld) {
+  const int64_t out = w.dim(0), in = w.dim(1);
+  std::vector<float> row(static_cast<size_t>(out));
+  const float* src = w.as<float>();
+  for (int64_t i = 0; i < in; ++i) {
+    for (int64_t o = 0; o < out; ++o) row[o] = src[o * in + i] * scale;
+    ConvertFloats(DType::kFloat32, row.data(), dtype,
+                  static_cast<char*>(dst) + i * ld * DTypeSize(dtype), row.size());
+  }
+}
+
+
+bool SameTensor(const TensorView& a, const TensorView& b) {
+  return a.data == b.data && a.dtype == b.dtype && a.shape == b.shape;
+}
+
+// A (N, T, H*D) buffer, with `token_stride` elements between tokens, viewed
+// as (N, H, T, D).
+HeadsView SplitHeads(const void* data, DType dtype, int64_t n, int64_t t, int64_t heads,
+                     int64_t head_dim, int64_t item_stride, int64_t token_stride) {
+  HeadsView v;
+  v.data = data;
+  v.dtype = dtype;
+  v.n = n;
+  v.h = heads;
+  v.t = t;
+  v.d = head_dim;
+  v.stride_n = item_stride;
+  v.stride_h = head_dim;
+  v.stride_t = token_stride;
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(std::shared_ptr<const MhaModel> model,
+                                                             EngineOptions options) {
+  if (model == nullptr) return absl::InvalidArgumentError("MhaEngine: model is null");
+  RETURN_IF_ERROR(ValidateSpec(model->spec()));
+  return std::unique_ptr<MhaEngine>(new MhaEngine(std::move(model), options));
+}
+
+MhaEngine::MhaEngine(std::shared_ptr<const MhaModel> model, EngineOptions options)
+    : model_(std::move(model)),
+      options_(options),
+      compute_(model_->spec().compute_dtype),
+      cache_(options.primitive_cache_capacity) {
+  const MhaSpec& s = model_->spec();
+  const MhaWeights& w = model_->weights();
+  const int64_t e = s.embed_dim;
+  const size_t esize = DTypeSize(compute_);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim()));
+
+  q_weight_ = Tensor(compute_, {e, e});
+  k_weight_ = Tensor(compute_, {s.kdim, e});
+  v_weight_ = Tensor(compute_, {s.vdim, e});
+  TransposeInto(w.q_weight, scale, compute_, q_weight_.data(), e);
+  TransposeInto(w.k_weight, 1.0f, compute_, k_weight_.data(), e);
+  TransposeInto(w.v_weight, 1.0f, compute_, v_weight_.data(), e);
+  if (s.packed_in_proj()) {  // (E, 3E) for the fused self-attention projection.
+    qkv_weight_ = Tensor(compute_, {e, 3 * e});
+    char* qkv = static_cast<char*>(qkv_weight_.data());
+    TransposeInto(w.q_weight, scale, compute_, qkv, 3 * e);
+    TransposeInto(w.k_weight, 1.0f, compute_, qkv + e * esize, 3 * e);
+    TransposeInto(w.v_weight, 1.0f, compute_, qkv + 2 * e * esize, 3 * e);
+  }
+  out_weight_ = Tensor(compute_, {e, e});
+  TransposeInto(w.out_weight, 1.0f, compute_, out_weight_.data(), e);
+
+  if (s.bias) {
+    qkv_bias_ = w.in_bias.Clone();
+    float* b = qkv_bias_.mutable_as<float>();
+    for (int64_t i = 0; i < e; ++i) b[i] *= scale;
+  }
+  if (s.add_bias_kv) {
+    bias_kv_ = Tensor(compute_, {2, e});
+    ConvertFloats(DType::kFloat32, w.bias_k.data(), compute_, bias_kv_.data(), e);
+    ConvertFloats(DType::kFloat32, w.bias_v.data(), compute_,
+                  static_cast<char*>(bias_kv_.data()) + e * esize, e);
+  }
+  const float* in_bias = s.bias ? qkv_bias_.as<float>() : nullptr;
+  q_proj_ = {q_weight_.data(), in_bias, e, e};
+  k_proj_ = {k_weight_.data(), in_bias ? in_bias + e : nullptr, s.kdim, e};
+  v_proj_ = {v_weight_.data(), in_bias ? in_bias + 2 * e : nullptr, s.vdim, e};
+  out_proj_ = {out_weight_.data(), s.bias ? w.out_bias.as<float>() : nullptr, e, e};
+}
+
+absl::Status MhaEngine::Linear(const Projection& proj, const void* x, int64_t batches,
+                               int64_t rows, void* y, DType dst_dtype,
+                               int64_t dst_block_stride) const {
+  const dt ct = ToDnnl(compute_);
+  const dnnl::memory::desc src_md({batches, rows, proj.in}, ct,
+                                  dims{rows * proj.in, proj.in, 1});
+  const dnnl::memory::desc w_md({1, proj.in, proj.out}, ct, dims{proj.in * proj.out, proj.out, 1});
+  const dnnl::memory::desc b_md({1, 1, proj.out}, dt::f32, dims{proj.out, proj.out, 1});
+  const int64_t block = dst_block_stride > 0 ? dst_block_stride : rows * proj.out;
+  const dnnl::memory::desc dst_md({batches, rows, proj.out}, ToDnnl(dst_dtype),
+                                  dims{block, proj.out, 1});
+  std::string key = "linear";
+  AppendMdKey(src_md, &key);
+  AppendMdKey(w_md, &key);
+  AppendMdKey(dst_md, &key);
+  absl::StrAppend(&key, proj.bias != nullptr ? "b" : "");
+  ASSIGN_OR_RETURN(auto prim, (cache_.GetOrCreate<dnnl::matmul, dnnl::matmul::primitive_desc>(
+                                  key, [&] {
+                                    dnnl::primitive_attr attr;
+                                    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+                                    auto desc = proj.bias != nullptr
+                                                    ? dnnl::matmul::desc(src_md, w_md, b_md, dst_md)
+                                                    : dnnl::matmul::desc(src_md, w_md, dst_md);
+                                    return dnnl::matmul::primitive_desc(desc, attr, CpuEngine());
+                                  })));
+  std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, Wrap(src_md, x)},
+                                                {DNNL_ARG_WEIGHTS, Wrap(w_md, proj.weight)},
+                                                {DNNL_ARG_DST, Wrap(dst_md, y)}};
+  if (proj.bias != nullptr) args.emplace(DNNL_ARG_BIAS, Wrap(b_md, proj.bias));
+  return Execute(*prim, std::move(args));
+}
+
+absl::Status MhaEngine::FusedQkv(const void* x, int64_t rows, void* y) const {
+  const int64_t e = model_->spec().embed_dim;
+  const dt ct = ToDnnl(compute_);
+  const bool bias = model_->spec().bias;
+  // Weights (E, 3E): q, k and v projections side by side; y (rows, 3E).
+  const dnnl::memory::desc src_md({rows, e}, ct, dims{e, 1});
+  const dnnl::memory::desc w_md({e, 3 * e}, ct, dims{3 * e, 1});
+  const dnnl::memory::desc b_md({1, 3 * e}, dt::f32, dims{3 * e, 1});
+  const dnnl::memory::desc dst_md({rows, 3 * e}, ct, dims{3 * e, 1});
+  std::string key = "qkv";
+  AppendMdKey(src_md, &key);
+  AppendMdKey(w_md, &key);
+  absl::StrAppend(&key, bias ? "b" : "");
+  ASSIGN_OR_RETURN(auto prim, (cache_.GetOrCreate<dnnl::matmul, dnnl::matmul::primitive_desc>(
+                                  key, [&] {
+                                    dnnl::primitive_attr attr;
+                                    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+                                    auto desc = bias ? dnnl::matmul::desc(src_md, w_md, b_md, dst_md)
+                                                     : dnnl::matmul::desc(src_md, w_md, dst_md);
+                                    return dnnl::matmul::primitive_desc(desc, attr, CpuEngine());
+                                  })));
+  std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, Wrap(src_md, x)},
+                                                {DNNL_ARG_WEIGHTS, Wrap(w_md, qkv_weight_.data())},
+                                                {DNNL_ARG_DST, Wrap(dst_md, y)}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, Wrap(b_md, qkv_bias_.data()));
+  return Execute(*prim, std::move(args));
+}
+
+absl::Status MhaEngine::RunForward(const TensorView& query, const std::optional<TensorView>& key,
+                                   const std::optional<TensorView>& value, const MaskPlan& plan,
+                                   float* output, float* weights, bool average_weights) const {
+  const MhaSpec& s = model_->spec();
+  const int64_t e = s.embed_dim, heads = s.num_heads, d = s.head_dim();
+  const int64_t n = query.dim(0), l = query.dim(1);
+  const TensorView& key_view = key ? *key : query;
+  const TensorView& value_view = value ? *value : key_view;
+  const int64_t keys = key_view.dim(1);
+  const int64_t total_keys = keys + s.extra_keys();
+  const size_t esize = DTypeSize(compute_);
+
+  Tensor q_conv, k_conv, v_conv;
+  const void* q_in = DataAs(query, compute_, &q_conv);
+  const bool self_attention = SameTensor(key_view, query) && SameTensor(value_view, query);
+
+  AlignedBuffer q_buf, kv_buf;
+  int64_t token_stride = e;  // Between tokens of the projected q, k and v.
+  const void* q_data;
+  const void* k_data;
+  const void* v_data;
+  if (self_attention && s.packed_in_proj() && s.extra_keys() == 0) {
+    q_buf = AlignedBuffer(3 * n * l * e * esize);
+    RETURN_IF_ERROR(FusedQkv(q_in, n * l, q_buf.data()));
+    q_data = q_buf.data();
+    k_data = q_buf.as<char>() + e * esize;
+    v_data = q_buf.as<char>() + 2 * e * esize;
+    token_stride = 3 * e;
+  } else {
+    q_buf = AlignedBuffer(n * l * e * esize);
+    RETURN_IF_ERROR(Linear(q_proj_, q_in, 1, n * l, q_buf.data(), compute_, 0));
+    const void* k_in = self_attention ? q_in : DataAs(key_view, compute_, &k_conv);
+    const void* v_in = SameTensor(value_view, key_view) ? k_in
+                       : SameTensor(value_view, query)   ? q_in
+                                                         : DataAs(value_view, compute_, &v_conv);
+    // K and V as (N, S', E): each item's projected keys, then the appended ones.
+    const int64_t plane = n * total_keys * e;
+    kv_buf = AlignedBuffer(2 * plane * esize);
+    char* k_out = kv_buf.as<char>();
+    char* v_out = k_out + plane * esize;
+    RETURN_IF_ERROR(Linear(k_proj_, k_in, n, keys, k_out, compute_, total_keys * e));
+    RETURN_IF_ERROR(Linear(v_proj_, v_in, n, keys, v_out, compute_, total_keys * e));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = keys; j < total_keys; ++j) {
+        const size_t offset = ((i * total_keys + j) * e) * esize;
+        if (s.add_bias_kv && j == keys) {
+          std::memcpy(k_out + offset, bias_kv_.data(), e * esize);
+          std::memcpy(v_out + offset, bias_kv_.as<char>() + e * esize, e * esize);
+        } else {  // add_zero_attn.
+          std::memset(k_out + offset, 0, e * esize);
+          std::memset(v_out + offset, 0, e * esize);
+        }
+      }
+    }
+    q_data = q_buf.data();
+    k_data = k_out;
+    v_data = v_out;
+  }
+
+  AlignedBuffer context(n * l * e * esize);
+  AttentionProblem problem;
+  problem.q = SplitHeads(q_data, compute_, n, l, heads, d, l * token_stride, token_stride);
+  problem.k = SplitHeads(k_data, compute_, n, total_keys, heads, d, total_keys * token_stride,
+                         token_stride);
+  problem.v = SplitHeads(v_data, compute_, n, total_keys, heads, d, total_keys * token_stride,
+                         token_stride);
+  problem.out = SplitHeads(context.data(), compute_, n, l, heads, d, l * e, e);
+  problem.masks = &plan;
+  problem.scale = 1.0f;  // Folded into the query projection.
+  problem.weights = weights;
+  problem.average_weights = average_weights;
+  RETURN_IF_ERROR(RunAttention(problem, options_.kernel, cache_));
+  return Linear(out_proj_, context.data(), 1, n * l, output, DType::kFloat32, 0);
+}
+
+absl::Status MhaEngine::ForwardBatch(const TensorView& query, const std::optional<TensorView>& key,
+                                     const std::optional<TensorView>& value,
+                                     const std::vector<ItemMask>& items, float* output,
+                                     float* weights) const {
+  const int64_t keys = key ? key->dim(1) : query.dim(1);
+  MaskPlan plan(items, keys, model_->spec().extra_keys(), model_->spec().num_heads);
+  return RunForward(query, key, value, plan, output, weights, /*average_weights=*/false);
+}
+
+absl::StatusOr<MhaOutputs> MhaEngine::Forward(const MhaInputs& in) const {
+  const MhaSpec& s = model_->spec();
+  const int64_t e = s.embed_dim, heads = s.num_heads;
+  const bool batched = in.query.rank() == 3;
+  if (in.query.rank() != 2 && in.query.rank() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query: expected rank 3 (N, L, E) or 2 (L, E), got shape ",
+                     ShapeToString(in.query.shape)));
+  }
+  const int64_t rank = in.query.rank();
+  RETURN_IF_ERROR(CheckFloatTensor(in.query, "query", rank));
+  const int64_t n = batched ? in.query.dim(0) : 1;
+  const int64_t l = in.query.dim(rank - 2);
+  RETURN_IF_ERROR(CheckShape(in.query, "query", batched ? Shape{-1, -1, e} : Shape{-1, e}));
+
+  if (in.value && !in.key) {
+    return absl::InvalidArgumentError("value: given without key; pass key too (or neither)");
+  }
+  int64_t keys = l;
+  if (in.key) {
+    RETURN_IF_ERROR(CheckFloatTensor(*in.key, "key", rank));
+    keys = in.key->dim(rank - 2);
+    RETURN_IF_ERROR(
+        CheckShape(*in.key, "key", batched ? Shape{n, -1, s.kdim} : Shape{-1, s.kdim}));
+  } else if (s.kdim != e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key: required because the model's kdim ", s.kdim, " differs from embed_dim ", e));
+  }
+  const TensorView* value = in.value ? &*in.value : in.key ? &*in.key : &in.query;
+  RETURN_IF_ERROR(CheckFloatTensor(*value, "value", rank));
+  RETURN_IF_ERROR(CheckShape(*value, "value", batched ? Shape{n, keys, s.vdim} : Shape{keys, s.vdim}));
+  if (in.output_dtype && *in.output_dtype == DType::kBool) {
+    return absl::InvalidArgumentError("output_dtype: expected float32, bfloat16 or float16, got bool");
+  }
+  ASSIGN_OR_RETURN(std::vector<ItemMask> items,
+                   BuildItemMasks(in.key_padding_mask, in.attn_mask, in.is_causal, batched, n,
+                                  heads, l, keys));
+
+  // Work on (N, L, E) views; unbatched inputs are a batch of one.
+  auto batch_view = [&](const TensorView& t) {
+    TensorView v = t;
+    if (!batched) v.shape.insert(v.shape.begin(), 1);
+    return v;
+  };
+  const TensorView query = batch_view(in.query);
+  std::optional<TensorView> key, val;
+  if (in.key) key = batch_view(*in.key);
+  if (in.value) val = batch_view(*in.value);
+
+  const DType out_dtype = in.output_dtype.value_or(in.query.dtype);
+  const int64_t total_keys = keys + s.extra_keys();
+  Tensor out_f32(DType::kFloat32, in.query.shape);
+  std::optional<Tensor> weights;
+  if (in.need_weights) {
+    Shape wshape = in.average_attn_weights ? Shape{l, total_keys} : Shape{heads, l, total_keys};
+    if (batched) wshape.insert(wshape.begin(), n);
+    weights.emplace(DType::kFloat32, wshape);
+  }
+  MaskPlan plan(items, keys, s.extra_keys(), heads);
+  RETURN_IF_ERROR(RunForward(query, key, val, plan, out_f32.mutable_as<float>(),
+                             weights ? weights->mutable_as<float>() : nullptr,
+                             in.average_attn_weights));
+  MhaOutputs result;
+  result.output = out_dtype == DType::kFloat32 ? std::move(out_f32) : out_f32.ConvertTo(out_dtype);
+  if (weights) {
+    result.attn_weights =
+        out_dtype == DType::kFloat32 ? std::move(*weights) : weights->ConvertTo(out_dtype);
+  }
+  return result;
+}
+
+}  // namespace attention

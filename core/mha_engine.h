@@ -1,0 +1,137 @@
+// File: core/mha_engine.h
+//
+// MhaEngine runs the inference of one torch.nn.MultiheadAttention layer on
+// CPU through oneDNN, batch-first, with PyTorch 2.x's mask semantics:
+//
+//   out = out_proj(softmax((x_q W_q^T + b_q) (x_k W_k^T + b_k)^T / sqrt(d)
+//                          + mask) (x_v W_v^T + b_v))
+//
+// where `mask` is key_padding_mask and attn_mask made additive (bool true ->
+// -inf) and summed, plus the causal mask when is_causal. A query row whose
+// keys are all masked gets zero weights and a zero context, so its output row
+// is out_proj.bias; no NaN comes out (PyTorch >= 2.5 SDPA behaviour).
+//
+// Thread safety: Forward() and ForwardBatch() may be called from
+// any number of threads at once. Weights are prepared once at Create(); oneDNN
+// primitives are created once per shape and kept in a bounded cache; each call
+// runs them with its own scratchpad. No exception escapes.
+//
+// Example:
+//   ASSIGN_OR_RETURN(auto engine, MhaEngine::Create(MhaModel::Demo()));
+//   MhaInputs in;
+//   in.query = TensorView{DType::kFloat32, {1, 32, 256}, data};
+//   ASSIGN_OR_RETURN(MhaOutputs out, engine->Forward(in));
+#ifndef ATTENTION_CORE_MHA_ENGINE_H_
+#define ATTENTION_CORE_MHA_ENGINE_H_
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/attention_kernel.h"
+#include "core/attention_mask.h"
+#include "core/mha_model.h"
+#include "core/primitive_cache.h"
+#include "core/tensor.h"
+
+namespace attention {
+
+// One forward call, in torch.nn.MultiheadAttention's terms (batch_first).
+struct MhaInputs {
+  TensorView query;               // (N, L, E) or unbatched (L, E).
+  std::optional<TensorView> key;  // (N, S, kdim); absent: the query.
+  std::optional<TensorView> value;  // (N, S, vdim); absent: the key.
+  // (N, S) or (S): bool (true = ignore the key) or float (added to scores).
+  std::optional<TensorView> key_padding_mask;
+  // (L, S) or (N*H, L, S) indexed n*H + h ((H, L, S) unbatched): bool (true =
+  // not allowed) or float (added).
+  std::optional<TensorView> attn_mask;
+  bool is_causal = false;             // Adds the top-left aligned causal mask.
+  bool need_weights = false;          // Return attention probabilities.
+  bool average_attn_weights = true;   // (N, L, S') if true, else (N, H, L, S').
+  std::optional<DType> output_dtype;  // Default: the query's dtype.
+};
+
+struct MhaOutputs {
+  Tensor output;                     // The query's shape with E features.
+  std::optional<Tensor> attn_weights;  // When need_weights; S' includes appended keys.
+};
+
+struct EngineOptions {
+  size_t primitive_cache_capacity = 512;  // oneDNN primitives kept per engine.
+  KernelOptions kernel;
+};
+
+class MhaEngine {
+ public:
+  // Prepares `model`'s weights for compute (transposed, 1/sqrt(head_dim)
+  // folded into the query projection, converted to the compute dtype).
+  // InvalidArgument if the model's spec is invalid.
+  static absl::StatusOr<std::unique_ptr<MhaEngine>> Create(std::shared_ptr<const MhaModel> model,
+                                                           EngineOptions options = {});
+
+  MhaEngine(const MhaEngine&) = delete;
+  MhaEngine& operator=(const MhaEngine&) = delete;
+
+  // Runs the layer. OK: the outputs. InvalidArgument naming the tensor, the
+  // expected and the actual shape or dtype for bad inputs; Internal if oneDNN
+  // fails.
+  absl::StatusOr<MhaOutputs> Forward(const MhaInputs& inputs) const;
+
+  // Runs the layer on a batch of N items of (padded) length L and S, with
+  // masks of each item's own: `query` (N, L, E), `key` (N, S, kdim) and
+  // `value` (N, S, vdim) (absent: self-attention on `query`), `items` one per
+  // batch item. Keys beyond an item's valid_keys are masked out; query rows
+  // beyond its valid_queries are computed but meaningless. `weights`, when
+  // given, receives (N, H, L, S') float32 probabilities; the appended keys are
+  // the last extra_keys() columns. Output (N, L, E) float32 into `output`.
+  // The caller has validated the shapes (the server's batcher does).
+  absl::Status ForwardBatch(const TensorView& query, const std::optional<TensorView>& key,
+                            const std::optional<TensorView>& value,
+                            const std::vector<ItemMask>& items, float* output,
+                            float* weights) const;
+
+  const MhaModel& model() const { return *model_; }
+  const PrimitiveCache& cache() const { return cache_; }
+
+ private:
+  // A projection's prepared weights: W^T (in, out) row-major in the compute
+  // dtype and a float32 bias (or null).
+  struct Projection {
+    const void* weight = nullptr;
+    const float* bias = nullptr;
+    int64_t in = 0;
+    int64_t out = 0;
+  };
+
+  MhaEngine(std::shared_ptr<const MhaModel> model, EngineOptions options);
+
+  // y[b] = x[b] W^T + bias for `batches` blocks of `rows` rows; x dense in
+  // the compute dtype, y with row stride `out` features and block stride
+  // `dst_block_stride` elements, of `dst_dtype`.
+  absl::Status Linear(const Projection& proj, const void* x, int64_t batches, int64_t rows,
+                      void* y, DType dst_dtype, int64_t dst_block_stride) const;
+  // Q, K and V at once for self-attention: y (rows, 3E).
+  absl::Status FusedQkv(const void* x, int64_t rows, void* y) const;
+  absl::Status RunForward(const TensorView& query, const std::optional<TensorView>& key,
+                          const std::optional<TensorView>& value, const MaskPlan& plan,
+                          float* output, float* weights, bool average_weights) const;
+
+  const std::shared_ptr<const MhaModel> model_;
+  const EngineOptions options_;
+  const DType compute_;
+  Tensor qkv_weight_;  // (E, 3E): W_q^T, W_k^T, W_v^T side by side, when packed.
+  Tensor qkv_bias_;    // (3E) float32 when bias; q's part scaled like W_q.
+  Tensor q_weight_;    // (E, E)
+  Tensor k_weight_;    // (kdim, E)
+  Tensor v_weight_;    // (vdim, E)
+  Tensor out_weight_;  // (E, E)
+  Tensor bias_kv_;     // (2, E) in the compute dtype when add_bias_kv.
+  Projection q_proj_, k_proj_, v_proj_, out_proj_;
+  mutable PrimitiveCache cache_;
+};
+
+}  // namespace attention
+
+#endif  // ATTENTION_CORE_MHA_ENGINE_H_

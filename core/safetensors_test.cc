@@ -1,0 +1,108 @@
+#include "core/safetensors.h"
+
+#include <cstring>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace attention {
+namespace {
+
+using ::attention::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// A file from a header JSON and a data section.
+std::string File(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  const uint64_t len = header.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(len >> (8 * i));
+  return out + header + data;
+}
+
+void ExpectInvalid(const std::string& bytes, const std::string& message) {
+  EXPECT_THAT(SafeTensors::Parse(bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)));
+}
+
+TEST(SafeTensorsTest, RoundTripsEveryDType) {
+  Tensor f32(DType::kFloat32, {2, 3});
+  for (int i = 0; i < 6; ++i) f32.mutable_as<float>()[i] = 0.5f * i;
+  Tensor bf16 = f32.ConvertTo(DType::kBFloat16);
+  Tensor f16 = f32.ConvertTo(DType::kFloat16);
+  Tensor mask(DType::kBool, {3});
+  mask.mutable_as<uint8_t>()[1] = 1;
+  const std::string bytes =
+      WriteSafeTensors({{"a", &f32}, {"b", &bf16}, {"c", &f16}, {"m", &mask}});
+  auto st = SafeTensors::Parse(bytes);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_THAT(st->Names(), ::testing::ElementsAre("a", "b", "c", "m"));
+  for (const char* name : {"a", "b", "c"}) {
+    const Tensor* t = st->Find(name);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->shape(), (Shape{2, 3}));
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(LoadAsFloat(t->dtype(), t->data(), i), 0.5f * i);
+  }
+  EXPECT_EQ(st->Find("m")->as<uint8_t>()[1], 1);
+  EXPECT_EQ(st->Find("missing"), nullptr);
+}
+
+TEST(SafeTensorsTest, ReadsMetadataAndUnalignedData) {
+  // Header length 61 leaves the data unaligned; the reader copies it.
+  const std::string header =
+      R"({"__metadata__":{"format":"pt"},"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  float value = 2.5f;
+  std::string data(4, '\0');
+  std::memcpy(data.data(), &value, 4);
+  auto st = SafeTensors::Parse(File(header, data));
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->metadata().at("format"), "pt");
+  EXPECT_EQ(st->Find("x")->as<float>()[0], 2.5f);
+}
+
+TEST(SafeTensorsTest, RejectsTruncatedFiles) {
+  ExpectInvalid("abc", "file is truncated: 3 bytes, need at least 8");
+  ExpectInvalid(File("{}", "").substr(0, 9), "header needs 2 bytes but only 1 follow");
+  ExpectInvalid(File(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "1234"),
+                "tensor 'w': data_offsets [0, 8] are out of range: the data section has 4 bytes");
+}
+
+TEST(SafeTensorsTest, RejectsBadHeaders) {
+  ExpectInvalid(File("not json", ""), "header is not a JSON object");
+  ExpectInvalid(File("[1,2]", ""), "header is not a JSON object");
+  ExpectInvalid(File(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", "1234"),
+                "tensor 'w': missing string 'dtype'");
+  ExpectInvalid(File(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "1234"),
+                "tensor 'w': shape entries must be non-negative integers");
+  ExpectInvalid(File(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4]}})", "1234"),
+                "tensor 'w': missing 'data_offsets'");
+  ExpectInvalid(std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8), "header length");
+}
+
+TEST(SafeTensorsTest, RejectsWrongDTypeAndShape) {
+  ExpectInvalid(File(R"({"w":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", "12345678"),
+                "tensor 'w' has unsupported dtype 'F64'");
+  ExpectInvalid(File(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "12345678"),
+                "tensor 'w': shape [3] of F32 needs 12 bytes but data_offsets [0, 8] span 8");
+}
+
+TEST(SafeTensorsTest, RejectsOverlapsAndHoles) {
+  ExpectInvalid(File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                     R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                     "12345678"),
+                "overlap tensor 'a'");
+  ExpectInvalid(File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", "12345678"),
+                "tensor 'a' starts at byte 4 leaving unreferenced bytes from 0");
+  ExpectInvalid(File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "12345678"),
+                "data section has 8 bytes but tensors cover only 4");
+  ExpectInvalid(File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", "12345678"),
+                "end before begin");
+}
+
+TEST(SafeTensorsTest, ReadFileReportsMissingFile) {
+  EXPECT_THAT(SafeTensors::ReadFile("/nonexistent/model.safetensors"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/model.safetensors")));
+}
+
+}  // namespace
+}  // namespace attention

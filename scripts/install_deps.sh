@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages this project needs to build and test, and
+# nothing that is already there. Idempotent; prints what it installs.
+#
+# Usage: scripts/install_deps.sh [--runtime] [--no-python]
+#   (no flag)    everything to build, run and test the project
+#   --runtime    only the shared libraries the two binaries need at run time
+#                (used by the Docker image's runtime stage)
+#   --no-python  leave out the Python oracle (PyTorch) and Python client deps
+set -euo pipefail
+
+mode=full
+with_python=1
+for arg in "$@"; do
+  case "$arg" in
+    --runtime) mode=runtime ;;
+    --no-python) with_python=0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "install_deps.sh: unknown argument '$arg'" >&2; exit 2 ;;
+  esac
+done
+
+build_pkgs=(
+  build-essential cmake ninja-build pkg-config git clang-format
+  libdnnl-dev ocl-icd-opencl-dev
+  libabsl-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc grpc-proto
+  prometheus-cpp-dev
+  nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  curl ca-certificates
+)
+python_pkgs=(
+  python3 python3-numpy python3-grpcio python3-protobuf
+  python3-torch libopenblas0-pthread
+)
+runtime_pkgs=(
+  libdnnl2 libgomp1 libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
+  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 ca-certificates
+)
+
+if [[ $mode == runtime ]]; then
+  wanted=("${runtime_pkgs[@]}")
+else
+  wanted=("${build_pkgs[@]}")
+  if [[ $with_python == 1 ]]; then wanted+=("${python_pkgs[@]}"); fi
+fi
+
+missing=()
+for p in "${wanted[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install_deps: all ${#wanted[@]} packages already installed"
+  exit 0
+fi
+
+echo "install_deps: installing ${#missing[@]} package(s): ${missing[*]}"
+if [[ $(id -u) -ne 0 ]]; then
+  echo "install_deps: must run as root to install packages" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install_deps: done"
