@@ -39,6 +39,8 @@ ABSL_FLAG(std::string, model, "", "Model directory (config.json + model.safetens
 ABSL_FLAG(std::string, preset, "",
           "'goals': the issue's goal shapes (1x128 E768 H12, 8x256 E512 H8, 8x512 E1024 H16), "
           "instead of the single shape from the flags.");
+ABSL_FLAG(int64_t, score_block_kib, 32768,
+          "Engine option: float32 scores kept per query-row block, in KiB.");
 ABSL_FLAG(bool, json, false, "Print one JSON object per shape instead of a table.");
 ABSL_FLAG(bool, matmul_peak, false, "Also measure a 2048^3 float32 oneDNN matmul (the peak).");
 
@@ -62,8 +64,8 @@ std::vector<double> TimeMs(int warmup, int iterations, F&& f) {
   for (int i = 0; i < iterations; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                     .count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   return ms;
 }
@@ -138,7 +140,9 @@ int Run() {
       model = *m;
     }
     const MhaSpec& spec = model->spec();
-    auto engine = MhaEngine::Create(model);
+    EngineOptions options;
+    options.kernel.score_block_bytes = absl::GetFlag(FLAGS_score_block_kib) * 1024;
+    auto engine = MhaEngine::Create(model, options);
     if (!engine.ok()) {
       std::cerr << engine.status() << "\n";
       return 1;
@@ -153,7 +157,8 @@ int Run() {
       for (float& x : v) x = normal(rng);
       return v;
     };
-    std::vector<float> q = fill(n * l * e), k = fill(n * s * spec.kdim), v = fill(n * s * spec.vdim);
+    std::vector<float> q = fill(n * l * e), k = fill(n * s * spec.kdim),
+                       v = fill(n * s * spec.vdim);
     MhaInputs in;
     in.query = TensorView{DType::kFloat32, {n, l, e}, q.data()};
     if (cross) {
@@ -179,12 +184,18 @@ int Run() {
     const double min_ms = *std::min_element(ms.begin(), ms.end());
     const std::string dtype_name(DTypeName(spec.compute_dtype));
     if (json) {
-      nlohmann::json j = {{"batch", n},          {"seq_len", l},
-                          {"kv_seq_len", s},     {"embed_dim", e},
-                          {"num_heads", spec.num_heads}, {"dtype", dtype_name},
-                          {"threads", used_threads},     {"need_weights", in.need_weights},
-                          {"iterations", iterations},    {"median_ms", median},
-                          {"min_ms", min_ms},            {"gflops", gflops}};
+      nlohmann::json j = {{"batch", n},
+                          {"seq_len", l},
+                          {"kv_seq_len", s},
+                          {"embed_dim", e},
+                          {"num_heads", spec.num_heads},
+                          {"dtype", dtype_name},
+                          {"threads", used_threads},
+                          {"need_weights", in.need_weights},
+                          {"iterations", iterations},
+                          {"median_ms", median},
+                          {"min_ms", min_ms},
+                          {"gflops", gflops}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("%-6ld %-6ld %-6ld %-6ld %-4ld %-9s %-7s %10.3f %10.3f %9.1f\n", n, l, s, e,
@@ -195,12 +206,11 @@ int Run() {
   if (absl::GetFlag(FLAGS_matmul_peak)) {
     const double peak = MatmulPeakGflops(std::max(5, iterations / 5));
     if (json) {
-      std::printf("%s\n", nlohmann::json({{"matmul_peak_gflops", peak}, {"threads", used_threads}})
-                              .dump()
-                              .c_str());
+      std::printf(
+          "%s\n",
+          nlohmann::json({{"matmul_peak_gflops", peak}, {"threads", used_threads}}).dump().c_str());
     } else {
-      std::printf("oneDNN 2048^3 float32 matmul: %.1f GFLOP/s (%d threads)\n", peak,
-                  used_threads);
+      std::printf("oneDNN 2048^3 float32 matmul: %.1f GFLOP/s (%d threads)\n", peak, used_threads);
     }
   }
   return 0;

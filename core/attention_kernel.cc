@@ -58,18 +58,18 @@ absl::StatusOr<std::shared_ptr<const CachedPrimitive>> ScoresPrimitive(
   });
 }
 
+// In-place softmax over the last axis.
 absl::StatusOr<std::shared_ptr<const CachedPrimitive>> SoftmaxPrimitive(
-    PrimitiveCache& cache, const dnnl::memory::desc& src, const dnnl::memory::desc& dst) {
+    PrimitiveCache& cache, const dnnl::memory::desc& md) {
   std::string key = "softmax";
-  AppendMdKey(src, &key);
-  AppendMdKey(dst, &key);
+  AppendMdKey(md, &key);
   return cache.GetOrCreate<dnnl::softmax_v2_forward, dnnl::softmax_v2_forward::primitive_desc>(
       key, [&] {
         dnnl::primitive_attr attr;
         attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
         return dnnl::softmax_v2_forward::primitive_desc(
             dnnl::softmax_v2_forward::desc(dnnl::prop_kind::forward_inference,
-                                           dnnl::algorithm::softmax_accurate, src, dst, 3),
+                                           dnnl::algorithm::softmax_accurate, md, md, 3),
             attr, CpuEngine());
       });
 }
@@ -92,10 +92,8 @@ absl::StatusOr<std::shared_ptr<const CachedPrimitive>> ContextPrimitive(
 // NaN). `flags` follows the mask layout: per item (kKeyOnly), per item and
 // row (kShared) or per item, head and row (kPerHead).
 void ZeroMaskedRows(const MaskPlan& plan, const uint8_t* flags, int64_t n_items, int64_t heads,
-                    int64_t rows, int64_t keys, void* probs, size_t elem_size) {
+                    int64_t rows, int64_t keys, float* probs) {
   if (plan.mode() == MaskMode::kNone) return;
-  const size_t row_bytes = static_cast<size_t>(keys) * elem_size;
-  char* base = static_cast<char*>(probs);
   for (int64_t n = 0; n < n_items; ++n) {
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t r = 0; r < rows; ++r) {
@@ -110,7 +108,7 @@ void ZeroMaskedRows(const MaskPlan& plan, const uint8_t* flags, int64_t n_items,
           default:
             masked = flags[(n * heads + h) * rows + r] != 0;
         }
-        if (masked) std::memset(base + ((n * heads + h) * rows + r) * row_bytes, 0, row_bytes);
+        if (masked) std::fill_n(probs + ((n * heads + h) * rows + r) * keys, keys, 0.0f);
       }
     }
   }
@@ -166,13 +164,13 @@ absl::Status RunAttention(const AttentionProblem& p, const KernelOptions& option
   const int64_t mask_heads = plan.mask_heads();
 
   AlignedBuffer scores(static_cast<size_t>(n * heads * block * keys) * sizeof(float));
-  // bfloat16 probabilities for the PV product (float32 ones go in place).
+  // bfloat16 probabilities for the PV product (float32 ones stay in place).
+  // Softmax itself always writes float32: measured faster here than its
+  // bfloat16 output, and float32 weights need it anyway.
   AlignedBuffer probs16(bf16 ? static_cast<size_t>(n * heads * block * keys) * 2 : 0);
   const bool row_mask = plan.mode() == MaskMode::kShared || plan.mode() == MaskMode::kPerHead;
   AlignedBuffer mask(row_mask ? static_cast<size_t>(n * mask_heads * block * keys) * 4 : 0);
   std::vector<uint8_t> fully_masked(row_mask ? n * mask_heads * block : 0);
-  // Softmax can write bfloat16 directly unless float32 weights are wanted.
-  const bool softmax_to_bf16 = bf16 && p.weights == nullptr;
 
   for (int64_t row0 = 0; row0 < queries; row0 += block) {
     const int64_t rows = std::min(block, queries - row0);
@@ -198,26 +196,22 @@ absl::Status RunAttention(const AttentionProblem& p, const KernelOptions& option
         {DNNL_ARG_WEIGHTS, Wrap(kt_md, p.k.data)},
         {DNNL_ARG_DST, Wrap(scores_md, scores.data())}};
     if (has_mask) {
-      qk_args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
-                      Wrap(mask_md, mask_data));
+      qk_args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, Wrap(mask_md, mask_data));
     }
     RETURN_IF_ERROR(Execute(*qk, std::move(qk_args)));
 
-    const dnnl::memory::desc probs_md =
-        DenseMd({n, heads, rows, keys}, softmax_to_bf16 ? dt::bf16 : dt::f32);
-    void* probs_data = softmax_to_bf16 ? probs16.data() : scores.data();
-    ASSIGN_OR_RETURN(auto softmax, SoftmaxPrimitive(cache, scores_md, probs_md));
+    ASSIGN_OR_RETURN(auto softmax, SoftmaxPrimitive(cache, scores_md));
     RETURN_IF_ERROR(Execute(*softmax, {{DNNL_ARG_SRC, Wrap(scores_md, scores.data())},
-                                       {DNNL_ARG_DST, Wrap(probs_md, probs_data)}}));
-    ZeroMaskedRows(plan, fully_masked.data(), n, heads, rows, keys, probs_data,
-                   softmax_to_bf16 ? 2 : 4);
+                                       {DNNL_ARG_DST, Wrap(scores_md, scores.data())}}));
+    ZeroMaskedRows(plan, fully_masked.data(), n, heads, rows, keys, scores.as<float>());
 
     if (p.weights != nullptr) {
       StoreWeights(scores.as<float>(), n, heads, rows, row0, queries, keys, p.average_weights,
                    p.weights);
     }
-    dnnl::memory::desc pv_src_md = probs_md;
-    if (bf16 && !softmax_to_bf16) {
+    dnnl::memory::desc pv_src_md = scores_md;
+    const void* probs_data = scores.data();
+    if (bf16) {
       ConvertFloats(DType::kFloat32, scores.data(), DType::kBFloat16, probs16.data(),
                     static_cast<size_t>(n * heads * rows * keys));
       pv_src_md = DenseMd({n, heads, rows, keys}, dt::bf16);

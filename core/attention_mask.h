@@ -48,8 +48,7 @@ class MaskPlan {
  public:
   // `items` has one entry per batch item. `keys` is S (padded, before the
   // `extra_keys` appended ones); `num_heads` is H.
-  MaskPlan(const std::vector<ItemMask>& items, int64_t keys, int64_t extra_keys,
-           int64_t num_heads);
+  MaskPlan(const std::vector<ItemMask>& items, int64_t keys, int64_t extra_keys, int64_t num_heads);
 
   MaskMode mode() const { return mode_; }
   // Heads dimension of the mask: H for kPerHead, else 1.
@@ -73,7 +72,7 @@ class MaskPlan {
   const int64_t total_keys_;
   const int64_t num_heads_;
   MaskMode mode_ = MaskMode::kNone;
-  std::vector<float> key_rows_;              // (N, S')
+  std::vector<float> key_rows_;             // (N, S')
   std::vector<uint8_t> item_fully_masked_;  // (N)
 };
 

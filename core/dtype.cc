@@ -52,8 +52,8 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
   for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kBool}) {
     if (name == DTypeName(d)) return d;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown dtype '", name, "': expected one of float32, bfloat16, float16, bool"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dtype '", name, "': expected one of float32, bfloat16, float16, bool"));
 }
 
 float HalfToFloat(uint16_t h) {
@@ -128,13 +128,17 @@ void ConvertFloats(DType src_type, const void* src, DType dst_type, void* dst, s
     if (src != dst) std::memcpy(dst, src, count * DTypeSize(src_type));
     return;
   }
+  const int64_t n = static_cast<int64_t>(count);
+  const bool parallel = n > (1 << 15);  // Large inputs and weights: use every core.
   if (dst_type == DType::kFloat32) {
     float* out = static_cast<float*>(dst);
     const uint16_t* in = static_cast<const uint16_t*>(src);
     if (src_type == DType::kBFloat16) {
-      for (size_t i = 0; i < count; ++i) out[i] = BFloat16ToFloat(in[i]);
+#pragma omp parallel for simd if (parallel)
+      for (int64_t i = 0; i < n; ++i) out[i] = BFloat16ToFloat(in[i]);
     } else {
-      for (size_t i = 0; i < count; ++i) out[i] = HalfToFloat(in[i]);
+#pragma omp parallel for if (parallel)
+      for (int64_t i = 0; i < n; ++i) out[i] = HalfToFloat(in[i]);
     }
     return;
   }
@@ -142,15 +146,18 @@ void ConvertFloats(DType src_type, const void* src, DType dst_type, void* dst, s
   if (src_type == DType::kFloat32) {
     const float* in = static_cast<const float*>(src);
     if (dst_type == DType::kBFloat16) {
-      for (size_t i = 0; i < count; ++i) out[i] = FloatToBFloat16(in[i]);
+#pragma omp parallel for simd if (parallel)
+      for (int64_t i = 0; i < n; ++i) out[i] = FloatToBFloat16(in[i]);
     } else {
-      for (size_t i = 0; i < count; ++i) out[i] = FloatToHalf(in[i]);
+#pragma omp parallel for if (parallel)
+      for (int64_t i = 0; i < n; ++i) out[i] = FloatToHalf(in[i]);
     }
     return;
   }
   // Between the two 16-bit types: through float.
   const uint16_t* in = static_cast<const uint16_t*>(src);
-  for (size_t i = 0; i < count; ++i) {
+#pragma omp parallel for if (parallel)
+  for (int64_t i = 0; i < n; ++i) {
     const float f = src_type == DType::kBFloat16 ? BFloat16ToFloat(in[i]) : HalfToFloat(in[i]);
     out[i] = dst_type == DType::kBFloat16 ? FloatToBFloat16(f) : FloatToHalf(f);
   }

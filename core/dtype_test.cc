@@ -25,9 +25,9 @@ TEST(DTypeTest, HalfKnownValues) {
   EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
   EXPECT_EQ(FloatToHalf(-2.0f), 0xc000);
   EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);
-  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);  // Rounds to +inf.
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);  // Smallest subnormal.
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -26)), 0x0000);  // Below half of it.
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);                      // Rounds to +inf.
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);         // Smallest subnormal.
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -26)), 0x0000);         // Below half of it.
   EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // Tie to even.
   EXPECT_EQ(FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
   EXPECT_FLOAT_EQ(HalfToFloat(0x3555), 0.333251953125f);

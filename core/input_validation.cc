@@ -8,13 +8,13 @@ namespace {
 
 absl::Status CheckData(const TensorView& t, absl::string_view name) {
   if (t.data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": no data for shape ",
-                                                   ShapeToString(t.shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": no data for shape ", ShapeToString(t.shape)));
   }
   for (int64_t d : t.shape) {
     if (d <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": every dimension must be positive, got ",
-                                                     ShapeToString(t.shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": every dimension must be positive, got ", ShapeToString(t.shape)));
     }
   }
   return absl::OkStatus();
@@ -36,9 +36,8 @@ absl::Status CheckShape(const TensorView& t, absl::string_view name, const Shape
     ok = expected[i] < 0 || expected[i] == t.shape[i];
   }
   if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": expected shape ",
-                                                   ExpectedShape(expected), ", got ",
-                                                   ShapeToString(t.shape)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": expected shape ", ExpectedShape(expected), ", got ", ShapeToString(t.shape)));
   }
   return absl::OkStatus();
 }
@@ -49,8 +48,8 @@ absl::Status CheckFloatTensor(const TensorView& t, absl::string_view name, int64
         absl::StrCat(name, ": expected dtype float32, bfloat16 or float16, got bool"));
   }
   if (t.rank() != rank) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": expected rank ", rank, ", got shape ",
-                                                   ShapeToString(t.shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": expected rank ", rank, ", got shape ", ShapeToString(t.shape)));
   }
   return CheckData(t, name);
 }
@@ -67,7 +66,8 @@ absl::StatusOr<std::vector<ItemMask>> BuildItemMasks(
   if (key_padding_mask) {
     const TensorView& kpm = *key_padding_mask;
     RETURN_IF_ERROR(CheckData(kpm, "key_padding_mask"));
-    RETURN_IF_ERROR(CheckShape(kpm, "key_padding_mask", batched ? Shape{batch, keys} : Shape{keys}));
+    RETURN_IF_ERROR(
+        CheckShape(kpm, "key_padding_mask", batched ? Shape{batch, keys} : Shape{keys}));
     for (int64_t n = 0; n < batch; ++n) {
       items[n].key_padding = static_cast<const char*>(kpm.data) +
                              n * keys * static_cast<int64_t>(DTypeSize(kpm.dtype));
@@ -81,9 +81,9 @@ absl::StatusOr<std::vector<ItemMask>> BuildItemMasks(
     const Shape expected3 = {batched ? batch * heads : heads, queries, keys};
     if (!per_head) {
       if (am.rank() != 2 || am.shape != Shape{queries, keys}) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "attn_mask: expected shape ", ShapeToString({queries, keys}), " or ",
-            ShapeToString(expected3), ", got ", ShapeToString(am.shape)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("attn_mask: expected shape ", ShapeToString({queries, keys}), " or ",
+                         ShapeToString(expected3), ", got ", ShapeToString(am.shape)));
       }
     } else {
       RETURN_IF_ERROR(CheckShape(am, "attn_mask", expected3));

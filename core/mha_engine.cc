@@ -26,7 +26,6 @@ void TransposeInto(const Tensor& w, float scale, DType dtype, void* dst, int64_t
   }
 }
 
-
 bool SameTensor(const TensorView& a, const TensorView& b) {
   return a.data == b.data && a.dtype == b.dtype && a.shape == b.shape;
 }
@@ -102,12 +101,10 @@ MhaEngine::MhaEngine(std::shared_ptr<const MhaModel> model, EngineOptions option
   out_proj_ = {out_weight_.data(), s.bias ? w.out_bias.as<float>() : nullptr, e, e};
 }
 
-absl::Status MhaEngine::Linear(const Projection& proj, const void* x, int64_t batches,
-                               int64_t rows, void* y, DType dst_dtype,
-                               int64_t dst_block_stride) const {
+absl::Status MhaEngine::Linear(const Projection& proj, const void* x, int64_t batches, int64_t rows,
+                               void* y, DType dst_dtype, int64_t dst_block_stride) const {
   const dt ct = ToDnnl(compute_);
-  const dnnl::memory::desc src_md({batches, rows, proj.in}, ct,
-                                  dims{rows * proj.in, proj.in, 1});
+  const dnnl::memory::desc src_md({batches, rows, proj.in}, ct, dims{rows * proj.in, proj.in, 1});
   const dnnl::memory::desc w_md({1, proj.in, proj.out}, ct, dims{proj.in * proj.out, proj.out, 1});
   const dnnl::memory::desc b_md({1, 1, proj.out}, dt::f32, dims{proj.out, proj.out, 1});
   const int64_t block = dst_block_stride > 0 ? dst_block_stride : rows * proj.out;
@@ -118,15 +115,14 @@ absl::Status MhaEngine::Linear(const Projection& proj, const void* x, int64_t ba
   AppendMdKey(w_md, &key);
   AppendMdKey(dst_md, &key);
   absl::StrAppend(&key, proj.bias != nullptr ? "b" : "");
-  ASSIGN_OR_RETURN(auto prim, (cache_.GetOrCreate<dnnl::matmul, dnnl::matmul::primitive_desc>(
-                                  key, [&] {
-                                    dnnl::primitive_attr attr;
-                                    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-                                    auto desc = proj.bias != nullptr
-                                                    ? dnnl::matmul::desc(src_md, w_md, b_md, dst_md)
-                                                    : dnnl::matmul::desc(src_md, w_md, dst_md);
-                                    return dnnl::matmul::primitive_desc(desc, attr, CpuEngine());
-                                  })));
+  ASSIGN_OR_RETURN(
+      auto prim, (cache_.GetOrCreate<dnnl::matmul, dnnl::matmul::primitive_desc>(key, [&] {
+        dnnl::primitive_attr attr;
+        attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+        auto desc = proj.bias != nullptr ? dnnl::matmul::desc(src_md, w_md, b_md, dst_md)
+                                         : dnnl::matmul::desc(src_md, w_md, dst_md);
+        return dnnl::matmul::primitive_desc(desc, attr, CpuEngine());
+      })));
   std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, Wrap(src_md, x)},
                                                 {DNNL_ARG_WEIGHTS, Wrap(w_md, proj.weight)},
                                                 {DNNL_ARG_DST, Wrap(dst_md, y)}};
@@ -147,14 +143,14 @@ absl::Status MhaEngine::FusedQkv(const void* x, int64_t rows, void* y) const {
   AppendMdKey(src_md, &key);
   AppendMdKey(w_md, &key);
   absl::StrAppend(&key, bias ? "b" : "");
-  ASSIGN_OR_RETURN(auto prim, (cache_.GetOrCreate<dnnl::matmul, dnnl::matmul::primitive_desc>(
-                                  key, [&] {
-                                    dnnl::primitive_attr attr;
-                                    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-                                    auto desc = bias ? dnnl::matmul::desc(src_md, w_md, b_md, dst_md)
-                                                     : dnnl::matmul::desc(src_md, w_md, dst_md);
-                                    return dnnl::matmul::primitive_desc(desc, attr, CpuEngine());
-                                  })));
+  ASSIGN_OR_RETURN(auto prim,
+                   (cache_.GetOrCreate<dnnl::matmul, dnnl::matmul::primitive_desc>(key, [&] {
+                     dnnl::primitive_attr attr;
+                     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+                     auto desc = bias ? dnnl::matmul::desc(src_md, w_md, b_md, dst_md)
+                                      : dnnl::matmul::desc(src_md, w_md, dst_md);
+                     return dnnl::matmul::primitive_desc(desc, attr, CpuEngine());
+                   })));
   std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, Wrap(src_md, x)},
                                                 {DNNL_ARG_WEIGHTS, Wrap(w_md, qkv_weight_.data())},
                                                 {DNNL_ARG_DST, Wrap(dst_md, y)}};
@@ -195,8 +191,8 @@ absl::Status MhaEngine::RunForward(const TensorView& query, const std::optional<
     RETURN_IF_ERROR(Linear(q_proj_, q_in, 1, n * l, q_buf.data(), compute_, 0));
     const void* k_in = self_attention ? q_in : DataAs(key_view, compute_, &k_conv);
     const void* v_in = SameTensor(value_view, key_view) ? k_in
-                       : SameTensor(value_view, query)   ? q_in
-                                                         : DataAs(value_view, compute_, &v_conv);
+                       : SameTensor(value_view, query)  ? q_in
+                                                        : DataAs(value_view, compute_, &v_conv);
     // K and V as (N, S', E): each item's projected keys, then the appended ones.
     const int64_t plane = n * total_keys * e;
     kv_buf = AlignedBuffer(2 * plane * esize);
@@ -251,9 +247,8 @@ absl::StatusOr<MhaOutputs> MhaEngine::Forward(const MhaInputs& in) const {
   const int64_t e = s.embed_dim, heads = s.num_heads;
   const bool batched = in.query.rank() == 3;
   if (in.query.rank() != 2 && in.query.rank() != 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("query: expected rank 3 (N, L, E) or 2 (L, E), got shape ",
-                     ShapeToString(in.query.shape)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "query: expected rank 3 (N, L, E) or 2 (L, E), got shape ", ShapeToString(in.query.shape)));
   }
   const int64_t rank = in.query.rank();
   RETURN_IF_ERROR(CheckFloatTensor(in.query, "query", rank));
@@ -268,21 +263,22 @@ absl::StatusOr<MhaOutputs> MhaEngine::Forward(const MhaInputs& in) const {
   if (in.key) {
     RETURN_IF_ERROR(CheckFloatTensor(*in.key, "key", rank));
     keys = in.key->dim(rank - 2);
-    RETURN_IF_ERROR(
-        CheckShape(*in.key, "key", batched ? Shape{n, -1, s.kdim} : Shape{-1, s.kdim}));
+    RETURN_IF_ERROR(CheckShape(*in.key, "key", batched ? Shape{n, -1, s.kdim} : Shape{-1, s.kdim}));
   } else if (s.kdim != e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key: required because the model's kdim ", s.kdim, " differs from embed_dim ", e));
+    return absl::InvalidArgumentError(absl::StrCat("key: required because the model's kdim ",
+                                                   s.kdim, " differs from embed_dim ", e));
   }
   const TensorView* value = in.value ? &*in.value : in.key ? &*in.key : &in.query;
   RETURN_IF_ERROR(CheckFloatTensor(*value, "value", rank));
-  RETURN_IF_ERROR(CheckShape(*value, "value", batched ? Shape{n, keys, s.vdim} : Shape{keys, s.vdim}));
+  RETURN_IF_ERROR(
+      CheckShape(*value, "value", batched ? Shape{n, keys, s.vdim} : Shape{keys, s.vdim}));
   if (in.output_dtype && *in.output_dtype == DType::kBool) {
-    return absl::InvalidArgumentError("output_dtype: expected float32, bfloat16 or float16, got bool");
+    return absl::InvalidArgumentError(
+        "output_dtype: expected float32, bfloat16 or float16, got bool");
   }
-  ASSIGN_OR_RETURN(std::vector<ItemMask> items,
-                   BuildItemMasks(in.key_padding_mask, in.attn_mask, in.is_causal, batched, n,
-                                  heads, l, keys));
+  ASSIGN_OR_RETURN(
+      std::vector<ItemMask> items,
+      BuildItemMasks(in.key_padding_mask, in.attn_mask, in.is_causal, batched, n, heads, l, keys));
 
   // Work on (N, L, E) views; unbatched inputs are a batch of one.
   auto batch_view = [&](const TensorView& t) {

@@ -39,8 +39,8 @@ namespace attention {
 
 // One forward call, in torch.nn.MultiheadAttention's terms (batch_first).
 struct MhaInputs {
-  TensorView query;               // (N, L, E) or unbatched (L, E).
-  std::optional<TensorView> key;  // (N, S, kdim); absent: the query.
+  TensorView query;                 // (N, L, E) or unbatched (L, E).
+  std::optional<TensorView> key;    // (N, S, kdim); absent: the query.
   std::optional<TensorView> value;  // (N, S, vdim); absent: the key.
   // (N, S) or (S): bool (true = ignore the key) or float (added to scores).
   std::optional<TensorView> key_padding_mask;
@@ -54,7 +54,7 @@ struct MhaInputs {
 };
 
 struct MhaOutputs {
-  Tensor output;                     // The query's shape with E features.
+  Tensor output;                       // The query's shape with E features.
   std::optional<Tensor> attn_weights;  // When need_weights; S' includes appended keys.
 };
 
@@ -110,8 +110,8 @@ class MhaEngine {
   // y[b] = x[b] W^T + bias for `batches` blocks of `rows` rows; x dense in
   // the compute dtype, y with row stride `out` features and block stride
   // `dst_block_stride` elements, of `dst_dtype`.
-  absl::Status Linear(const Projection& proj, const void* x, int64_t batches, int64_t rows,
-                      void* y, DType dst_dtype, int64_t dst_block_stride) const;
+  absl::Status Linear(const Projection& proj, const void* x, int64_t batches, int64_t rows, void* y,
+                      DType dst_dtype, int64_t dst_block_stride) const;
   // Q, K and V at once for self-attention: y (rows, 3E).
   absl::Status FusedQkv(const void* x, int64_t rows, void* y) const;
   absl::Status RunForward(const TensorView& query, const std::optional<TensorView>& key,

@@ -37,14 +37,13 @@ struct Case {
   int64_t score_block_bytes = 8 << 20;
 
   std::string Name() const {
-    return absl::StrCat("E", spec.embed_dim, "H", spec.num_heads, "k", spec.kdim, "v", spec.vdim,
-                        spec.bias ? "b" : "", spec.add_bias_kv ? "kv" : "",
-                        spec.add_zero_attn ? "z" : "", " N", batch, "L", queries, "S", keys,
-                        batched ? "" : " unbatched", cross ? " cross" : "", " kpm",
-                        static_cast<int>(key_padding), " am", static_cast<int>(attn),
-                        attn_3d ? "3d" : "", is_causal ? " causal" : "",
-                        need_weights ? (average ? " w-avg" : " w-heads") : "", " block",
-                        score_block_bytes);
+    return absl::StrCat(
+        "E", spec.embed_dim, "H", spec.num_heads, "k", spec.kdim, "v", spec.vdim,
+        spec.bias ? "b" : "", spec.add_bias_kv ? "kv" : "", spec.add_zero_attn ? "z" : "", " N",
+        batch, "L", queries, "S", keys, batched ? "" : " unbatched", cross ? " cross" : "", " kpm",
+        static_cast<int>(key_padding), " am", static_cast<int>(attn), attn_3d ? "3d" : "",
+        is_causal ? " causal" : "", need_weights ? (average ? " w-avg" : " w-heads") : "", " block",
+        score_block_bytes);
   }
 };
 
@@ -106,7 +105,8 @@ void RunCase(const Case& c, uint32_t seed) {
     for (int64_t b = 0; b < n; ++b)
       for (int64_t hh = 0; hh < h; ++hh)
         for (int64_t i = 0; i < c.queries * total; ++i)
-          expected[b * c.queries * total + i] += ref.weights[(b * h + hh) * c.queries * total + i] / h;
+          expected[b * c.queries * total + i] +=
+              ref.weights[(b * h + hh) * c.queries * total + i] / h;
   }
   if (c.batched) wshape.insert(wshape.begin(), c.batch);
   EXPECT_EQ(out->attn_weights->shape(), wshape);

@@ -82,14 +82,13 @@ class Uniform {
 
 absl::Status ValidateSpec(const MhaSpec& s) {
   if (s.embed_dim <= 0 || s.num_heads <= 0 || s.kdim <= 0 || s.vdim <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model: embed_dim, num_heads, kdim and vdim must be positive, got ", s.embed_dim, ", ",
-        s.num_heads, ", ", s.kdim, ", ", s.vdim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: embed_dim, num_heads, kdim and vdim must be positive, got ",
+                     s.embed_dim, ", ", s.num_heads, ", ", s.kdim, ", ", s.vdim));
   }
   if (s.embed_dim % s.num_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("model: embed_dim ", s.embed_dim,
-                                                   " is not divisible by num_heads ",
-                                                   s.num_heads));
+                                                   " is not divisible by num_heads ", s.num_heads));
   }
   if (s.compute_dtype != DType::kFloat32 && s.compute_dtype != DType::kBFloat16) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -186,9 +185,9 @@ absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::FromTensors(const Mode
   }
   for (const std::string& name : st.Names()) {
     if (expected.count(name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model.safetensors: unexpected tensor '", name, "'; this layer has: ",
-          absl::StrJoin(expected, ", ")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.safetensors: unexpected tensor '", name,
+                       "'; this layer has: ", absl::StrJoin(expected, ", ")));
     }
   }
   return std::shared_ptr<const MhaModel>(new MhaModel(spec, std::move(w), config.serving));
@@ -199,8 +198,7 @@ absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::LoadFromDirectory(
   ASSIGN_OR_RETURN(std::string text, ReadText(dir + "/config.json"));
   auto config = ParseModelConfig(text);
   if (!config.ok()) {
-    return absl::Status(config.status().code(),
-                        absl::StrCat(dir, ": ", config.status().message()));
+    return absl::Status(config.status().code(), absl::StrCat(dir, ": ", config.status().message()));
   }
   ASSIGN_OR_RETURN(SafeTensors st, SafeTensors::ReadFile(dir + "/model.safetensors"));
   auto model = FromTensors(*config, st);

@@ -42,14 +42,14 @@ struct MhaSpec {
 // Weights in PyTorch's layout, as float32. Optional ones are empty tensors
 // (num_elements() == 0 with an empty shape is never used: check the spec).
 struct MhaWeights {
-  Tensor q_weight;   // (E, E)
-  Tensor k_weight;   // (E, kdim)
-  Tensor v_weight;   // (E, vdim)
-  Tensor in_bias;    // (3E) when spec.bias
-  Tensor out_weight; // (E, E)
-  Tensor out_bias;   // (E) when spec.bias
-  Tensor bias_k;     // (E) when spec.add_bias_kv
-  Tensor bias_v;     // (E) when spec.add_bias_kv
+  Tensor q_weight;    // (E, E)
+  Tensor k_weight;    // (E, kdim)
+  Tensor v_weight;    // (E, vdim)
+  Tensor in_bias;     // (3E) when spec.bias
+  Tensor out_weight;  // (E, E)
+  Tensor out_bias;    // (E) when spec.bias
+  Tensor bias_k;      // (E) when spec.add_bias_kv
+  Tensor bias_v;      // (E) when spec.add_bias_kv
 };
 
 class MhaModel {
@@ -58,8 +58,7 @@ class MhaModel {
   // is missing; InvalidArgument, naming the key or tensor, when the config is
   // malformed, a tensor is missing, unexpected, of a wrong dtype or shape, or
   // disagrees with the config.
-  static absl::StatusOr<std::shared_ptr<const MhaModel>> LoadFromDirectory(
-      const std::string& dir);
+  static absl::StatusOr<std::shared_ptr<const MhaModel>> LoadFromDirectory(const std::string& dir);
 
   // Builds a model from a parsed config and tensors (same errors as above).
   static absl::StatusOr<std::shared_ptr<const MhaModel>> FromTensors(const ModelConfig& config,
@@ -67,8 +66,7 @@ class MhaModel {
 
   // A model with the given spec and weights drawn from a fixed-seed generator
   // (PyTorch-like init scales). InvalidArgument for an impossible spec.
-  static absl::StatusOr<std::shared_ptr<const MhaModel>> Random(const MhaSpec& spec,
-                                                                uint64_t seed);
+  static absl::StatusOr<std::shared_ptr<const MhaModel>> Random(const MhaSpec& spec, uint64_t seed);
 
   // The built-in demo model: E=256, 8 heads, bias, float32, seed 2024.
   static std::shared_ptr<const MhaModel> Demo();

@@ -31,8 +31,8 @@ struct Layer {
   }
 };
 
-absl::StatusOr<std::shared_ptr<const MhaModel>> Build(const std::string& config,
-                                                      const std::map<std::string, const Tensor*>& t) {
+absl::StatusOr<std::shared_ptr<const MhaModel>> Build(
+    const std::string& config, const std::map<std::string, const Tensor*>& t) {
   auto c = ParseModelConfig(config);
   if (!c.ok()) return c.status();
   auto st = SafeTensors::Parse(WriteSafeTensors(t));
@@ -115,7 +115,9 @@ TEST(MhaModelTest, RejectsConfigThatDisagreesWithTensors) {
   ExpectInvalid(R"({"num_heads": 3})", layer.Map(), "embed_dim 8 is not divisible by num_heads 3");
   Tensor q = Filled({8, 8}), k = Filled({8, 8}), v = Filled({8, 8}), out = Filled({8, 8});
   ExpectInvalid(R"({"num_heads": 2, "bias": false})",
-                {{"q_proj_weight", &q}, {"k_proj_weight", &k}, {"v_proj_weight", &v},
+                {{"q_proj_weight", &q},
+                 {"k_proj_weight", &k},
+                 {"v_proj_weight", &v},
                  {"out_proj.weight", &out}},
                 "PyTorch stores 'in_proj_weight'");
 }
@@ -146,7 +148,8 @@ TEST(MhaModelTest, DemoAndRandomModels) {
   EXPECT_EQ(demo->spec().num_heads, 8);
   EXPECT_TRUE(demo->spec().bias);
   // Fixed seed: the same weights every time.
-  EXPECT_EQ(demo->weights().q_weight.as<float>()[17], MhaModel::Demo()->weights().q_weight.as<float>()[17]);
+  EXPECT_EQ(demo->weights().q_weight.as<float>()[17],
+            MhaModel::Demo()->weights().q_weight.as<float>()[17]);
   MhaSpec bad;
   bad.num_heads = 7;
   EXPECT_THAT(MhaModel::Random(bad, 1),

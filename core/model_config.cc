@@ -8,8 +8,8 @@ namespace {
 
 absl::Status KeyError(absl::string_view key, absl::string_view expected,
                       const nlohmann::json& actual) {
-  return absl::InvalidArgumentError(absl::StrCat("config.json: '", key, "' must be ", expected,
-                                                 ", got ", actual.dump()));
+  return absl::InvalidArgumentError(
+      absl::StrCat("config.json: '", key, "' must be ", expected, ", got ", actual.dump()));
 }
 
 absl::StatusOr<int64_t> ReadInt(const nlohmann::json& j, absl::string_view key, int64_t min) {
@@ -68,8 +68,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
       set_bool(v);
       c.add_zero_attn = v.value_or(false);
     } else if (key == "compute_dtype") {
-      if (!it.value().is_string() ||
-          (it.value() != "float32" && it.value() != "bfloat16")) {
+      if (!it.value().is_string() || (it.value() != "float32" && it.value() != "bfloat16")) {
         status = KeyError(key, "\"float32\" or \"bfloat16\"", it.value());
       } else {
         c.compute_dtype = it.value() == "float32" ? DType::kFloat32 : DType::kBFloat16;
@@ -93,8 +92,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
   }
   if (c.embed_dim && *c.embed_dim % c.num_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: embed_dim ", *c.embed_dim,
-                                                   " is not divisible by num_heads ",
-                                                   c.num_heads));
+                                                   " is not divisible by num_heads ", c.num_heads));
   }
   return c;
 }

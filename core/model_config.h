@@ -31,13 +31,13 @@ struct ServingConfig {
 // config.json as written. Every field but num_heads is optional; the model
 // loader checks the given ones against the tensors.
 struct ModelConfig {
-  int64_t num_heads = 0;                // Required, >= 1, divides embed_dim.
-  std::optional<int64_t> embed_dim;     // E.
-  std::optional<int64_t> kdim;          // Key features (default E).
-  std::optional<int64_t> vdim;          // Value features (default E).
-  std::optional<bool> bias;             // in_proj_bias and out_proj.bias present.
-  std::optional<bool> add_bias_kv;      // bias_k and bias_v present.
-  bool add_zero_attn = false;           // Not visible in the tensors.
+  int64_t num_heads = 0;                  // Required, >= 1, divides embed_dim.
+  std::optional<int64_t> embed_dim;       // E.
+  std::optional<int64_t> kdim;            // Key features (default E).
+  std::optional<int64_t> vdim;            // Value features (default E).
+  std::optional<bool> bias;               // in_proj_bias and out_proj.bias present.
+  std::optional<bool> add_bias_kv;        // bias_k and bias_v present.
+  bool add_zero_attn = false;             // Not visible in the tensors.
   DType compute_dtype = DType::kFloat32;  // float32 or bfloat16.
   ServingConfig serving;
 };

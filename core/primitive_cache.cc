@@ -33,8 +33,7 @@ std::shared_ptr<const CachedPrimitive> PrimitiveCache::Lookup(const std::string&
   return it->second->second;
 }
 
-void PrimitiveCache::Insert(const std::string& key,
-                            std::shared_ptr<const CachedPrimitive> value) {
+void PrimitiveCache::Insert(const std::string& key, std::shared_ptr<const CachedPrimitive> value) {
   absl::MutexLock lock(&mu_);
   if (index_.count(key) > 0) return;  // Another thread created it first.
   lru_.emplace_front(key, std::move(value));

@@ -47,8 +47,7 @@ struct Entry {
 
 absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& j) {
   auto bad = [&](absl::string_view what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors: tensor '", name, "': ", what));
+    return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor '", name, "': ", what));
   };
   if (!j.is_object()) return bad("header entry is not an object");
   if (!j.contains("dtype") || !j["dtype"].is_string()) return bad("missing string 'dtype'");
@@ -77,8 +76,8 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& 
   const uint64_t expected = static_cast<uint64_t>(NumElements(e.shape)) * DTypeSize(e.dtype);
   if (e.end - e.begin != expected) {
     return bad(absl::StrCat("shape ", ShapeToString(e.shape), " of ", j["dtype"].get<std::string>(),
-                            " needs ", expected, " bytes but data_offsets [", e.begin, ", ",
-                            e.end, "] span ", e.end - e.begin));
+                            " needs ", expected, " bytes but data_offsets [", e.begin, ", ", e.end,
+                            "] span ", e.end - e.begin));
   }
   return e;
 }
@@ -87,8 +86,8 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& 
 
 absl::StatusOr<SafeTensors> SafeTensors::Parse(absl::string_view bytes) {
   if (bytes.size() < 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "safetensors: file is truncated: ", bytes.size(), " bytes, need at least 8"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors: file is truncated: ", bytes.size(), " bytes, need at least 8"));
   }
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = header_len << 8 | static_cast<uint8_t>(bytes[i]);
@@ -97,9 +96,9 @@ absl::StatusOr<SafeTensors> SafeTensors::Parse(absl::string_view bytes) {
                                                    " exceeds the limit of ", kMaxHeaderBytes));
   }
   if (header_len > bytes.size() - 8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors: file is truncated: header needs ", header_len,
-                     " bytes but only ", bytes.size() - 8, " follow the length"));
+    return absl::InvalidArgumentError(absl::StrCat("safetensors: file is truncated: header needs ",
+                                                   header_len, " bytes but only ", bytes.size() - 8,
+                                                   " follow the length"));
   }
   nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len), nullptr,
                                                 /*allow_exceptions=*/false);
@@ -140,15 +139,15 @@ absl::StatusOr<SafeTensors> SafeTensors::Parse(absl::string_view bytes) {
           "] are out of range: the data section has ", data.size(), " bytes (file truncated?)"));
     }
     if (i > 0 && e.begin < entries[i - 1].end) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "safetensors: tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end,
-          "] overlap tensor '", entries[i - 1].name, "' [", entries[i - 1].begin, ", ",
-          entries[i - 1].end, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors: tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end,
+                       "] overlap tensor '", entries[i - 1].name, "' [", entries[i - 1].begin, ", ",
+                       entries[i - 1].end, "]"));
     }
     if (e.begin != covered) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("safetensors: tensor '", e.name, "' starts at byte ", e.begin,
-                       " leaving unreferenced bytes from ", covered));
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor '", e.name,
+                                                     "' starts at byte ", e.begin,
+                                                     " leaving unreferenced bytes from ", covered));
     }
     covered = e.end;
     st.tensors_.emplace(e.name, Tensor::FromBytes(e.dtype, e.shape, data.data() + e.begin));

@@ -21,7 +21,8 @@ absl::StatusOr<Tensor> ScaledDotProductAttention(const SdpaInputs& in, Primitive
         "compute_dtype: expected float32 or bfloat16, got ", DTypeName(in.compute_dtype)));
   }
   if (in.output_dtype && *in.output_dtype == DType::kBool) {
-    return absl::InvalidArgumentError("output_dtype: expected float32, bfloat16 or float16, got bool");
+    return absl::InvalidArgumentError(
+        "output_dtype: expected float32, bfloat16 or float16, got bool");
   }
   ASSIGN_OR_RETURN(std::vector<ItemMask> items,
                    BuildItemMasks(in.key_padding_mask, in.attn_mask, in.is_causal,

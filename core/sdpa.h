@@ -18,15 +18,15 @@ namespace attention {
 
 // Plain scaled dot-product attention on already projected heads.
 struct SdpaInputs {
-  TensorView q;  // (N, H, L, D)
-  TensorView k;  // (N, H, S, D)
-  TensorView v;  // (N, H, S, Dv)
+  TensorView q;                                // (N, H, L, D)
+  TensorView k;                                // (N, H, S, D)
+  TensorView v;                                // (N, H, S, Dv)
   std::optional<TensorView> key_padding_mask;  // (N, S), as in MhaInputs.
   std::optional<TensorView> attn_mask;         // (L, S) or (N*H, L, S).
   bool is_causal = false;
-  std::optional<float> scale;                  // Default 1/sqrt(D).
-  DType compute_dtype = DType::kFloat32;       // float32 or bfloat16.
-  std::optional<DType> output_dtype;           // Default: q's dtype.
+  std::optional<float> scale;             // Default 1/sqrt(D).
+  DType compute_dtype = DType::kFloat32;  // float32 or bfloat16.
+  std::optional<DType> output_dtype;      // Default: q's dtype.
 };
 // Returns (N, H, L, Dv) in output_dtype. InvalidArgument naming the tensor,
 // the expected and the actual shape or dtype for bad inputs; Internal if

@@ -9,10 +9,10 @@
 #include "absl/status/statusor.h"
 
 // Returns from the current function if `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    const ::absl::Status _status = (expr);     \
-    if (!_status.ok()) return _status;         \
+#define RETURN_IF_ERROR(expr)              \
+  do {                                     \
+    const ::absl::Status _status = (expr); \
+    if (!_status.ok()) return _status;     \
   } while (0)
 
 #define ATTN_STATUS_CONCAT_INNER_(a, b) a##b

@@ -40,8 +40,8 @@ Tensor Tensor::Clone() const { return FromBytes(dtype_, shape_, data()); }
 
 absl::Status Tensor::Reshape(Shape shape) {
   if (NumElements(shape) != num_elements()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot reshape ", ShapeToString(shape_),
-                                                   " into ", ShapeToString(shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot reshape ", ShapeToString(shape_), " into ", ShapeToString(shape)));
   }
   shape_ = std::move(shape);
   return absl::OkStatus();

@@ -24,7 +24,8 @@ std::vector<double> Project(const TensorView& x, int64_t row0, int64_t rows, con
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t o = 0; o < out; ++o) {
       double acc = bias ? bias[o] : 0.0;
-      for (int64_t c = 0; c < in; ++c) acc += At(x, (row0 + r) * in + c) * w.as<float>()[o * in + c];
+      for (int64_t c = 0; c < in; ++c)
+        acc += At(x, (row0 + r) * in + c) * w.as<float>()[o * in + c];
       y[r * out + o] = acc;
     }
   }
@@ -51,7 +52,8 @@ Reference ReferenceMha(const MhaModel& model, const MhaInputs& in) {
   ref.weights.assign(n_items * heads * l * total, 0.0);
   for (int64_t n = 0; n < n_items; ++n) {
     std::vector<double> q = Project(in.query, n * l, l, w.q_weight, in_bias);
-    std::vector<double> k = Project(key, n * keys, keys, w.k_weight, in_bias ? in_bias + e : nullptr);
+    std::vector<double> k =
+        Project(key, n * keys, keys, w.k_weight, in_bias ? in_bias + e : nullptr);
     std::vector<double> v =
         Project(value, n * keys, keys, w.v_weight, in_bias ? in_bias + 2 * e : nullptr);
     k.resize(total * e, 0.0);
