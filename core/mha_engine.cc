@@ -242,7 +242,7 @@ absl::Status MhaEngine::ForwardBatch(const TensorView& query, const std::optiona
   return RunForward(query, key, value, plan, output, weights, /*average_weights=*/false);
 }
 
-absl::StatusOr<MhaOutputs> MhaEngine::Forward(const MhaInputs& in) const {
+absl::StatusOr<MhaCall> MhaEngine::Validate(const MhaInputs& in) const {
   const MhaSpec& s = model_->spec();
   const int64_t e = s.embed_dim, heads = s.num_heads;
   const bool batched = in.query.rank() == 3;
@@ -276,10 +276,22 @@ absl::StatusOr<MhaOutputs> MhaEngine::Forward(const MhaInputs& in) const {
     return absl::InvalidArgumentError(
         "output_dtype: expected float32, bfloat16 or float16, got bool");
   }
-  ASSIGN_OR_RETURN(
-      std::vector<ItemMask> items,
-      BuildItemMasks(in.key_padding_mask, in.attn_mask, in.is_causal, batched, n, heads, l, keys));
+  MhaCall call;
+  call.batched = batched;
+  call.batch = n;
+  call.queries = l;
+  call.keys = keys;
+  call.self_attention = !in.key.has_value();
+  ASSIGN_OR_RETURN(call.items, BuildItemMasks(in.key_padding_mask, in.attn_mask, in.is_causal,
+                                              batched, n, heads, l, keys));
+  return call;
+}
 
+absl::StatusOr<MhaOutputs> MhaEngine::Forward(const MhaInputs& in) const {
+  ASSIGN_OR_RETURN(MhaCall call, Validate(in));
+  const MhaSpec& s = model_->spec();
+  const int64_t heads = s.num_heads, n = call.batch, l = call.queries, keys = call.keys;
+  const bool batched = call.batched;
   // Work on (N, L, E) views; unbatched inputs are a batch of one.
   auto batch_view = [&](const TensorView& t) {
     TensorView v = t;
@@ -300,7 +312,7 @@ absl::StatusOr<MhaOutputs> MhaEngine::Forward(const MhaInputs& in) const {
     if (batched) wshape.insert(wshape.begin(), n);
     weights.emplace(DType::kFloat32, wshape);
   }
-  MaskPlan plan(items, keys, s.extra_keys(), heads);
+  MaskPlan plan(call.items, keys, s.extra_keys(), heads);
   RETURN_IF_ERROR(RunForward(query, key, val, plan, out_f32.mutable_as<float>(),
                              weights ? weights->mutable_as<float>() : nullptr,
                              in.average_attn_weights));

@@ -58,6 +58,16 @@ struct MhaOutputs {
   std::optional<Tensor> attn_weights;  // When need_weights; S' includes appended keys.
 };
 
+// The shape of a validated call: what the batcher needs to combine calls.
+struct MhaCall {
+  bool batched = true;      // False for unbatched (L, E) inputs.
+  int64_t batch = 1;        // N (1 when unbatched).
+  int64_t queries = 0;      // L.
+  int64_t keys = 0;         // S, before appended keys.
+  bool self_attention = true;  // No key given: keys and values are the query.
+  std::vector<ItemMask> items;  // One per batch item, borrowing the masks.
+};
+
 struct EngineOptions {
   size_t primitive_cache_capacity = 512;  // oneDNN primitives kept per engine.
   KernelOptions kernel;
@@ -73,6 +83,11 @@ class MhaEngine {
 
   MhaEngine(const MhaEngine&) = delete;
   MhaEngine& operator=(const MhaEngine&) = delete;
+
+  // Checks `inputs` against the model: ranks, shapes, dtypes and masks.
+  // OK: the call's shape (borrowing the mask views). InvalidArgument naming
+  // the tensor with the expected and the actual shape or dtype otherwise.
+  absl::StatusOr<MhaCall> Validate(const MhaInputs& inputs) const;
 
   // Runs the layer. OK: the outputs. InvalidArgument naming the tensor, the
   // expected and the actual shape or dtype for bad inputs; Internal if oneDNN

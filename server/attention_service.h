@@ -1,0 +1,88 @@
+// File: server/attention_service.h
+//
+// The attention.v1.AttentionService implementation on gRPC's callback API.
+// A handler only decodes, validates (once) and enqueues; the batch's
+// completion, on the model's batcher thread, encodes the response and
+// finishes the call. No reaction blocks.
+//
+// Thread-safe. The repository and metrics must outlive the service.
+#ifndef ATTENTION_SERVER_ATTENTION_SERVICE_H_
+#define ATTENTION_SERVER_ATTENTION_SERVICE_H_
+
+#include <atomic>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "attention/v1/attention.grpc.pb.h"
+#include "server/metrics.h"
+#include "server/model_repository.h"
+#include "server/pending_request.h"
+
+namespace attention::server {
+
+class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
+ public:
+  // `repository` may be null until SetRepository(): requests then get
+  // UNAVAILABLE ("not ready").
+  explicit AttentionServiceImpl(Metrics* metrics);
+
+  // Makes the service ready to serve `repository`'s models.
+  void SetRepository(const ModelRepository* repository);
+  // From now on every new request gets UNAVAILABLE; accepted ones complete.
+  void StartDraining();
+  // Waits until no accepted request is unanswered, or `timeout`. True if idle.
+  bool WaitIdle(absl::Duration timeout);
+
+  grpc::ServerUnaryReactor* Infer(grpc::CallbackServerContext* context,
+                                  const v1::InferRequest* request,
+                                  v1::InferResponse* response) override;
+  grpc::ServerBidiReactor<v1::InferRequest, v1::InferResponse>* InferStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context,
+                                     const v1::GetModelRequest* request,
+                                     v1::ModelInfo* response) override;
+
+  // A decoded, validated request and the model it is for.
+  struct Prepared {
+    const ServedModel* model = nullptr;  // Set once the model is found.
+    std::unique_ptr<PendingRequest> pending;
+  };
+
+  // Decodes and validates `request` (kept alive by `keep_alive`) into
+  // *prepared, ready for its model's batcher once `done` is set. Errors:
+  // UNAVAILABLE when not ready or draining, NOT_FOUND for an unknown model,
+  // INVALID_ARGUMENT for bad tensors or options.
+  absl::Status Prepare(const v1::InferRequest& request, std::shared_ptr<const void> keep_alive,
+                       grpc::CallbackServerContext* context, Prepared* prepared);
+
+  // Counts a request as answered: metrics by method and code, duration, and
+  // the in-flight gauge.
+  void Answered(const ServedModel* model, Method method, absl::StatusCode code,
+                absl::Time received);
+  // Counts a request as received (in flight).
+  void Received();
+
+ private:
+  class StreamReactor;
+
+  Metrics* const metrics_;
+  std::atomic<const ModelRepository*> repository_{nullptr};
+  std::atomic<bool> draining_{false};
+  absl::Mutex mu_;
+  int64_t inflight_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Fills `response` from a computed outcome (output, weights, timing).
+void EncodeOutcome(RequestOutcome& outcome, v1::InferResponse* response);
+
+// A model's description as the API reports it.
+void DescribeModel(const ServedModel& model, bool is_default, v1::ModelInfo* info);
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_ATTENTION_SERVICE_H_

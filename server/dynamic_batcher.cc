@@ -1,0 +1,204 @@
+#include "server/dynamic_batcher.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "server/batch_runner.h"
+
+namespace attention::server {
+
+absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(const MhaEngine* engine,
+                                                                       BatchingOptions options,
+                                                                       const ModelMetrics* metrics,
+                                                                       absl::Mutex* compute_mutex,
+                                                                       int compute_threads) {
+  if (options.max_batch_size < 1 || options.max_batch_tokens < 1 ||
+      options.max_queue_delay_us < 0 || options.max_queue_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batching options out of range: max_batch_size ", options.max_batch_size,
+                     ", max_batch_tokens ", options.max_batch_tokens, ", max_queue_delay_us ",
+                     options.max_queue_delay_us, ", max_queue_size ", options.max_queue_size,
+                     " (need >= 1, >= 1, >= 0, >= 1)"));
+  }
+  return std::unique_ptr<DynamicBatcher>(
+      new DynamicBatcher(engine, options, metrics, compute_mutex, compute_threads));
+}
+
+DynamicBatcher::DynamicBatcher(const MhaEngine* engine, BatchingOptions options,
+                               const ModelMetrics* metrics, absl::Mutex* compute_mutex,
+                               int compute_threads)
+    : engine_(engine),
+      options_(options),
+      metrics_(metrics),
+      compute_mutex_(compute_mutex),
+      compute_threads_(compute_threads) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+DynamicBatcher::~DynamicBatcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    exit_ = true;
+  }
+  wake_.SignalAll();
+  thread_.join();
+}
+
+void DynamicBatcher::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  wake_.SignalAll();
+}
+
+int64_t DynamicBatcher::queue_depth() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+absl::Status DynamicBatcher::Enqueue(std::unique_ptr<PendingRequest> request) {
+  if (request->tokens() > options_.max_batch_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query: ", request->tokens(),
+                     " query tokens (batch x length) exceed the model's "
+                     "max_batch_tokens ",
+                     options_.max_batch_tokens));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("server is shutting down");
+    if (static_cast<int64_t>(queue_.size()) >= options_.max_queue_size) {
+      return absl::ResourceExhaustedError(absl::StrCat("queue is full: ", queue_.size(),
+                                                       " requests waiting (max_queue_size ",
+                                                       options_.max_queue_size, ")"));
+    }
+    request->enqueued = absl::Now();
+    queue_.push_back(std::move(request));
+    metrics_->queue_depth->Set(static_cast<double>(queue_.size()));
+  }
+  wake_.Signal();
+  return absl::OkStatus();
+}
+
+std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
+  const PendingRequest& first = *queue_.front();
+  const bool self_attention = first.call.self_attention;
+  std::vector<size_t> picked = {0};
+  int64_t items = first.call.batch, max_l = first.call.queries, real = first.tokens();
+  *ready = options_.max_batch_size == 1;
+  for (size_t i = 1; i < queue_.size() && !*ready; ++i) {
+    if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) break;
+    const PendingRequest& r = *queue_[i];
+    if (r.call.self_attention != self_attention) continue;
+    const int64_t l = std::max(max_l, r.call.queries);
+    const int64_t padded = (items + r.call.batch) * l;
+    if (padded > options_.max_batch_tokens) {
+      *ready = true;  // The batch cannot grow past the token limit.
+      break;
+    }
+    if (padded > options_.max_padding_ratio * static_cast<double>(real + r.tokens())) {
+      continue;  // Leave it for a batch of its own length.
+    }
+    picked.push_back(i);
+    items += r.call.batch;
+    max_l = l;
+    real += r.tokens();
+  }
+  if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) *ready = true;
+  return picked;
+}
+
+void DynamicBatcher::DropDead(
+    absl::Time now,
+    std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>>* dropped) {
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    PendingRequest& r = **it;
+    absl::Status why;
+    if (r.is_cancelled && r.is_cancelled()) {
+      why = absl::CancelledError("request was cancelled while queued");
+    } else if (now >= r.deadline) {
+      why = absl::DeadlineExceededError(
+          absl::StrCat("deadline passed after ", absl::ToInt64Microseconds(now - r.enqueued),
+                       " us in the queue; the request was not computed"));
+    }
+    if (why.ok()) {
+      ++it;
+      continue;
+    }
+    dropped->emplace_back(std::move(*it), why);
+    it = queue_.erase(it);
+  }
+}
+
+void DynamicBatcher::Loop() {
+  omp_set_num_threads(compute_threads_);
+  for (;;) {
+    std::vector<std::unique_ptr<PendingRequest>> batch;
+    std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>> dropped;
+    {
+      absl::MutexLock lock(&mu_);
+      while (queue_.empty() && !exit_) wake_.Wait(&mu_);
+      if (queue_.empty()) return;  // Exiting with nothing left to compute.
+      const absl::Time now = absl::Now();
+      DropDead(now, &dropped);
+      if (!queue_.empty()) {
+        bool ready = false;
+        std::vector<size_t> picked = PickBatch(&ready);
+        const absl::Time send_at =
+            queue_.front()->enqueued + absl::Microseconds(options_.max_queue_delay_us);
+        if (ready || stopping_ || now >= send_at) {
+          for (auto it = picked.rbegin(); it != picked.rend(); ++it) {
+            batch.push_back(std::move(queue_[*it]));
+            queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(*it));
+          }
+          std::reverse(batch.begin(), batch.end());
+        } else if (dropped.empty()) {
+          // Sleep until the oldest request's delay runs out, the earliest
+          // deadline passes, or a request arrives.
+          absl::Time wake_at = send_at;
+          for (const auto& r : queue_) wake_at = std::min(wake_at, r->deadline);
+          wake_.WaitWithDeadline(&mu_, wake_at);
+        }
+      }
+      metrics_->queue_depth->Set(static_cast<double>(queue_.size()));
+    }
+    for (auto& [request, why] : dropped) {
+      RequestOutcome outcome;
+      outcome.status = why;
+      outcome.queue_us = absl::ToInt64Microseconds(absl::Now() - request->enqueued);
+      request->done(std::move(outcome));
+    }
+    if (!batch.empty()) Execute(std::move(batch));
+  }
+}
+
+void DynamicBatcher::Execute(std::vector<std::unique_ptr<PendingRequest>> batch) {
+  absl::Time start;
+  absl::Duration compute;
+  BatchStats stats;
+  std::vector<RequestOutcome> outcomes;
+  {
+    absl::MutexLock compute_lock(compute_mutex_);
+    start = absl::Now();
+    outcomes = RunBatch(*engine_, batch, &stats);
+    compute = absl::Now() - start;
+  }
+  metrics_->compute_duration->Observe(absl::ToDoubleSeconds(compute));
+  metrics_->batch_size->Observe(static_cast<double>(batch.size()));
+  metrics_->padding_ratio->Observe(static_cast<double>(stats.padded_tokens) /
+                                   static_cast<double>(stats.real_tokens));
+  metrics_->tokens->Increment(static_cast<double>(stats.real_tokens));
+  metrics_->flops->Increment(stats.flops);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    outcomes[i].queue_us = absl::ToInt64Microseconds(start - batch[i]->enqueued);
+    outcomes[i].compute_us = absl::ToInt64Microseconds(compute);
+    metrics_->queue_duration->Observe(absl::ToDoubleSeconds(start - batch[i]->enqueued));
+    batch[i]->done(std::move(outcomes[i]));
+  }
+}
+
+}  // namespace attention::server

@@ -1,0 +1,78 @@
+#include "server/metrics.h"
+
+namespace attention::server {
+namespace {
+
+template <typename Builder>
+auto& Register(Builder builder, const char* name, const char* help,
+               prometheus::Registry& registry) {
+  return builder.Name(name).Help(help).Register(registry);
+}
+
+}  // namespace
+
+prometheus::Histogram::BucketBoundaries Metrics::DurationBuckets() {
+  return {50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
+          50e-3, 100e-3, 250e-3, 500e-3, 1.0,  2.5,    5.0,  10.0};
+}
+
+Metrics::Metrics(const std::string& version)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      request_duration_(Register(prometheus::BuildHistogram(), "attention_request_duration_seconds",
+                                 "Time from receiving a request to sending its response.",
+                                 *registry_)),
+      queue_duration_(Register(prometheus::BuildHistogram(), "attention_queue_duration_seconds",
+                               "Time a request waited in its model's queue.", *registry_)),
+      compute_duration_(Register(prometheus::BuildHistogram(), "attention_compute_duration_seconds",
+                                 "Compute time of each executed batch.", *registry_)),
+      batch_size_(Register(prometheus::BuildHistogram(), "attention_batch_size",
+                           "Requests per executed batch.", *registry_)),
+      padding_ratio_(Register(prometheus::BuildHistogram(), "attention_padding_ratio",
+                              "Padded query tokens over real query tokens per batch.", *registry_)),
+      requests_(Register(prometheus::BuildCounter(), "attention_requests_total",
+                         "Requests answered, by model, method and gRPC status code.", *registry_)),
+      tokens_(Register(prometheus::BuildCounter(), "attention_tokens_total",
+                       "Query tokens computed.", *registry_)),
+      flops_(Register(prometheus::BuildCounter(), "attention_flops_total",
+                      "Floating-point operations executed (padded shapes).", *registry_)),
+      queue_depth_(Register(prometheus::BuildGauge(), "attention_queue_depth",
+                            "Requests waiting in the model's queue.", *registry_)),
+      inflight_(&Register(prometheus::BuildGauge(), "attention_inflight_requests",
+                          "Requests received and not yet answered.", *registry_)
+                     .Add({})) {
+  Register(prometheus::BuildGauge(), "attention_build_info", "Build information; always 1.",
+           *registry_)
+      .Add({{"version", version}})
+      .Set(1);
+}
+
+const ModelMetrics* Metrics::AddModel(const std::string& model) {
+  absl::MutexLock lock(&mu_);
+  auto& slot = models_[model];
+  if (slot != nullptr) return slot.get();
+  auto m = std::make_unique<ModelMetrics>();
+  const prometheus::Labels labels = {{"model", model}};
+  m->request_duration = &request_duration_.Add(labels, DurationBuckets());
+  m->queue_duration = &queue_duration_.Add(labels, DurationBuckets());
+  m->compute_duration = &compute_duration_.Add(labels, DurationBuckets());
+  m->batch_size = &batch_size_.Add(
+      labels, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256});
+  m->padding_ratio = &padding_ratio_.Add(
+      labels, prometheus::Histogram::BucketBoundaries{1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 8.0});
+  m->tokens = &tokens_.Add(labels);
+  m->flops = &flops_.Add(labels);
+  m->queue_depth = &queue_depth_.Add(labels);
+  const char* methods[kNumMethods] = {"Infer", "InferStream"};
+  for (int method = 0; method < kNumMethods; ++method) {
+    for (int code = 0; code < kNumStatusCodes; ++code) {
+      m->requests[method][code] = &requests_.Add(
+          {{"model", model},
+           {"method", methods[method]},
+           {"code", std::string(StatusCodeName(static_cast<absl::StatusCode>(code)))}});
+    }
+  }
+  slot = std::move(m);
+  return slot.get();
+}
+
+}  // namespace attention::server

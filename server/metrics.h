@@ -1,0 +1,86 @@
+// File: server/metrics.h
+//
+// The server's Prometheus metrics. Families are registered once at start-up
+// and each model's series are created when the model is added, so the hot
+// path only touches typed handles (no lookups by name or label).
+//
+// Thread-safe: prometheus-cpp's metrics are; AddModel() must finish before the
+// model's handles are used.
+#ifndef ATTENTION_SERVER_METRICS_H_
+#define ATTENTION_SERVER_METRICS_H_
+
+#include <array>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/status_util.h"
+
+namespace attention::server {
+
+enum class Method { kInfer = 0, kInferStream = 1 };
+inline constexpr int kNumMethods = 2;
+
+// One model's series.
+struct ModelMetrics {
+  prometheus::Histogram* request_duration = nullptr;  // Receipt to response, seconds.
+  prometheus::Histogram* queue_duration = nullptr;    // Enqueue to batch start, seconds.
+  prometheus::Histogram* compute_duration = nullptr;  // Per executed batch, seconds.
+  prometheus::Histogram* batch_size = nullptr;        // Requests per executed batch.
+  prometheus::Histogram* padding_ratio = nullptr;     // Padded / real query tokens.
+  prometheus::Counter* tokens = nullptr;              // Query tokens computed.
+  prometheus::Counter* flops = nullptr;               // FLOPs executed.
+  prometheus::Gauge* queue_depth = nullptr;           // Requests waiting.
+  // attention_requests_total by [method][status code].
+  std::array<std::array<prometheus::Counter*, kNumStatusCodes>, kNumMethods> requests{};
+
+  void CountRequest(Method method, absl::StatusCode code) const {
+    requests[static_cast<int>(method)][static_cast<int>(code)]->Increment();
+  }
+};
+
+class Metrics {
+ public:
+  // Registers every family in a registry of its own, and sets
+  // attention_build_info{version} to 1.
+  explicit Metrics(const std::string& version);
+
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Creates (once) and returns the series of `model`. The pointer stays valid
+  // for the Metrics' lifetime.
+  const ModelMetrics* AddModel(const std::string& model);
+
+  prometheus::Gauge& inflight_requests() { return *inflight_; }
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // Buckets of the duration histograms: 50 us to 10 s.
+  static prometheus::Histogram::BucketBoundaries DurationBuckets();
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Histogram>& request_duration_;
+  prometheus::Family<prometheus::Histogram>& queue_duration_;
+  prometheus::Family<prometheus::Histogram>& compute_duration_;
+  prometheus::Family<prometheus::Histogram>& batch_size_;
+  prometheus::Family<prometheus::Histogram>& padding_ratio_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Counter>& tokens_;
+  prometheus::Family<prometheus::Counter>& flops_;
+  prometheus::Family<prometheus::Gauge>& queue_depth_;
+  prometheus::Gauge* inflight_;
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<ModelMetrics>> models_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_METRICS_H_

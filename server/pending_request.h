@@ -1,0 +1,45 @@
+// File: server/pending_request.h
+//
+// A validated request on its way through a model's queue and batch, and what
+// comes back. The batcher owns a PendingRequest from Enqueue() until it calls
+// `done`, exactly once, on its own thread.
+#ifndef ATTENTION_SERVER_PENDING_REQUEST_H_
+#define ATTENTION_SERVER_PENDING_REQUEST_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "core/mha_engine.h"
+#include "core/tensor.h"
+
+namespace attention::server {
+
+struct RequestOutcome {
+  absl::Status status;                 // OK, or why the request was not computed.
+  Tensor output;                       // The query's shape, in the output dtype.
+  std::optional<Tensor> attn_weights;  // When asked.
+  int64_t queue_us = 0;                // Enqueue to batch start.
+  int64_t compute_us = 0;              // The batch's compute time.
+  int batch_requests = 0;              // Requests in the executed batch.
+};
+
+struct PendingRequest {
+  std::shared_ptr<const void> keep_alive;  // Owns the bytes the views borrow.
+  MhaInputs inputs;                        // Views of the request's tensors.
+  MhaCall call;                            // From MhaEngine::Validate.
+  absl::Time enqueued = absl::InfinitePast();
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> is_cancelled;  // Optional; polled while queued.
+  std::function<void(RequestOutcome)> done;
+
+  // Real query tokens: items x query length.
+  int64_t tokens() const { return call.batch * call.queries; }
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_PENDING_REQUEST_H_

@@ -1,0 +1,155 @@
+// attention-server: serves torch.nn.MultiheadAttention layers over gRPC.
+//
+//   attention-server                                  # the built-in demo model
+//   attention-server --model_repository=/models --port=50051 --metrics_port=9464
+//
+// Start-up: listen (health NOT_SERVING), load and warm up every model, then
+// report SERVING. SIGTERM or SIGINT: report NOT_SERVING, refuse new work
+// with UNAVAILABLE, finish every accepted request (up to --drain_timeout_s),
+// exit 0.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "prometheus/exposer.h"
+#include "server/attention_service.h"
+#include "server/metrics.h"
+#include "server/model_repository.h"
+
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on for gRPC and metrics.");
+ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one and print it).");
+ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port; 0 turns metrics serving off.");
+ABSL_FLAG(std::string, model_repository, "",
+          "Folder of model directories (config.json + model.safetensors each, named by "
+          "folder); empty: the built-in demo model 'demo'.");
+ABSL_FLAG(std::string, default_model, "",
+          "Model an empty InferRequest.model selects; empty: the first by name.");
+ABSL_FLAG(int, threads, 0, "Compute threads (oneDNN/OpenMP); 0: every core.");
+ABSL_FLAG(int64_t, max_batch_size, 16,
+          "Default requests per executed batch (a model's config.json overrides); 1 turns "
+          "batching off.");
+ABSL_FLAG(int64_t, max_batch_tokens, 16384, "Default padded query tokens per executed batch.");
+ABSL_FLAG(int64_t, max_queue_delay_us, 0,
+          "Default longest wait of the oldest queued request for company, in microseconds "
+          "(0: batch only what queued up while the previous batch computed).");
+ABSL_FLAG(int64_t, max_queue_size, 1024,
+          "Default queued requests per model beyond which new ones get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest request or response message, in bytes.");
+ABSL_FLAG(int, drain_timeout_s, 30,
+          "On SIGTERM/SIGINT, how long accepted requests may take to finish.");
+ABSL_FLAG(bool, warmup, true, "Create oneDNN primitives for common shapes before serving.");
+
+namespace attention::server {
+namespace {
+
+constexpr char kServiceName[] = "attention.v1.AttentionService";
+
+int Run() {
+  // Block the stop signals in every thread; this one waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  const int threads = absl::GetFlag(FLAGS_threads) > 0
+                          ? absl::GetFlag(FLAGS_threads)
+                          : static_cast<int>(std::thread::hardware_concurrency());
+  Metrics metrics(ATTENTION_VERSION);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
+    const std::string address =
+        absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_metrics_port));
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(address);
+    } catch (const std::exception& e) {
+      std::cerr << "cannot serve metrics on " << address << ": " << e.what() << "\n";
+      return 1;
+    }
+    exposer->RegisterCollectable(metrics.registry());
+    std::cerr << "metrics on http://" << address << "/metrics\n";
+  }
+
+  AttentionServiceImpl service(&metrics);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string address =
+      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
+  builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::cerr << "cannot listen on " << address << "\n";
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  health->SetServingStatus(kServiceName, false);
+  std::cerr << "listening on port " << port << " (health NOT_SERVING until models are ready)\n";
+
+  RepositoryOptions options;
+  options.path = absl::GetFlag(FLAGS_model_repository);
+  options.default_model = absl::GetFlag(FLAGS_default_model);
+  options.batching.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
+  options.batching.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.batching.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
+  options.batching.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
+  options.compute_threads = threads;
+  options.warmup = absl::GetFlag(FLAGS_warmup);
+  std::cerr << "loading models from "
+            << (options.path.empty() ? std::string("the built-in demo") : options.path) << " ("
+            << threads << " compute threads)\n";
+  auto repository = ModelRepository::Load(options, &metrics);
+  if (!repository.ok()) {
+    std::cerr << "cannot load models: " << repository.status() << "\n";
+    server->Shutdown();
+    return 1;
+  }
+  service.SetRepository(repository->get());
+  health->SetServingStatus(true);
+  health->SetServingStatus(kServiceName, true);
+  std::cerr << "ready: serving " << (*repository)->models().size() << " model(s), default '"
+            << (*repository)->default_model() << "'\n";
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  std::cerr << "received " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
+            << ": draining (up to " << absl::GetFlag(FLAGS_drain_timeout_s) << " s)\n";
+  health->SetServingStatus(false);
+  health->SetServingStatus(kServiceName, false);
+  service.StartDraining();
+  (*repository)->StopAccepting();
+  const bool drained = service.WaitIdle(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
+  if (!drained) std::cerr << "drain timeout: some requests were still unanswered\n";
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server->Wait();
+  repository->reset();
+  std::cerr << "stopped\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace attention::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves multi-head attention over gRPC. attention-server [--flags]; started with no flag "
+      "it serves the built-in demo model on port 50051 with metrics on 9464.");
+  absl::ParseCommandLine(argc, argv);
+  return attention::server::Run();
+}

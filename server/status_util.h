@@ -1,0 +1,25 @@
+// File: server/status_util.h
+//
+// The one place where absl::Status becomes grpc::Status. Abseil's codes are
+// gRPC's codes, so the code carries over unchanged.
+#ifndef ATTENTION_SERVER_STATUS_UTIL_H_
+#define ATTENTION_SERVER_STATUS_UTIL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace attention::server {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// "OK", "INVALID_ARGUMENT", ... as Prometheus labels and logs spell them.
+absl::string_view StatusCodeName(absl::StatusCode code);
+
+// Number of status codes (OK .. UNAUTHENTICATED).
+inline constexpr int kNumStatusCodes = 17;
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_STATUS_UTIL_H_

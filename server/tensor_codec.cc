@@ -1,0 +1,92 @@
+#include "server/tensor_codec.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace attention::server {
+
+absl::StatusOr<DType> FromProtoDType(v1::DataType dtype, absl::string_view field) {
+  switch (dtype) {
+    case v1::DATA_TYPE_FLOAT32:
+      return DType::kFloat32;
+    case v1::DATA_TYPE_BFLOAT16:
+      return DType::kBFloat16;
+    case v1::DATA_TYPE_FLOAT16:
+      return DType::kFloat16;
+    case v1::DATA_TYPE_BOOL:
+      return DType::kBool;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field,
+          ": dtype must be DATA_TYPE_FLOAT32, DATA_TYPE_BFLOAT16, DATA_TYPE_FLOAT16 or "
+          "DATA_TYPE_BOOL, got ",
+          v1::DataType_Name(dtype).empty() ? absl::StrCat(static_cast<int>(dtype))
+                                           : v1::DataType_Name(dtype)));
+  }
+}
+
+v1::DataType ToProtoDType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return v1::DATA_TYPE_FLOAT32;
+    case DType::kBFloat16:
+      return v1::DATA_TYPE_BFLOAT16;
+    case DType::kFloat16:
+      return v1::DATA_TYPE_FLOAT16;
+    case DType::kBool:
+      return v1::DATA_TYPE_BOOL;
+  }
+  return v1::DATA_TYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, absl::string_view field) {
+  auto dtype = FromProtoDType(tensor.dtype(), field);
+  if (!dtype.ok()) return dtype.status();
+  if (tensor.shape_size() == 0 || tensor.shape_size() > 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected 1 to 8 dimensions, got ", tensor.shape_size()));
+  }
+  TensorView view;
+  view.dtype = *dtype;
+  int64_t elements = 1;
+  for (int64_t d : tensor.shape()) {
+    // Bounding each dimension keeps the product from overflowing.
+    if (d < 1 || d > (int64_t{1} << 31)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": every dimension must be in [1, 2^31], got shape [",
+                       absl::StrJoin(tensor.shape(), ", "), "]"));
+    }
+    elements *= d;
+    if (elements > (int64_t{1} << 40)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": shape is too large"));
+    }
+    view.shape.push_back(d);
+  }
+  const uint64_t expected = static_cast<uint64_t>(elements) * DTypeSize(*dtype);
+  if (tensor.data().size() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": data has ", tensor.data().size(),
+                                                   " bytes but shape ", ShapeToString(view.shape),
+                                                   " of ", DTypeName(*dtype), " needs ", expected));
+  }
+  view.data = tensor.data().data();
+  return view;
+}
+
+absl::StatusOr<std::optional<TensorView>> DecodeOptionalTensor(const v1::Tensor& tensor,
+                                                               absl::string_view field) {
+  if (tensor.dtype() == v1::DATA_TYPE_UNSPECIFIED && tensor.shape_size() == 0 &&
+      tensor.data().empty()) {
+    return std::optional<TensorView>();
+  }
+  auto view = DecodeTensor(tensor, field);
+  if (!view.ok()) return view.status();
+  return std::optional<TensorView>(*view);
+}
+
+void EncodeTensor(const Tensor& t, v1::Tensor* out) {
+  out->set_dtype(ToProtoDType(t.dtype()));
+  out->mutable_shape()->Assign(t.shape().begin(), t.shape().end());
+  out->set_data(t.data(), t.num_bytes());
+}
+
+}  // namespace attention::server

@@ -1,0 +1,38 @@
+// File: server/tensor_codec.h
+//
+// Conversion between the API's attention.v1.Tensor and the core's tensors.
+// Decoding borrows the message's bytes (no copy): the message must outlive
+// the view. Pure functions, safe from any thread.
+#ifndef ATTENTION_SERVER_TENSOR_CODEC_H_
+#define ATTENTION_SERVER_TENSOR_CODEC_H_
+
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "attention/v1/attention.pb.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace attention::server {
+
+// DATA_TYPE_FLOAT32 -> kFloat32, ...; InvalidArgument naming `field` for
+// DATA_TYPE_UNSPECIFIED or an unknown value.
+absl::StatusOr<DType> FromProtoDType(v1::DataType dtype, absl::string_view field);
+v1::DataType ToProtoDType(DType dtype);
+
+// A view of `tensor`. InvalidArgument naming `field` when its dtype is
+// missing, a dimension is < 1, the rank is over 8, or the data length is not
+// product(shape) * sizeof(dtype).
+absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, absl::string_view field);
+
+// As DecodeTensor, but an absent tensor (no dtype, shape or data) is nullopt.
+absl::StatusOr<std::optional<TensorView>> DecodeOptionalTensor(const v1::Tensor& tensor,
+                                                               absl::string_view field);
+
+// Writes `t` into `out` (dtype, shape, bytes).
+void EncodeTensor(const Tensor& t, v1::Tensor* out);
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_TENSOR_CODEC_H_
