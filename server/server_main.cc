@@ -7,9 +7,6 @@
 // report SERVING. SIGTERM or SIGINT: report NOT_SERVING, refuse new work
 // with UNAVAILABLE, finish every accepted request (up to --drain_timeout_s),
 // exit 0.
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
 #include <iostream>
@@ -22,10 +19,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "prometheus/exposer.h"
-#include "server/attention_service.h"
-#include "server/metrics.h"
-#include "server/model_repository.h"
+#include "server/attention_server.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on for gRPC and metrics.");
 ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one and print it).");
@@ -53,8 +47,6 @@ ABSL_FLAG(bool, warmup, true, "Create oneDNN primitives for common shapes before
 namespace attention::server {
 namespace {
 
-constexpr char kServiceName[] = "attention.v1.AttentionService";
-
 int Run() {
   // Block the stop signals in every thread; this one waits for them.
   sigset_t stop_signals;
@@ -63,83 +55,40 @@ int Run() {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  const int threads = absl::GetFlag(FLAGS_threads) > 0
-                          ? absl::GetFlag(FLAGS_threads)
-                          : static_cast<int>(std::thread::hardware_concurrency());
-  Metrics metrics(ATTENTION_VERSION);
-  std::unique_ptr<prometheus::Exposer> exposer;
-  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
-    const std::string address =
-        absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_metrics_port));
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(address);
-    } catch (const std::exception& e) {
-      std::cerr << "cannot serve metrics on " << address << ": " << e.what() << "\n";
-      return 1;
-    }
-    exposer->RegisterCollectable(metrics.registry());
-    std::cerr << "metrics on http://" << address << "/metrics\n";
-  }
+  ServerOptions options;
+  options.host = absl::GetFlag(FLAGS_host);
+  options.port = absl::GetFlag(FLAGS_port);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  RepositoryOptions& repo = options.repository;
+  repo.path = absl::GetFlag(FLAGS_model_repository);
+  repo.default_model = absl::GetFlag(FLAGS_default_model);
+  repo.batching.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
+  repo.batching.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  repo.batching.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
+  repo.batching.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
+  repo.compute_threads = absl::GetFlag(FLAGS_threads) > 0
+                             ? absl::GetFlag(FLAGS_threads)
+                             : static_cast<int>(std::thread::hardware_concurrency());
+  repo.warmup = absl::GetFlag(FLAGS_warmup);
 
-  AttentionServiceImpl service(&metrics);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  const std::string address =
-      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
-  builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    std::cerr << "cannot listen on " << address << "\n";
+  auto server = AttentionServer::Listen(options);
+  if (!server.ok()) {
+    std::cerr << server.status().message() << "\n";
     return 1;
   }
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus(false);
-  health->SetServingStatus(kServiceName, false);
-  std::cerr << "listening on port " << port << " (health NOT_SERVING until models are ready)\n";
-
-  RepositoryOptions options;
-  options.path = absl::GetFlag(FLAGS_model_repository);
-  options.default_model = absl::GetFlag(FLAGS_default_model);
-  options.batching.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
-  options.batching.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  options.batching.max_queue_delay_us = absl::GetFlag(FLAGS_max_queue_delay_us);
-  options.batching.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
-  options.compute_threads = threads;
-  options.warmup = absl::GetFlag(FLAGS_warmup);
-  std::cerr << "loading models from "
-            << (options.path.empty() ? std::string("the built-in demo") : options.path) << " ("
-            << threads << " compute threads)\n";
-  auto repository = ModelRepository::Load(options, &metrics);
-  if (!repository.ok()) {
-    std::cerr << "cannot load models: " << repository.status() << "\n";
-    server->Shutdown();
+  const absl::Status loaded = (*server)->LoadModels();
+  if (!loaded.ok()) {
+    std::cerr << "cannot load models: " << loaded.message() << "\n";
     return 1;
   }
-  service.SetRepository(repository->get());
-  health->SetServingStatus(true);
-  health->SetServingStatus(kServiceName, true);
-  std::cerr << "ready: serving " << (*repository)->models().size() << " model(s), default '"
-            << (*repository)->default_model() << "'\n";
-
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   std::cerr << "received " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
             << ": draining (up to " << absl::GetFlag(FLAGS_drain_timeout_s) << " s)\n";
-  health->SetServingStatus(false);
-  health->SetServingStatus(kServiceName, false);
-  service.StartDraining();
-  (*repository)->StopAccepting();
-  const bool drained = service.WaitIdle(absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s)));
-  if (!drained) std::cerr << "drain timeout: some requests were still unanswered\n";
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  server->Wait();
-  repository->reset();
-  std::cerr << "stopped\n";
+  const bool drained = (*server)->Drain();
+  std::cerr << "stopped" << (drained ? "" : " (drain timed out)") << "\n";
   return 0;
 }
 

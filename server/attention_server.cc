@@ -1,0 +1,101 @@
+#include "server/attention_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "prometheus/exposer.h"
+
+#ifndef ATTENTION_VERSION
+#define ATTENTION_VERSION "dev"
+#endif
+
+namespace attention::server {
+namespace {
+
+constexpr char kServiceName[] = "attention.v1.AttentionService";
+
+}  // namespace
+
+AttentionServer::AttentionServer(const ServerOptions& options)
+    : options_(options), metrics_(std::make_unique<Metrics>(ATTENTION_VERSION)) {}
+
+absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
+    const ServerOptions& options) {
+  auto s = std::unique_ptr<AttentionServer>(new AttentionServer(options));
+  if (options.metrics_port > 0) {
+    const std::string address = absl::StrCat(options.host, ":", options.metrics_port);
+    try {
+      s->exposer_ = std::make_unique<prometheus::Exposer>(address);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+    }
+    s->exposer_->RegisterCollectable(s->metrics_->registry());
+    std::cerr << "metrics on http://" << address << "/metrics\n";
+  }
+  s->service_ = std::make_unique<AttentionServiceImpl>(s->metrics_.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrCat(options.host, ":", options.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  s->SetHealth(false);
+  std::cerr << "listening on port " << s->port_
+            << " (health NOT_SERVING until models are ready)\n";
+  return s;
+}
+
+AttentionServer::~AttentionServer() {
+  if (!drained_) Drain();
+}
+
+void AttentionServer::SetHealth(bool serving) {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus(serving);
+  health->SetServingStatus(kServiceName, serving);
+}
+
+absl::Status AttentionServer::LoadModels() {
+  const RepositoryOptions& r = options_.repository;
+  std::cerr << "loading models from " << (r.path.empty() ? std::string("the built-in demo") : r.path)
+            << " (" << r.compute_threads << " compute threads)\n";
+  ASSIGN_OR_RETURN(repository_, ModelRepository::Load(r, metrics_.get()));
+  service_->SetRepository(repository_.get());
+  SetHealth(true);
+  std::cerr << "ready: serving " << repository_->models().size() << " model(s), default '"
+            << repository_->default_model() << "'\n";
+  return absl::OkStatus();
+}
+
+bool AttentionServer::Drain() {
+  drained_ = true;
+  SetHealth(false);
+  service_->StartDraining();
+  if (repository_ != nullptr) repository_->StopAccepting();
+  const bool idle = service_->WaitIdle(options_.drain_timeout);
+  if (!idle) std::cerr << "drain timeout: some accepted requests were not answered\n";
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server_->Wait();
+  repository_.reset();
+  return idle;
+}
+
+std::shared_ptr<grpc::Channel> AttentionServer::InProcessChannel() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  args.SetMaxSendMessageSize(options_.max_message_bytes);
+  return server_->InProcessChannel(args);
+}
+
+}  // namespace attention::server

@@ -1,0 +1,83 @@
+// File: server/attention_server.h
+//
+// The whole serving stack in one object: metrics (and their HTTP exposer),
+// the gRPC server with the attention service, health and reflection, and the
+// model repository. attention-server's main() and the tests both use it.
+//
+//   ASSIGN_OR_RETURN(auto server, AttentionServer::Listen(options));  // NOT_SERVING
+//   RETURN_IF_ERROR(server->LoadModels());                            // SERVING
+//   ...
+//   server->Drain();  // NOT_SERVING, UNAVAILABLE for new work, finish accepted, stop.
+//
+// Listen/LoadModels/Drain are called from one thread; the rest is thread-safe.
+#ifndef ATTENTION_SERVER_ATTENTION_SERVER_H_
+#define ATTENTION_SERVER_ATTENTION_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/attention_service.h"
+#include "server/metrics.h"
+#include "server/model_repository.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace attention::server {
+
+struct ServerOptions {
+  std::string host = "0.0.0.0";  // Listen address for gRPC and metrics.
+  int port = 50051;              // 0: a free port (see port()).
+  int metrics_port = 9464;       // 0: no /metrics endpoint.
+  int max_message_bytes = 64 << 20;
+  absl::Duration drain_timeout = absl::Seconds(30);
+  RepositoryOptions repository;
+};
+
+class AttentionServer {
+ public:
+  // Starts listening with health NOT_SERVING and the service answering
+  // UNAVAILABLE. Unavailable if a port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<AttentionServer>> Listen(const ServerOptions& options);
+
+  // Drains if still serving.
+  ~AttentionServer();
+
+  // Loads and warms up the models, then reports SERVING. Errors from
+  // ModelRepository::Load.
+  absl::Status LoadModels();
+
+  // Reports NOT_SERVING, refuses new requests with UNAVAILABLE, waits up to
+  // the drain timeout for accepted ones, then shuts the server down. True if
+  // every accepted request was answered.
+  bool Drain();
+
+  int port() const { return port_; }
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+  Metrics& metrics() { return *metrics_; }
+  AttentionServiceImpl& service() { return *service_; }
+  // Null before LoadModels().
+  ModelRepository* repository() { return repository_.get(); }
+
+ private:
+  explicit AttentionServer(const ServerOptions& options);
+  void SetHealth(bool serving);
+
+  const ServerOptions options_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<AttentionServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ModelRepository> repository_;  // Outlives nothing that uses it after Drain.
+  int port_ = 0;
+  bool drained_ = false;
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_ATTENTION_SERVER_H_
