@@ -118,12 +118,13 @@ void DynamicBatcher::DropDead(
   for (auto it = queue_.begin(); it != queue_.end();) {
     PendingRequest& r = **it;
     absl::Status why;
-    if (r.is_cancelled && r.is_cancelled()) {
-      why = absl::CancelledError("request was cancelled while queued");
-    } else if (now >= r.deadline) {
+    // The deadline first: gRPC also cancels a call whose deadline passed.
+    if (now >= r.deadline) {
       why = absl::DeadlineExceededError(
           absl::StrCat("deadline passed after ", absl::ToInt64Microseconds(now - r.enqueued),
                        " us in the queue; the request was not computed"));
+    } else if (r.is_cancelled && r.is_cancelled()) {
+      why = absl::CancelledError("request was cancelled while queued");
     }
     if (why.ok()) {
       ++it;
