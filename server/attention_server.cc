@@ -51,8 +51,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
   }
   s->SetHealth(false);
-  std::cerr << "listening on port " << s->port_
-            << " (health NOT_SERVING until models are ready)\n";
+  std::cerr << "listening on port " << s->port_ << " (health NOT_SERVING until models are ready)\n";
   return s;
 }
 
@@ -68,8 +67,9 @@ void AttentionServer::SetHealth(bool serving) {
 
 absl::Status AttentionServer::LoadModels() {
   const RepositoryOptions& r = options_.repository;
-  std::cerr << "loading models from " << (r.path.empty() ? std::string("the built-in demo") : r.path)
-            << " (" << r.compute_threads << " compute threads)\n";
+  std::cerr << "loading models from "
+            << (r.path.empty() ? std::string("the built-in demo") : r.path) << " ("
+            << r.compute_threads << " compute threads)\n";
   ASSIGN_OR_RETURN(repository_, ModelRepository::Load(r, metrics_.get()));
   service_->SetRepository(repository_.get());
   SetHealth(true);

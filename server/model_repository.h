@@ -56,6 +56,10 @@ class ModelRepository {
   // Requests queued across all models.
   int64_t queued() const;
 
+  // Held while a batch computes (any model). Tests hold it to keep batches
+  // waiting deterministically.
+  absl::Mutex* compute_mutex() { return &compute_mutex_; }
+
  private:
   ModelRepository() = default;
   absl::Mutex compute_mutex_;  // One batch computes at a time, on all cores.

@@ -2,7 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <map>
+
+#include "core/safetensors.h"
 
 namespace attention::testing {
 namespace {
@@ -117,6 +123,44 @@ Tensor RandomMask(Shape shape, std::mt19937& rng, double p) {
   uint8_t* m = t.mutable_as<uint8_t>();
   for (int64_t i = 0; i < t.num_elements(); ++i) m[i] = coin(rng) ? 1 : 0;
   return t;
+}
+
+void WriteModelDir(const MhaModel& model, const std::string& dir, const std::string& extra_config) {
+  const MhaSpec& s = model.spec();
+  const MhaWeights& w = model.weights();
+  std::filesystem::create_directories(dir);
+  Tensor in_proj, bias_k, bias_v;
+  std::map<std::string, const Tensor*> tensors = {{"out_proj.weight", &w.out_weight}};
+  if (s.packed_in_proj()) {
+    const int64_t e = s.embed_dim;
+    in_proj = Tensor(DType::kFloat32, {3 * e, e});
+    std::memcpy(in_proj.mutable_as<float>(), w.q_weight.data(), w.q_weight.num_bytes());
+    std::memcpy(in_proj.mutable_as<float>() + e * e, w.k_weight.data(), w.k_weight.num_bytes());
+    std::memcpy(in_proj.mutable_as<float>() + 2 * e * e, w.v_weight.data(), w.v_weight.num_bytes());
+    tensors["in_proj_weight"] = &in_proj;
+  } else {
+    tensors["q_proj_weight"] = &w.q_weight;
+    tensors["k_proj_weight"] = &w.k_weight;
+    tensors["v_proj_weight"] = &w.v_weight;
+  }
+  if (s.bias) {
+    tensors["in_proj_bias"] = &w.in_bias;
+    tensors["out_proj.bias"] = &w.out_bias;
+  }
+  if (s.add_bias_kv) {
+    bias_k = w.bias_k.Clone();
+    bias_v = w.bias_v.Clone();
+    (void)bias_k.Reshape({1, 1, s.embed_dim});
+    (void)bias_v.Reshape({1, 1, s.embed_dim});
+    tensors["bias_k"] = &bias_k;
+    tensors["bias_v"] = &bias_v;
+  }
+  std::ofstream(dir + "/model.safetensors", std::ios::binary) << WriteSafeTensors(tensors);
+  std::ofstream(dir + "/config.json")
+      << "{\"num_heads\": " << s.num_heads
+      << ", \"add_zero_attn\": " << (s.add_zero_attn ? "true" : "false")
+      << ", \"compute_dtype\": \"" << DTypeName(s.compute_dtype) << "\""
+      << (extra_config.empty() ? "" : ", ") << extra_config << "}";
 }
 
 double MaxExcess(const float* actual, const std::vector<double>& expected, double rtol) {

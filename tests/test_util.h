@@ -52,6 +52,11 @@ Tensor RandomTensor(Shape shape, std::mt19937& rng, float scale = 1.0f);
 // A bool tensor with P(true) = p.
 Tensor RandomMask(Shape shape, std::mt19937& rng, double p);
 
+// Writes `model` as a model directory (config.json with `extra_config`
+// merged in, and model.safetensors with PyTorch's state_dict names).
+void WriteModelDir(const MhaModel& model, const std::string& dir,
+                   const std::string& extra_config = "");
+
 // Largest |a - b| - rtol * |b| over the elements (<= atol passes).
 double MaxExcess(const float* actual, const std::vector<double>& expected, double rtol);
 
