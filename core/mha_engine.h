@@ -60,11 +60,11 @@ struct MhaOutputs {
 
 // The shape of a validated call: what the batcher needs to combine calls.
 struct MhaCall {
-  bool batched = true;      // False for unbatched (L, E) inputs.
-  int64_t batch = 1;        // N (1 when unbatched).
-  int64_t queries = 0;      // L.
-  int64_t keys = 0;         // S, before appended keys.
-  bool self_attention = true;  // No key given: keys and values are the query.
+  bool batched = true;          // False for unbatched (L, E) inputs.
+  int64_t batch = 1;            // N (1 when unbatched).
+  int64_t queries = 0;          // L.
+  int64_t keys = 0;             // S, before appended keys.
+  bool self_attention = true;   // No key given: keys and values are the query.
   std::vector<ItemMask> items;  // One per batch item, borrowing the masks.
 };
 

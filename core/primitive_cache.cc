@@ -1,6 +1,8 @@
 #include "core/primitive_cache.h"
 
+#include <omp.h>
 #include "absl/strings/str_cat.h"
+
 #include "core/tensor.h"
 
 namespace attention {
@@ -17,6 +19,10 @@ void AppendMdKey(const dnnl::memory::desc& md, std::string* key) {
   absl::StrAppend(key, "/");
   for (int i = 0; i < d.ndims; ++i) absl::StrAppend(key, d.format_desc.blocking.strides[i], ",");
   absl::StrAppend(key, "}");
+}
+
+std::string PrimitiveCache::ThreadKey(const std::string& key) {
+  return absl::StrCat(key, "@t", omp_get_max_threads());
 }
 
 PrimitiveCache::PrimitiveCache(size_t capacity) : capacity_(capacity == 0 ? 1 : capacity) {}
@@ -66,7 +72,8 @@ absl::Status Execute(const CachedPrimitive& prim, std::unordered_map<int, dnnl::
       scratchpad = AlignedBuffer(prim.scratchpad.get_size());
       args.emplace(DNNL_ARG_SCRATCHPAD, Wrap(prim.scratchpad, scratchpad.data()));
     }
-    dnnl::stream stream(CpuEngine());
+    // Streams are cheap but not free, and not thread-safe: one per thread.
+    thread_local dnnl::stream stream(CpuEngine());
     prim.primitive.execute(stream, args);
     stream.wait();
     return absl::OkStatus();

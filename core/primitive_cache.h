@@ -50,7 +50,9 @@ class PrimitiveCache {
   // Returns the primitive cached under `key`, or creates it from the
   // primitive descriptor `make_pd()` returns (called without the lock held;
   // the descriptor must use scratchpad_mode::user). Internal when oneDNN
-  // cannot create it (the dnnl::error text is kept).
+  // cannot create it (the dnnl::error text is kept). The calling thread's
+  // OpenMP thread count is part of the key: oneDNN fixes a primitive's
+  // parallelism when it creates it.
   template <typename PrimitiveT, typename PdT>
   absl::StatusOr<std::shared_ptr<const CachedPrimitive>> GetOrCreate(
       const std::string& key, const std::function<PdT()>& make_pd);
@@ -61,6 +63,7 @@ class PrimitiveCache {
 
  private:
   using Entry = std::pair<std::string, std::shared_ptr<const CachedPrimitive>>;
+  static std::string ThreadKey(const std::string& key);
   std::shared_ptr<const CachedPrimitive> Lookup(const std::string& key);
   void Insert(const std::string& key, std::shared_ptr<const CachedPrimitive> value);
 
@@ -84,14 +87,15 @@ inline dnnl::memory Wrap(const dnnl::memory::desc& md, const void* data) {
 template <typename PrimitiveT, typename PdT>
 absl::StatusOr<std::shared_ptr<const CachedPrimitive>> PrimitiveCache::GetOrCreate(
     const std::string& key, const std::function<PdT()>& make_pd) {
-  if (auto hit = Lookup(key)) return hit;
+  const std::string full_key = ThreadKey(key);
+  if (auto hit = Lookup(full_key)) return hit;
   try {
     PdT pd = make_pd();
     auto created = std::make_shared<CachedPrimitive>();
     created->primitive = PrimitiveT(pd);
     created->scratchpad = pd.scratchpad_desc();
     created->impl = pd.impl_info_str();
-    Insert(key, created);
+    Insert(full_key, created);
     return std::shared_ptr<const CachedPrimitive>(std::move(created));
   } catch (const dnnl::error& e) {
     return absl::InternalError(std::string("oneDNN could not create a primitive: ") + e.what());

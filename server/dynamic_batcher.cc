@@ -136,7 +136,6 @@ void DynamicBatcher::DropDead(
 }
 
 void DynamicBatcher::Loop() {
-  omp_set_num_threads(compute_threads_);
   for (;;) {
     std::vector<std::unique_ptr<PendingRequest>> batch;
     std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>> dropped;
@@ -185,6 +184,9 @@ void DynamicBatcher::Execute(std::vector<std::unique_ptr<PendingRequest>> batch)
   {
     absl::MutexLock compute_lock(compute_mutex_);
     start = absl::Now();
+    // Small batches run on one thread: waking an OpenMP team for each of a
+    // forward pass's primitives costs more than it saves below ~32 MFLOP.
+    omp_set_num_threads(EstimateFlops(batch) < kSmallBatchFlops ? 1 : compute_threads_);
     outcomes = RunBatch(*engine_, batch, &stats);
     compute = absl::Now() - start;
   }
@@ -200,6 +202,17 @@ void DynamicBatcher::Execute(std::vector<std::unique_ptr<PendingRequest>> batch)
     metrics_->queue_duration->Observe(absl::ToDoubleSeconds(start - batch[i]->enqueued));
     batch[i]->done(std::move(outcomes[i]));
   }
+}
+
+double DynamicBatcher::EstimateFlops(
+    const std::vector<std::unique_ptr<PendingRequest>>& batch) const {
+  int64_t items = 0, max_l = 0, max_s = 0;
+  for (const auto& r : batch) {
+    items += r->call.batch;
+    max_l = std::max(max_l, r->call.queries);
+    max_s = std::max(max_s, r->call.keys);
+  }
+  return ForwardFlops(engine_->model().spec(), items, max_l, max_s);
 }
 
 }  // namespace attention::server

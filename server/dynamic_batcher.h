@@ -84,6 +84,10 @@ class DynamicBatcher {
                 std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Execute(std::vector<std::unique_ptr<PendingRequest>> batch);
+  double EstimateFlops(const std::vector<std::unique_ptr<PendingRequest>>& batch) const;
+
+  // Below this a batch computes on one thread.
+  static constexpr double kSmallBatchFlops = 32e6;
 
   const MhaEngine* const engine_;
   const BatchingOptions options_;

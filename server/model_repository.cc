@@ -1,5 +1,7 @@
 #include "server/model_repository.h"
 
+#include <omp.h>
+
 #include <filesystem>
 #include <iostream>
 
@@ -77,8 +79,15 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
     served->model = model;
     ASSIGN_OR_RETURN(served->engine, MhaEngine::Create(model));
     if (options.warmup) {
-      const absl::Status warm = Warmup(*served->engine);
-      if (!warm.ok()) return absl::InternalError(absl::StrCat(name, ": warm-up: ", warm.message()));
+      // Batches run with one thread or all of them (see DynamicBatcher):
+      // primitives are made per thread count.
+      for (int threads : {1, options.compute_threads}) {
+        omp_set_num_threads(threads);
+        const absl::Status warm = Warmup(*served->engine);
+        if (!warm.ok()) {
+          return absl::InternalError(absl::StrCat(name, ": warm-up: ", warm.message()));
+        }
+      }
     }
     served->metrics = metrics->AddModel(name);
     ASSIGN_OR_RETURN(

@@ -83,6 +83,12 @@ absl::StatusOr<std::optional<TensorView>> DecodeOptionalTensor(const v1::Tensor&
   return std::optional<TensorView>(*view);
 }
 
+absl::StatusOr<Tensor> DecodeTensorCopy(const v1::Tensor& tensor, absl::string_view field) {
+  auto view = DecodeTensor(tensor, field);
+  if (!view.ok()) return view.status();
+  return Tensor::FromBytes(view->dtype, view->shape, view->data);
+}
+
 void EncodeTensor(const Tensor& t, v1::Tensor* out) {
   out->set_dtype(ToProtoDType(t.dtype()));
   out->mutable_shape()->Assign(t.shape().begin(), t.shape().end());

@@ -30,6 +30,9 @@ absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, absl::string_v
 absl::StatusOr<std::optional<TensorView>> DecodeOptionalTensor(const v1::Tensor& tensor,
                                                                absl::string_view field);
 
+// A copy of `tensor` in its own dtype; errors as DecodeTensor.
+absl::StatusOr<Tensor> DecodeTensorCopy(const v1::Tensor& tensor, absl::string_view field);
+
 // Writes `t` into `out` (dtype, shape, bytes).
 void EncodeTensor(const Tensor& t, v1::Tensor* out);
 

@@ -8,35 +8,14 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "server/tensor_codec.h"
 
 namespace attention::testing {
 
-void ToProto(const Tensor& t, v1::Tensor* out) {
-  switch (t.dtype()) {
-    case DType::kFloat32:
-      out->set_dtype(v1::DATA_TYPE_FLOAT32);
-      break;
-    case DType::kBFloat16:
-      out->set_dtype(v1::DATA_TYPE_BFLOAT16);
-      break;
-    case DType::kFloat16:
-      out->set_dtype(v1::DATA_TYPE_FLOAT16);
-      break;
-    case DType::kBool:
-      out->set_dtype(v1::DATA_TYPE_BOOL);
-      break;
-  }
-  out->mutable_shape()->Assign(t.shape().begin(), t.shape().end());
-  out->set_data(t.data(), t.num_bytes());
-}
+void ToProto(const Tensor& t, v1::Tensor* out) { server::EncodeTensor(t, out); }
 
 Tensor FromProto(const v1::Tensor& t) {
-  DType dtype = DType::kFloat32;
-  if (t.dtype() == v1::DATA_TYPE_BFLOAT16) dtype = DType::kBFloat16;
-  if (t.dtype() == v1::DATA_TYPE_FLOAT16) dtype = DType::kFloat16;
-  Shape shape(t.shape().begin(), t.shape().end());
-  Tensor raw = Tensor::FromBytes(dtype, shape, t.data().data());
-  return raw.ConvertTo(DType::kFloat32);
+  return server::DecodeTensorCopy(t, "tensor")->ConvertTo(DType::kFloat32);
 }
 
 int FreePort() {

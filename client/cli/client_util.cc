@@ -1,0 +1,93 @@
+#include "client/cli/client_util.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace attention::client {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const std::string& lb_policy) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  if (!lb_policy.empty()) {
+    args.SetServiceConfigJSON(
+        absl::StrCat(R"({"loadBalancingConfig": [{")", lb_policy, R"(": {}}]})"));
+  }
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+void SetDeadline(grpc::ClientContext* context, int64_t deadline_ms) {
+  context->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+}
+
+Tensor RandomNormal(const Shape& shape, std::mt19937& rng) {
+  Tensor t(DType::kFloat32, shape);
+  std::normal_distribution<float> normal;
+  for (int64_t i = 0; i < t.num_elements(); ++i) t.mutable_as<float>()[i] = normal(rng);
+  return t;
+}
+
+std::string Summarize(const Tensor& t) {
+  const int64_t n = t.num_elements();
+  if (n == 0) return "empty";
+  double sum = 0, sq = 0, lo = INFINITY, hi = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = LoadAsFloat(t.dtype(), t.data(), i);
+    sum += v;
+    sq += v * v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  const double mean = sum / n;
+  std::string first;
+  for (int64_t i = 0; i < std::min<int64_t>(n, 4); ++i) {
+    absl::StrAppend(&first, i ? ", " : "",
+                    absl::StrFormat("%.5g", LoadAsFloat(t.dtype(), t.data(), i)));
+  }
+  return absl::StrFormat("mean %.5g std %.5g min %.5g max %.5g first [%s%s]", mean,
+                         std::sqrt(std::max(0.0, sq / n - mean * mean)), lo, hi, first,
+                         n > 4 ? ", ..." : "");
+}
+
+std::string CodeName(grpc::StatusCode code) {
+  static const char* kNames[] = {"OK",
+                                 "CANCELLED",
+                                 "UNKNOWN",
+                                 "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND",
+                                 "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED",
+                                 "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION",
+                                 "ABORTED",
+                                 "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED",
+                                 "INTERNAL",
+                                 "UNAVAILABLE",
+                                 "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < 17 ? kNames[i] : absl::StrCat("CODE_", i);
+}
+
+absl::StatusOr<v1::ModelInfo> FetchModel(v1::AttentionService::Stub* stub, const std::string& name,
+                                         int64_t deadline_ms) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline_ms);
+  v1::GetModelRequest request;
+  request.set_name(name);
+  v1::ModelInfo info;
+  const grpc::Status status = stub->GetModel(&ctx, request, &info);
+  if (!status.ok()) {
+    return absl::Status(
+        static_cast<absl::StatusCode>(status.error_code()),
+        absl::StrCat("GetModel: ", CodeName(status.error_code()), ": ", status.error_message()));
+  }
+  return info;
+}
+
+}  // namespace attention::client

@@ -1,0 +1,44 @@
+// File: client/cli/client_util.h
+//
+// Small pieces the attention-client subcommands share: channels (any gRPC
+// target, optional load-balancing policy), deadlines, random inputs, and a
+// one-line summary of a tensor.
+#ifndef ATTENTION_CLIENT_CLI_CLIENT_UTIL_H_
+#define ATTENTION_CLIENT_CLI_CLIENT_UTIL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <random>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "attention/v1/attention.grpc.pb.h"
+#include "core/tensor.h"
+
+namespace attention::client {
+
+// A channel to `target` ("host:port", "dns:///host:port",
+// "ipv4:127.0.0.1:1,127.0.0.1:2", ...). `lb_policy` ("round_robin",
+// "pick_first" or empty for gRPC's default) goes into the service config.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const std::string& lb_policy);
+
+// Sets a deadline `deadline_ms` from now (every call has one).
+void SetDeadline(grpc::ClientContext* context, int64_t deadline_ms);
+
+// Normal(0, 1) float32 values from `rng`.
+Tensor RandomNormal(const Shape& shape, std::mt19937& rng);
+
+// "mean 0.01 std 0.98 min -3.2 max 3.1 first [0.12, -0.4, ...]".
+std::string Summarize(const Tensor& t);
+
+// "OK", "INVALID_ARGUMENT", ... for a gRPC status code.
+std::string CodeName(grpc::StatusCode code);
+
+// The model description (GetModel; empty name: the default model).
+absl::StatusOr<v1::ModelInfo> FetchModel(v1::AttentionService::Stub* stub, const std::string& name,
+                                         int64_t deadline_ms);
+
+}  // namespace attention::client
+
+#endif  // ATTENTION_CLIENT_CLI_CLIENT_UTIL_H_

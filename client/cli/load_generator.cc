@@ -1,0 +1,306 @@
+#include "client/cli/load_generator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "client/cli/client_util.h"
+#include "nlohmann/json.hpp"
+#include "server/tensor_codec.h"
+
+namespace attention::client {
+namespace {
+
+struct Sample {
+  double latency_ms;
+  int64_t tokens, queue_us, compute_us, batch_requests;
+};
+
+// What one worker saw.
+struct WorkerStats {
+  std::vector<Sample> samples;
+  std::map<std::string, int64_t> errors;
+};
+
+struct PooledRequest {
+  v1::InferRequest request;
+  std::vector<int64_t> output_shape;
+  int64_t tokens;
+};
+
+std::vector<PooledRequest> BuildPool(const LoadOptions& o, const v1::ModelInfo& model) {
+  std::mt19937 rng(o.seed);
+  std::vector<PooledRequest> pool;
+  for (int i = 0; i < 32; ++i) {
+    std::uniform_int_distribution<int64_t> l_dist(o.seq_len.min, o.seq_len.max);
+    std::uniform_int_distribution<int64_t> s_dist(o.kv_seq_len.min, o.kv_seq_len.max);
+    const int64_t l = l_dist(rng);
+    const bool cross = o.kv_seq_len.max > 0 || model.kdim() != model.embed_dim() ||
+                       model.vdim() != model.embed_dim();
+    const int64_t s = o.kv_seq_len.max > 0 ? s_dist(rng) : l;
+    PooledRequest p;
+    p.request.set_model(o.model);
+    p.request.set_request_id(absl::StrCat("load-", i));
+    server::EncodeTensor(RandomNormal({o.batch, l, model.embed_dim()}, rng),
+                         p.request.mutable_query());
+    if (cross) {
+      server::EncodeTensor(RandomNormal({o.batch, s, model.kdim()}, rng), p.request.mutable_key());
+      server::EncodeTensor(RandomNormal({o.batch, s, model.vdim()}, rng),
+                           p.request.mutable_value());
+    }
+    const int64_t padded = static_cast<int64_t>(o.pad_share * static_cast<double>(s));
+    if (padded > 0) {
+      Tensor mask(DType::kBool, {o.batch, s});
+      for (int64_t n = 0; n < o.batch; ++n) {
+        for (int64_t j = s - padded; j < s; ++j) mask.mutable_as<uint8_t>()[n * s + j] = 1;
+      }
+      server::EncodeTensor(mask, p.request.mutable_key_padding_mask());
+    }
+    p.request.set_is_causal(o.is_causal);
+    p.request.set_need_weights(o.need_weights);
+    p.output_shape = {o.batch, l, model.embed_dim()};
+    p.tokens = o.batch * l;
+    pool.push_back(std::move(p));
+  }
+  return pool;
+}
+
+// Checks a response and records it.
+void Record(const PooledRequest& p, const v1::InferResponse& response, double ms,
+            WorkerStats* stats) {
+  const auto& shape = response.output().shape();
+  if (!std::equal(shape.begin(), shape.end(), p.output_shape.begin(), p.output_shape.end())) {
+    ++stats->errors["SHAPE_MISMATCH"];
+    return;
+  }
+  stats->samples.push_back(
+      {ms, p.tokens, response.queue_us(), response.compute_us(), response.batch_requests()});
+}
+
+double Percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const size_t i = std::min(sorted.size() - 1, static_cast<size_t>(q * (sorted.size() - 1) + 0.5));
+  return sorted[i];
+}
+
+}  // namespace
+
+int64_t LevelResult::total_errors() const {
+  int64_t n = 0;
+  for (const auto& [code, count] : errors) n += count;
+  return n;
+}
+
+absl::StatusOr<Range> ParseRange(const std::string& text) {
+  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  Range r;
+  if (parts.size() == 1 && absl::SimpleAtoi(parts[0], &r.min)) {
+    r.max = r.min;
+  } else if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &r.min) ||
+             !absl::SimpleAtoi(parts[1], &r.max)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not N or MIN:MAX"));
+  }
+  if (r.min < 0 || r.max < r.min) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a valid range"));
+  }
+  return r;
+}
+
+absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& o) {
+  if (o.rpc != "unary" && o.rpc != "stream") {
+    return absl::InvalidArgumentError(absl::StrCat("--rpc must be unary or stream, got ", o.rpc));
+  }
+  if (o.seq_len.min < 1 || o.batch < 1) {
+    return absl::InvalidArgumentError("--seq_len and --batch must be at least 1");
+  }
+  auto channel = MakeChannel(o.target, o.lb_policy);
+  auto stub = v1::AttentionService::NewStub(channel);
+  auto model = FetchModel(stub.get(), o.model, o.deadline_ms);
+  if (!model.ok()) return model.status();
+  const std::vector<PooledRequest> pool = BuildPool(o, *model);
+
+  std::vector<LevelResult> results;
+  for (int concurrency : o.concurrency) {
+    std::vector<WorkerStats> stats(concurrency);
+    std::atomic<int64_t> remaining{o.requests > 0 ? o.requests : INT64_MAX};
+    std::atomic<int64_t> done{0};
+    const absl::Time start = absl::Now();
+    const absl::Time end = o.requests > 0 ? absl::InfiniteFuture() : start + o.duration;
+    auto take = [&] { return absl::Now() < end && remaining.fetch_sub(1) > 0; };
+    std::vector<std::thread> workers;
+    for (int w = 0; w < concurrency; ++w) {
+      workers.emplace_back([&, w] {
+        WorkerStats& st = stats[w];
+        size_t next = static_cast<size_t>(w) % pool.size();
+        if (o.rpc == "unary") {
+          while (take()) {
+            const PooledRequest& p = pool[next++ % pool.size()];
+            grpc::ClientContext ctx;
+            SetDeadline(&ctx, o.deadline_ms);
+            v1::InferResponse response;
+            const absl::Time t0 = absl::Now();
+            const grpc::Status status = stub->Infer(&ctx, p.request, &response);
+            const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+            status.ok() ? Record(p, response, ms, &st)
+                        : static_cast<void>(++st.errors[CodeName(status.error_code())]);
+            ++done;
+          }
+          return;
+        }
+        grpc::ClientContext ctx;
+        SetDeadline(&ctx, absl::ToInt64Milliseconds(o.duration) + o.deadline_ms +
+                              (o.requests > 0 ? o.deadline_ms * o.requests : 0));
+        auto stream = stub->InferStream(&ctx);
+        while (take()) {
+          const PooledRequest& p = pool[next++ % pool.size()];
+          const absl::Time t0 = absl::Now();
+          v1::InferResponse response;
+          if (!stream->Write(p.request) || !stream->Read(&response)) {
+            ++st.errors["STREAM_BROKEN"];
+            ++done;
+            break;
+          }
+          const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+          response.has_error()
+              ? static_cast<void>(
+                    ++st.errors[CodeName(static_cast<grpc::StatusCode>(response.error().code()))])
+              : Record(p, response, ms, &st);
+          ++done;
+        }
+        stream->WritesDone();
+        const grpc::Status status = stream->Finish();
+        if (!status.ok()) ++st.errors[CodeName(status.error_code())];
+      });
+    }
+    std::atomic<bool> finished{false};
+    std::thread progress;
+    if (o.progress) {
+      progress = std::thread([&] {
+        while (!finished.load()) {
+          const double s = absl::ToDoubleSeconds(absl::Now() - start);
+          std::fprintf(stderr, "\rconcurrency %d: %.1f s, %ld requests, %.1f req/s   ", concurrency,
+                       s, static_cast<long>(done.load()),
+                       s > 0 ? static_cast<double>(done.load()) / s : 0.0);
+          std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        }
+        std::fprintf(stderr, "\r%80s\r", "");
+      });
+    }
+    for (auto& w : workers) w.join();
+    finished = true;
+    if (progress.joinable()) progress.join();
+
+    LevelResult r;
+    r.concurrency = concurrency;
+    r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    std::vector<double> latencies, overheads;
+    int64_t tokens = 0;
+    double queue = 0, compute = 0, batch = 0;
+    for (const WorkerStats& st : stats) {
+      for (const Sample& s : st.samples) {
+        latencies.push_back(s.latency_ms);
+        overheads.push_back(s.latency_ms * 1000.0 - static_cast<double>(s.compute_us));
+        tokens += s.tokens;
+        queue += static_cast<double>(s.queue_us);
+        compute += static_cast<double>(s.compute_us);
+        batch += static_cast<double>(s.batch_requests);
+      }
+      for (const auto& [code, count] : st.errors) r.errors[code] += count;
+    }
+    std::sort(latencies.begin(), latencies.end());
+    std::sort(overheads.begin(), overheads.end());
+    r.overhead_p50_us = Percentile(overheads, 0.5);
+    r.ok = static_cast<int64_t>(latencies.size());
+    r.requests_per_s = static_cast<double>(r.ok) / r.seconds;
+    r.tokens_per_s = static_cast<double>(tokens) / r.seconds;
+    r.p50_ms = Percentile(latencies, 0.50);
+    r.p90_ms = Percentile(latencies, 0.90);
+    r.p95_ms = Percentile(latencies, 0.95);
+    r.p99_ms = Percentile(latencies, 0.99);
+    r.max_ms = latencies.empty() ? 0 : latencies.back();
+    if (r.ok > 0) {
+      r.queue_us = queue / static_cast<double>(r.ok);
+      r.compute_us = compute / static_cast<double>(r.ok);
+      r.batch_requests = batch / static_cast<double>(r.ok);
+    }
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+namespace {
+
+std::string ErrorsText(const LevelResult& r) {
+  if (r.errors.empty()) return "0";
+  std::string s;
+  for (const auto& [code, count] : r.errors)
+    absl::StrAppend(&s, s.empty() ? "" : " ", code, "=", count);
+  return s;
+}
+
+}  // namespace
+
+std::string FormatTable(const std::vector<LevelResult>& results) {
+  std::string out = absl::StrFormat(
+      "%-11s %9s %10s %12s %8s %8s %8s %8s %8s %9s %10s %7s %12s  %s\n", "concurrency", "requests",
+      "req/s", "tokens/s", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms", "queue_us",
+      "compute_us", "batch", "overhead_p50", "errors");
+  for (const LevelResult& r : results) {
+    absl::StrAppend(
+        &out, absl::StrFormat("%-11d %9d %10.1f %12.0f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f "
+                              "%10.0f %7.2f %10.0fus  %s\n",
+                              r.concurrency, r.ok, r.requests_per_s, r.tokens_per_s, r.p50_ms,
+                              r.p90_ms, r.p95_ms, r.p99_ms, r.max_ms, r.queue_us, r.compute_us,
+                              r.batch_requests, r.overhead_p50_us, ErrorsText(r)));
+  }
+  return out;
+}
+
+std::string FormatCsv(const std::vector<LevelResult>& results) {
+  std::string out =
+      "concurrency,requests,errors,requests_per_s,tokens_per_s,p50_ms,p90_ms,p95_ms,p99_ms,"
+      "max_ms,queue_us,compute_us,batch_requests,overhead_p50_us,errors_by_code\n";
+  for (const LevelResult& r : results) {
+    absl::StrAppend(&out, absl::StrFormat("%d,%d,%d,%.3f,%.1f,%.4f,%.4f,%.4f,%.4f,%.4f,%.1f,%.1f,"
+                                          "%.3f,%.1f,\"%s\"\n",
+                                          r.concurrency, r.ok, r.total_errors(), r.requests_per_s,
+                                          r.tokens_per_s, r.p50_ms, r.p90_ms, r.p95_ms, r.p99_ms,
+                                          r.max_ms, r.queue_us, r.compute_us, r.batch_requests,
+                                          r.overhead_p50_us, ErrorsText(r)));
+  }
+  return out;
+}
+
+std::string FormatJson(const std::vector<LevelResult>& results) {
+  nlohmann::json array = nlohmann::json::array();
+  for (const LevelResult& r : results) {
+    array.push_back({{"concurrency", r.concurrency},
+                     {"requests", r.ok},
+                     {"errors", r.errors},
+                     {"seconds", r.seconds},
+                     {"requests_per_s", r.requests_per_s},
+                     {"tokens_per_s", r.tokens_per_s},
+                     {"p50_ms", r.p50_ms},
+                     {"p90_ms", r.p90_ms},
+                     {"p95_ms", r.p95_ms},
+                     {"p99_ms", r.p99_ms},
+                     {"max_ms", r.max_ms},
+                     {"queue_us", r.queue_us},
+                     {"compute_us", r.compute_us},
+                     {"batch_requests", r.batch_requests},
+                     {"overhead_p50_us", r.overhead_p50_us}});
+  }
+  return array.dump(2) + "\n";
+}
+
+}  // namespace attention::client

@@ -1,0 +1,296 @@
+// attention-client: the sample client and load generator of the attention
+// service.
+//
+//   attention-client infer  [--query q.npy ... | --batch 2 --seq_len 16] [options]
+//   attention-client models
+//   attention-client health [--service NAME]      # exit 0 only when SERVING
+//   attention-client load   --concurrency 1,8,64 --duration 10s --seq_len 16:128
+//
+// Every subcommand takes --server TARGET (any gRPC target; several addresses
+// with --lb_policy round_robin) and --deadline_ms.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "client/cli/client_util.h"
+#include "client/cli/load_generator.h"
+#include "client/cli/npy.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "server/tensor_codec.h"
+
+ABSL_FLAG(std::string, server, "localhost:50051",
+          "gRPC target: host:port, dns:///host:port, ipv4:127.0.0.1:1,127.0.0.1:2, ...");
+ABSL_FLAG(int64_t, deadline_ms, 10000, "Deadline of every call, in milliseconds.");
+ABSL_FLAG(std::string, lb_policy, "", "Load-balancing policy: round_robin or pick_first.");
+ABSL_FLAG(std::string, model, "", "Model name; empty: the server's default model.");
+// infer
+ABSL_FLAG(std::string, query, "", "infer: query .npy file (N, L, E) or (L, E).");
+ABSL_FLAG(std::string, key, "", "infer: key .npy file; absent: the query.");
+ABSL_FLAG(std::string, value, "", "infer: value .npy file; absent: the key.");
+ABSL_FLAG(std::string, key_padding_mask, "", "infer: key_padding_mask .npy file (bool or float).");
+ABSL_FLAG(std::string, attn_mask, "", "infer: attn_mask .npy file (bool or float).");
+ABSL_FLAG(int64_t, batch, 1, "infer/load: random inputs' batch size N.");
+ABSL_FLAG(std::string, seq_len, "32", "infer/load: random query length L, or MIN:MAX for load.");
+ABSL_FLAG(std::string, kv_seq_len, "0",
+          "infer/load: random key/value length S (0: self-attention), or MIN:MAX for load.");
+ABSL_FLAG(uint32_t, seed, 1, "infer/load: seed of the random inputs.");
+ABSL_FLAG(bool, is_causal, false, "Apply the causal mask.");
+ABSL_FLAG(bool, need_weights, false, "Ask for attention weights.");
+ABSL_FLAG(bool, per_head_weights, false, "Weights per head instead of averaged.");
+ABSL_FLAG(std::string, output_dtype, "", "float32, bfloat16 or float16; empty: the query's.");
+ABSL_FLAG(std::string, output, "", "infer: save the output to this .npy file.");
+ABSL_FLAG(std::string, weights_output, "", "infer: save the attention weights to this .npy file.");
+ABSL_FLAG(std::string, request_id, "cli", "infer: request id.");
+// health
+ABSL_FLAG(std::string, service, "", "health: service name ('' = the whole server).");
+// load
+ABSL_FLAG(std::string, concurrency, "1", "load: comma-separated concurrency levels.");
+ABSL_FLAG(std::string, duration, "10s", "load: duration per level (e.g. 10s, 500ms).");
+ABSL_FLAG(int64_t, requests, 0, "load: requests per level instead of a duration.");
+ABSL_FLAG(std::string, rpc, "unary", "load: unary or stream.");
+ABSL_FLAG(double, pad_share, 0.0, "load: share of each request's keys masked as padding.");
+ABSL_FLAG(std::string, csv, "", "load: also write the table as CSV to this file.");
+ABSL_FLAG(std::string, json, "", "load: also write the table as JSON to this file.");
+
+namespace attention::client {
+namespace {
+
+int Fail(const std::string& message, int code = 1) {
+  std::cerr << "attention-client: " << message << "\n";
+  return code;
+}
+
+std::unique_ptr<v1::AttentionService::Stub> Stub() {
+  return v1::AttentionService::NewStub(
+      MakeChannel(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_lb_policy)));
+}
+
+std::string RpcError(const grpc::Status& status) {
+  return absl::StrCat(CodeName(status.error_code()), ": ", status.error_message());
+}
+
+// Loads `flag`'s .npy file into `out` when given.
+absl::Status LoadInto(const std::string& path, v1::Tensor* out) {
+  if (path.empty()) return absl::OkStatus();
+  auto t = ReadNpy(path);
+  if (!t.ok()) return t.status();
+  server::EncodeTensor(*t, out);
+  return absl::OkStatus();
+}
+
+int Infer() {
+  auto stub = Stub();
+  v1::InferRequest request;
+  request.set_model(absl::GetFlag(FLAGS_model));
+  request.set_request_id(absl::GetFlag(FLAGS_request_id));
+  if (!absl::GetFlag(FLAGS_query).empty()) {
+    for (auto [path, field] : std::vector<std::pair<std::string, v1::Tensor*>>{
+             {absl::GetFlag(FLAGS_query), request.mutable_query()},
+             {absl::GetFlag(FLAGS_key), request.mutable_key()},
+             {absl::GetFlag(FLAGS_value), request.mutable_value()}}) {
+      const absl::Status s = LoadInto(path, field);
+      if (!s.ok()) return Fail(std::string(s.message()));
+    }
+    if (request.key().data().empty()) request.clear_key();
+    if (request.value().data().empty()) request.clear_value();
+  } else {
+    auto model =
+        FetchModel(stub.get(), absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_deadline_ms));
+    if (!model.ok()) return Fail(std::string(model.status().message()));
+    auto l = ParseRange(absl::GetFlag(FLAGS_seq_len));
+    auto s = ParseRange(absl::GetFlag(FLAGS_kv_seq_len));
+    if (!l.ok() || !s.ok()) return Fail("--seq_len/--kv_seq_len: expected a number", 2);
+    std::mt19937 rng(absl::GetFlag(FLAGS_seed));
+    const int64_t n = absl::GetFlag(FLAGS_batch);
+    server::EncodeTensor(RandomNormal({n, l->min, model->embed_dim()}, rng),
+                         request.mutable_query());
+    if (s->min > 0 || model->kdim() != model->embed_dim() || model->vdim() != model->embed_dim()) {
+      const int64_t keys = s->min > 0 ? s->min : l->min;
+      server::EncodeTensor(RandomNormal({n, keys, model->kdim()}, rng), request.mutable_key());
+      server::EncodeTensor(RandomNormal({n, keys, model->vdim()}, rng), request.mutable_value());
+    }
+  }
+  for (auto [path, field] : std::vector<std::pair<std::string, v1::Tensor*>>{
+           {absl::GetFlag(FLAGS_key_padding_mask), request.mutable_key_padding_mask()},
+           {absl::GetFlag(FLAGS_attn_mask), request.mutable_attn_mask()}}) {
+    const absl::Status st = LoadInto(path, field);
+    if (!st.ok()) return Fail(std::string(st.message()));
+  }
+  if (request.key_padding_mask().data().empty()) request.clear_key_padding_mask();
+  if (request.attn_mask().data().empty()) request.clear_attn_mask();
+  request.set_is_causal(absl::GetFlag(FLAGS_is_causal));
+  request.set_need_weights(absl::GetFlag(FLAGS_need_weights) ||
+                           !absl::GetFlag(FLAGS_weights_output).empty());
+  request.set_per_head_weights(absl::GetFlag(FLAGS_per_head_weights));
+  if (!absl::GetFlag(FLAGS_output_dtype).empty()) {
+    auto dtype = ParseDType(absl::GetFlag(FLAGS_output_dtype));
+    if (!dtype.ok() || *dtype == DType::kBool) {
+      return Fail("--output_dtype must be float32, bfloat16 or float16", 2);
+    }
+    request.set_output_dtype(server::ToProtoDType(*dtype));
+  }
+
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::GetFlag(FLAGS_deadline_ms));
+  v1::InferResponse response;
+  const absl::Time start = absl::Now();
+  const grpc::Status status = stub->Infer(&ctx, request, &response);
+  const double rtt_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  if (!status.ok()) return Fail(absl::StrCat("Infer failed: ", RpcError(status)));
+  auto output = server::DecodeTensorCopy(response.output(), "output");
+  if (!output.ok()) return Fail(std::string(output.status().message()));
+  std::printf("request_id  %s\n", response.request_id().c_str());
+  std::printf(
+      "query       %s\n",
+      ShapeToString({request.query().shape().begin(), request.query().shape().end()}).c_str());
+  std::printf("output      %s %s\n", ShapeToString(output->shape()).c_str(),
+              std::string(DTypeName(output->dtype())).c_str());
+  std::printf("  %s\n", Summarize(*output).c_str());
+  std::optional<Tensor> weights;
+  if (response.has_attn_weights()) {
+    auto w = server::DecodeTensorCopy(response.attn_weights(), "attn_weights");
+    if (!w.ok()) return Fail(std::string(w.status().message()));
+    weights = std::move(*w);
+    std::printf("attn_weights %s\n  %s\n", ShapeToString(weights->shape()).c_str(),
+                Summarize(*weights).c_str());
+  }
+  std::printf("server      queue %ld us, compute %ld us, batch of %d request(s)\n",
+              static_cast<long>(response.queue_us()), static_cast<long>(response.compute_us()),
+              response.batch_requests());
+  std::printf("round trip  %.3f ms\n", rtt_ms);
+  if (!absl::GetFlag(FLAGS_output).empty()) {
+    const absl::Status s = WriteNpy(absl::GetFlag(FLAGS_output), *output);
+    if (!s.ok()) return Fail(std::string(s.message()));
+  }
+  if (!absl::GetFlag(FLAGS_weights_output).empty() && weights) {
+    const absl::Status s = WriteNpy(absl::GetFlag(FLAGS_weights_output), *weights);
+    if (!s.ok()) return Fail(std::string(s.message()));
+  }
+  return 0;
+}
+
+int Models() {
+  auto stub = Stub();
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::GetFlag(FLAGS_deadline_ms));
+  v1::ListModelsResponse response;
+  const grpc::Status status = stub->ListModels(&ctx, {}, &response);
+  if (!status.ok()) return Fail(absl::StrCat("ListModels failed: ", RpcError(status)));
+  std::printf("%-16s %6s %5s %5s %5s %5s %7s %9s %9s | %9s %10s %9s %10s\n", "name", "embed",
+              "heads", "kdim", "vdim", "bias", "bias_kv", "zero_attn", "compute", "max_batch",
+              "max_tokens", "delay_us", "max_queue");
+  for (const v1::ModelInfo& m : response.models()) {
+    const std::string name = m.name() + (m.is_default() ? " *" : "");
+    std::printf("%-16s %6ld %5ld %5ld %5ld %5s %7s %9s %9s | %9ld %10ld %9ld %10ld\n", name.c_str(),
+                static_cast<long>(m.embed_dim()), static_cast<long>(m.num_heads()),
+                static_cast<long>(m.kdim()), static_cast<long>(m.vdim()), m.bias() ? "yes" : "no",
+                m.add_bias_kv() ? "yes" : "no", m.add_zero_attn() ? "yes" : "no",
+                m.compute_dtype() == v1::DATA_TYPE_BFLOAT16 ? "bfloat16" : "float32",
+                static_cast<long>(m.batching().max_batch_size()),
+                static_cast<long>(m.batching().max_batch_tokens()),
+                static_cast<long>(m.batching().max_queue_delay_us()),
+                static_cast<long>(m.batching().max_queue_size()));
+  }
+  std::printf("(* = default model)\n");
+  return 0;
+}
+
+int Health() {
+  auto stub = grpc::health::v1::Health::NewStub(
+      MakeChannel(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_lb_policy)));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::GetFlag(FLAGS_deadline_ms));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(absl::GetFlag(FLAGS_service));
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&ctx, request, &response);
+  if (!status.ok()) return Fail(absl::StrCat("health check failed: ", RpcError(status)));
+  const std::string name =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  std::printf("%s\n", name.c_str());
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+}
+
+int Load() {
+  LoadOptions o;
+  o.target = absl::GetFlag(FLAGS_server);
+  o.lb_policy = absl::GetFlag(FLAGS_lb_policy);
+  o.model = absl::GetFlag(FLAGS_model);
+  o.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
+  o.concurrency.clear();
+  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
+    int v;
+    if (!absl::SimpleAtoi(c, &v) || v < 1) return Fail("--concurrency: expected e.g. 1,8,64", 2);
+    o.concurrency.push_back(v);
+  }
+  if (!absl::ParseDuration(absl::GetFlag(FLAGS_duration), &o.duration)) {
+    return Fail("--duration: expected e.g. 10s or 500ms", 2);
+  }
+  o.requests = absl::GetFlag(FLAGS_requests);
+  o.rpc = absl::GetFlag(FLAGS_rpc);
+  o.batch = absl::GetFlag(FLAGS_batch);
+  auto l = ParseRange(absl::GetFlag(FLAGS_seq_len));
+  auto s = ParseRange(absl::GetFlag(FLAGS_kv_seq_len));
+  if (!l.ok()) return Fail(absl::StrCat("--seq_len: ", l.status().message()), 2);
+  if (!s.ok()) return Fail(absl::StrCat("--kv_seq_len: ", s.status().message()), 2);
+  o.seq_len = *l;
+  o.kv_seq_len = *s;
+  o.pad_share = absl::GetFlag(FLAGS_pad_share);
+  o.is_causal = absl::GetFlag(FLAGS_is_causal);
+  o.need_weights = absl::GetFlag(FLAGS_need_weights);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.progress = isatty(STDERR_FILENO) != 0;
+  auto results = RunLoad(o);
+  if (!results.ok()) return Fail(std::string(results.status().message()));
+  std::printf("%s", FormatTable(*results).c_str());
+  for (auto [path, text] : std::vector<std::pair<std::string, std::string>>{
+           {absl::GetFlag(FLAGS_csv), FormatCsv(*results)},
+           {absl::GetFlag(FLAGS_json), FormatJson(*results)}}) {
+    if (path.empty()) continue;
+    std::ofstream out(path);
+    out << text;
+    if (!out) return Fail(absl::StrCat("cannot write ", path));
+  }
+  int64_t errors = 0;
+  for (const LevelResult& r : *results) errors += r.total_errors();
+  return errors == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace attention::client
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "attention-client {infer|models|health|load} [--flags]\n"
+      "  infer   send one request (inputs from .npy files or random) and print the result\n"
+      "  models  list the served models and their batching settings\n"
+      "  health  check grpc.health.v1; exit 0 only when SERVING\n"
+      "  load    closed-loop load generator: throughput and latency per concurrency level");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::cerr << absl::ProgramUsageMessage() << "\n";
+    return 2;
+  }
+  const std::string command = args[1];
+  if (command == "infer") return attention::client::Infer();
+  if (command == "models") return attention::client::Models();
+  if (command == "health") return attention::client::Health();
+  if (command == "load") return attention::client::Load();
+  std::cerr << "unknown subcommand '" << command << "'\n" << absl::ProgramUsageMessage() << "\n";
+  return 2;
+}
