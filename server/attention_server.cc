@@ -3,9 +3,11 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/status_macros.h"
 #include "prometheus/exposer.h"
 
@@ -83,8 +85,12 @@ bool AttentionServer::Drain() {
   SetHealth(false);
   service_->StartDraining();
   if (repository_ != nullptr) repository_->StopAccepting();
+  const absl::Time start = absl::Now();
   const bool idle = service_->WaitIdle(options_.drain_timeout);
   if (!idle) std::cerr << "drain timeout: some accepted requests were not answered\n";
+  // Keep answering UNAVAILABLE for a moment so that clients still sending see
+  // a clear refusal (and go elsewhere) rather than calls cut by the shutdown.
+  absl::SleepFor(std::min(options_.drain_grace, options_.drain_timeout - (absl::Now() - start)));
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server_->Wait();
   repository_.reset();

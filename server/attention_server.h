@@ -36,6 +36,9 @@ struct ServerOptions {
   int metrics_port = 9464;       // 0: no /metrics endpoint.
   int max_message_bytes = 64 << 20;
   absl::Duration drain_timeout = absl::Seconds(30);
+  // After the last accepted request is answered, how long new ones are still
+  // refused with UNAVAILABLE before the listener closes.
+  absl::Duration drain_grace = absl::Milliseconds(500);
   RepositoryOptions repository;
 };
 
