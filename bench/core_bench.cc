@@ -20,6 +20,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "core/mha_engine.h"
 #include "core/primitive_cache.h"
@@ -222,6 +224,12 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Times the attention engine per shape: attention-core-bench [--flags]; see --help.");
+  absl::FlagsUsageConfig usage;  // --help lists this binary's own flags.
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "core_bench.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   return attention::Run();
 }

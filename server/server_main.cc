@@ -17,6 +17,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/attention_server.h"
@@ -99,6 +101,12 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Serves multi-head attention over gRPC. attention-server [--flags]; started with no flag "
       "it serves the built-in demo model on port 50051 with metrics on 9464.");
+  absl::FlagsUsageConfig usage;  // --help lists this binary's own flags.
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "server_main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   return attention::server::Run();
 }

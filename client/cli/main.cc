@@ -21,6 +21,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -281,6 +283,12 @@ int main(int argc, char** argv) {
       "  models  list the served models and their batching settings\n"
       "  health  check grpc.health.v1; exit 0 only when SERVING\n"
       "  load    closed-loop load generator: throughput and latency per concurrency level");
+  absl::FlagsUsageConfig usage;  // --help lists this binary's own flags.
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "cli/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::cerr << absl::ProgramUsageMessage() << "\n";
