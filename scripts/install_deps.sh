@@ -2,20 +2,21 @@
 # Installs the Debian 12 packages this project needs to build and test, and
 # nothing that is already there. Idempotent; prints what it installs.
 #
-# Usage: scripts/install_deps.sh [--runtime] [--no-python]
-#   (no flag)    everything to build, run and test the project
-#   --runtime    only the shared libraries the two binaries need at run time
-#                (used by the Docker image's runtime stage)
-#   --no-python  leave out the Python oracle (PyTorch) and Python client deps
+# Usage: scripts/install_deps.sh [--build-only | --runtime]
+#   (no flag)     everything to build, run and test the project: the C++
+#                 toolchain and libraries, Python (PyTorch oracle, client),
+#                 Node.js, Prometheus, and podman/buildah for the container test
+#   --build-only  just what scripts/build.sh needs (the Docker build stage)
+#   --runtime     only the shared libraries the two binaries need at run time
+#                 (the Docker runtime stage)
 set -euo pipefail
 
 mode=full
-with_python=1
 for arg in "$@"; do
   case "$arg" in
     --runtime) mode=runtime ;;
-    --no-python) with_python=0 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --build-only) mode=build ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "install_deps.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -28,23 +29,24 @@ build_pkgs=(
   prometheus-cpp-dev
   nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  curl ca-certificates
+  ca-certificates
 )
-python_pkgs=(
-  python3 python3-numpy python3-grpcio python3-protobuf
-  python3-torch libopenblas0-pthread
+test_pkgs=(
+  # Python: the PyTorch oracle, the Python client and its tests.
+  python3 python3-numpy python3-grpcio python3-protobuf python3-torch libopenblas0-pthread
+  # Monitoring tests, and the container test (no Docker engine here: podman).
+  prometheus podman buildah runc debootstrap podman-compose uidmap
 )
 runtime_pkgs=(
-  libdnnl2 libgomp1 libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
-  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 ca-certificates
+  libdnnl2 ocl-icd-libopencl1 libgomp1 libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
+  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libc-ares2 libre2-9 libssl3
 )
 
-if [[ $mode == runtime ]]; then
-  wanted=("${runtime_pkgs[@]}")
-else
-  wanted=("${build_pkgs[@]}")
-  if [[ $with_python == 1 ]]; then wanted+=("${python_pkgs[@]}"); fi
-fi
+case $mode in
+  runtime) wanted=("${runtime_pkgs[@]}") ;;
+  build) wanted=("${build_pkgs[@]}") ;;
+  full) wanted=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
+esac
 
 missing=()
 for p in "${wanted[@]}"; do
