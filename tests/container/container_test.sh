@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The real container test, from nothing: make the debian:bookworm-slim base
+# image if it is missing (debootstrap from this machine's apt mirror), build
+# docker/Dockerfile with podman, run it read-only as non-root on free
+# loopback ports, wait for health, send requests with attention-client (and
+# the Python client when present), scrape /metrics, run the image's
+# HEALTHCHECK, stop it with SIGTERM and check a clean exit, then remove every
+# container and image it made.
+#
+# Usage: tests/container/container_test.sh [--repo DIR] [--build DIR]
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+build="$repo/build"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --repo) repo=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+log() { echo "[container_test] $*"; }
+fail() { echo "[container_test] FAIL: $*" >&2; exit 1; }
+
+command -v podman >/dev/null || fail "podman is not installed (scripts/install_deps.sh installs it)"
+[[ $(id -u) -eq 0 ]] || fail "must run as root (podman with runc and cgroupfs here)"
+
+work=$(mktemp -d /tmp/attention-container-test.XXXXXX)
+tag="localhost/attention-service:test-$$"
+name="attention-test-$$"
+base="docker.io/library/debian:bookworm-slim"
+made_base=0
+
+cleanup() {
+  set +e
+  podman rm -f "$name" >/dev/null 2>&1
+  podman rmi -f "$tag" >/dev/null 2>&1
+  podman image prune -f >/dev/null 2>&1  # The build stage's dangling layers.
+  if [[ $made_base == 1 ]]; then podman rmi -f "$base" >/dev/null 2>&1; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# podman on this machine kind (cgroups v1, no CAP_SYS_RESOURCE) needs runc,
+# cgroupfs and explicit ulimits.
+cat > "$work/containers.conf" <<CONF
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+CONF
+export CONTAINERS_CONF="$work/containers.conf"
+
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+start=$(date +%s)
+if ! podman image exists "$base"; then
+  log "making $base with debootstrap (minbase) from this machine's apt mirror"
+  mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources)
+  [[ -n $mirror ]] || fail "no mirror in /etc/apt/sources.list.d/debian.sources"
+  debootstrap --variant=minbase bookworm "$work/rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 \
+    || { tail -20 "$work/debootstrap.log"; fail "debootstrap failed"; }
+  rm -f "$work/rootfs/etc/apt/sources.list"
+  cp /etc/apt/sources.list.d/debian.sources "$work/rootfs/etc/apt/sources.list.d/"
+  rm -rf "$work/rootfs/var/cache/apt/archives/"*.deb "$work/rootfs/var/lib/apt/lists/"*
+  tar --numeric-owner -C "$work/rootfs" -c . | podman import - "$base" >/dev/null
+  rm -rf "$work/rootfs"
+  made_base=1
+fi
+
+log "building the image from docker/Dockerfile"
+podman build --format docker --isolation chroot -f "$repo/docker/Dockerfile" -t "$tag" "$repo" \
+  >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; fail "podman build failed"; }
+size=$(podman image inspect --format '{{.Size}}' "$tag")
+log "image built in $(( $(date +%s) - start )) s; runtime image size $(( size / 1000000 )) MB"
+[[ $size -lt 300000000 ]] || log "WARNING: image is over 300 MB"
+
+grpc_port=$(free_port)
+metrics_port=$(free_port)
+log "running on 127.0.0.1:$grpc_port (metrics $metrics_port), read-only root, non-root user"
+podman run -d --name "$name" --read-only --cap-drop=ALL \
+  -p "127.0.0.1:$grpc_port:50051" -p "127.0.0.1:$metrics_port:9464" "$tag" \
+  --max_batch_size=8 >/dev/null
+[[ $(podman inspect --format '{{.Config.User}}' "$name") == 10001 ]] || fail "not running as uid 10001"
+
+client="$build/bin/attention-client"
+for _ in $(seq 300); do
+  if "$client" health --server="127.0.0.1:$grpc_port" --deadline_ms=500 >/dev/null 2>&1; then break; fi
+  [[ $(podman inspect --format '{{.State.Running}}' "$name") == true ]] \
+    || { podman logs "$name"; fail "container exited during start-up"; }
+  sleep 0.1
+done
+"$client" health --server="127.0.0.1:$grpc_port" || { podman logs "$name"; fail "never SERVING"; }
+
+log "sending requests with attention-client"
+"$client" models --server="127.0.0.1:$grpc_port" | grep -q "demo" || fail "models does not list demo"
+"$client" infer --server="127.0.0.1:$grpc_port" --batch=2 --seq_len=16 --need_weights \
+  --output="$work/out.npy" | tee "$work/infer.txt"
+grep -q "output      \[2, 16, 256\] float32" "$work/infer.txt" || fail "unexpected infer output"
+"$client" load --server="127.0.0.1:$grpc_port" --concurrency=4 --requests=200 --seq_len=8:64 \
+  | tee "$work/load.txt"
+
+if [[ -f "$repo/client/python/attention_client/__init__.py" ]] && \
+   /usr/bin/python3 -c 'import grpc, numpy' 2>/dev/null; then
+  log "sending a request with the Python client"
+  ATTENTION_PY_GEN="${ATTENTION_PY_GEN:-$build/client/python/gen}" \
+  PYTHONPATH="$repo/client/python" /usr/bin/python3 - "$grpc_port" <<'PY'
+import sys
+import numpy as np
+from attention_client import AttentionClient
+client = AttentionClient(f"127.0.0.1:{sys.argv[1]}")
+assert client.health(), "not serving"
+result = client.infer(np.random.default_rng(0).standard_normal((1, 8, 256), dtype=np.float32))
+assert result.output.shape == (1, 8, 256), result.output.shape
+print("python client: output", result.output.shape, "batch_requests", result.batch_requests)
+PY
+else
+  log "Python client not present: skipped its request"
+fi
+
+log "scraping /metrics"
+metrics=$(/usr/bin/python3 -c "import urllib.request,sys; print(urllib.request.urlopen('http://127.0.0.1:$metrics_port/metrics').read().decode())")
+for metric in attention_request_duration_seconds_bucket attention_requests_total attention_flops_total \
+              attention_queue_depth attention_build_info; do
+  grep -q "^$metric" <<<"$metrics" || fail "/metrics lacks $metric"
+done
+ok=$(grep '^attention_requests_total{.*code="OK".*method="Infer"' <<<"$metrics" | awk '{s+=$2} END {print s+0}')
+[[ ${ok%.*} -ge 201 ]] || fail "expected at least 201 OK requests in /metrics, saw $ok"
+
+log "running the image's HEALTHCHECK"
+podman healthcheck run "$name" || fail "HEALTHCHECK failed"
+
+log "stopping with SIGTERM"
+podman stop -t 40 "$name" >/dev/null
+code=$(podman inspect --format '{{.State.ExitCode}}' "$name")
+podman logs "$name" 2>&1 | tail -5
+[[ $code == 0 ]] || fail "exit code $code after SIGTERM"
+podman logs "$name" 2>&1 | grep -q "received SIGTERM: draining" || fail "no drain on SIGTERM"
+
+log "PASS in $(( $(date +%s) - start )) s"
