@@ -2,9 +2,6 @@
 // several threads, send SIGTERM in the middle, and check that every request
 // it accepted got a full, correct response and that it exits 0.
 #include <grpcpp/grpcpp.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <random>
@@ -12,7 +9,6 @@
 
 #include "attention/v1/attention.grpc.pb.h"
 #include "core/mha_engine.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/server_test_util.h"
 #include "tests/test_util.h"
@@ -23,39 +19,10 @@ namespace {
 using ::attention::testing::FromProto;
 using ::attention::testing::ToProto;
 
-pid_t StartServer(int port) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const std::string port_flag = "--port=" + std::to_string(port);
-    execl(ATTENTION_SERVER_BINARY, ATTENTION_SERVER_BINARY, "--host=127.0.0.1", port_flag.c_str(),
-          "--metrics_port=0", "--drain_timeout_s=20", nullptr);
-    _exit(127);
-  }
-  return pid;
-}
-
-bool WaitServing(const std::shared_ptr<grpc::Channel>& channel) {
-  auto health = grpc::health::v1::Health::NewStub(channel);
-  for (int i = 0; i < 300; ++i) {  // Up to 30 s.
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
-    grpc::health::v1::HealthCheckResponse resp;
-    if (health->Check(&ctx, {}, &resp).ok() &&
-        resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return false;
-}
-
 TEST(ServerProcessTest, SigtermDrainsAcceptedRequestsAndExitsZero) {
-  const int port = testing::FreePort();
-  const pid_t pid = StartServer(port);
-  ASSERT_GT(pid, 0);
-  auto channel =
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(WaitServing(channel)) << "server did not become ready";
+  testing::ServerProcess server(ATTENTION_SERVER_BINARY, {"--drain_timeout_s=20"});
+  ASSERT_TRUE(server.ok()) << "server did not become ready";
+  auto channel = grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials());
 
   auto engine = *MhaEngine::Create(MhaModel::Demo());  // Same weights as the server's demo.
   constexpr int kThreads = 4;
@@ -103,12 +70,9 @@ TEST(ServerProcessTest, SigtermDrainsAcceptedRequestsAndExitsZero) {
   for (int i = 0; i < 3000 && ok.load() < 40; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  server.Terminate();
   for (auto& c : clients) c.join();
-  int wstatus = 0;
-  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
-  EXPECT_TRUE(WIFEXITED(wstatus));
-  EXPECT_EQ(WEXITSTATUS(wstatus), 0);
+  EXPECT_EQ(server.Wait(), 0);
   EXPECT_GE(ok.load(), 40);
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_EQ(unexpected.load(), 0);

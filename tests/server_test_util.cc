@@ -2,12 +2,20 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <thread>
 
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "server/tensor_codec.h"
 
 namespace attention::testing {
@@ -69,6 +77,68 @@ double MetricValue(const std::string& exposition, const std::string& name,
     return std::stod(line.substr(line.rfind(' ') + 1));
   }
   return -1;
+}
+
+ServerProcess::ServerProcess(const std::string& binary,
+                             const std::vector<std::string>& extra_args) {
+  port_ = FreePort();
+  metrics_port_ = FreePort();
+  std::vector<std::string> args = {binary, "--host=127.0.0.1", "--port=" + std::to_string(port_),
+                                   "--metrics_port=" + std::to_string(metrics_port_)};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  pid_ = fork();
+  if (pid_ == 0) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  auto channel = grpc::CreateChannel(target(), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  for (int i = 0; i < 300 && !ready_; ++i) {  // Up to 30 s.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+    grpc::health::v1::HealthCheckResponse resp;
+    ready_ = health->Check(&ctx, {}, &resp).ok() &&
+             resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+    if (!ready_) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+ServerProcess::~ServerProcess() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+void ServerProcess::Terminate() {
+  if (pid_ > 0) kill(pid_, SIGTERM);
+}
+
+int ServerProcess::Wait() {
+  if (pid_ <= 0) return -1;
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int ServerProcess::Stop() {
+  Terminate();
+  return Wait();
+}
+
+int RunCommand(const std::string& command, std::string* output) {
+  output->clear();
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) output->append(buf, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace attention::testing

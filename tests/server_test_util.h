@@ -6,6 +6,7 @@
 #define ATTENTION_TESTS_SERVER_TEST_UTIL_H_
 
 #include <string>
+#include <vector>
 
 #include "attention/v1/attention.pb.h"
 #include "core/tensor.h"
@@ -28,6 +29,36 @@ std::string HttpGet(int port, const std::string& path);
 // contain every `label="value"` fragment in `must_contain` (-1 if none).
 double MetricValue(const std::string& exposition, const std::string& name,
                    const std::vector<std::string>& must_contain);
+
+// attention-server as a child process on free loopback ports.
+class ServerProcess {
+ public:
+  // Starts `binary` with --host=127.0.0.1, free --port and --metrics_port, and
+  // `extra_args`; waits (bounded, 30 s) for health SERVING. Check ok().
+  ServerProcess(const std::string& binary, const std::vector<std::string>& extra_args);
+  // Kills the process if it is still running.
+  ~ServerProcess();
+
+  bool ok() const { return ready_; }
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  // Sends SIGTERM and waits; returns the exit code (-1 if it did not exit).
+  int Stop();
+  // Sends SIGTERM without waiting.
+  void Terminate();
+  // Waits for exit; returns the exit code (-1 if killed by a signal).
+  int Wait();
+
+ private:
+  int pid_ = -1;
+  int port_ = 0;
+  int metrics_port_ = 0;
+  bool ready_ = false;
+};
+
+// Runs a shell command; returns its exit code and (merged) output.
+int RunCommand(const std::string& command, std::string* output);
 
 }  // namespace attention::testing
 

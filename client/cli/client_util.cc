@@ -7,15 +7,26 @@
 
 namespace attention::client {
 
+std::string ServiceConfig(const std::string& lb_policy) {
+  // Requests refused with UNAVAILABLE (a replica draining or gone) are retried
+  // on another backend: computing attention has no side effects. Client-side
+  // health checking makes round_robin skip replicas that report NOT_SERVING.
+  std::string config = R"({"methodConfig": [{"name": [{"service": "attention.v1.AttentionService"}],
+      "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.02s", "maxBackoff": "0.5s",
+                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}])";
+  if (!lb_policy.empty()) {
+    absl::StrAppend(&config, R"(, "loadBalancingConfig": [{")", lb_policy,
+                    R"(": {}}], "healthCheckConfig": {"serviceName": ""})");
+  }
+  return config + "}";
+}
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const std::string& lb_policy) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
-  if (!lb_policy.empty()) {
-    args.SetServiceConfigJSON(
-        absl::StrCat(R"({"loadBalancingConfig": [{")", lb_policy, R"(": {}}]})"));
-  }
+  args.SetServiceConfigJSON(ServiceConfig(lb_policy));
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 

@@ -18,6 +18,11 @@
 
 namespace attention::client {
 
+// The channel's service config: retries of UNAVAILABLE on Infer and
+// InferStream, and with a `lb_policy`, that policy plus client-side health
+// checking (replicas reporting NOT_SERVING get no new calls).
+std::string ServiceConfig(const std::string& lb_policy);
+
 // A channel to `target` ("host:port", "dns:///host:port",
 // "ipv4:127.0.0.1:1,127.0.0.1:2", ...). `lb_policy` ("round_robin",
 // "pick_first" or empty for gRPC's default) goes into the service config.

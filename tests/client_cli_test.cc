@@ -1,0 +1,154 @@
+// attention-client's subcommands against a live attention-server on free
+// loopback ports: infer from .npy files (checked against the engine), random
+// inputs, models, health, load with --json, a file of the wrong shape, a
+// missing file, and an unreachable server (a clear error within the deadline).
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "client/cli/npy.h"
+#include "core/mha_engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/server_test_util.h"
+#include "tests/test_util.h"
+
+namespace attention {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ClientCliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new testing::ServerProcess(ATTENTION_SERVER_BINARY, {});
+    dir_ = new std::string(::testing::TempDir() + "/client_cli_test");
+    std::filesystem::create_directories(*dir_);
+  }
+  static void TearDownTestSuite() {
+    EXPECT_EQ(server_->Stop(), 0);
+    delete server_;
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+  void SetUp() override { ASSERT_TRUE(server_->ok()); }
+
+  // Runs attention-client with `args` against the server.
+  int Client(const std::string& args, std::string* output) {
+    return testing::RunCommand(
+        std::string(ATTENTION_CLIENT_BINARY) + " " + args + " --server=" + server_->target(),
+        output);
+  }
+  static std::string Path(const std::string& name) { return *dir_ + "/" + name; }
+
+  static testing::ServerProcess* server_;
+  static std::string* dir_;
+};
+
+testing::ServerProcess* ClientCliTest::server_ = nullptr;
+std::string* ClientCliTest::dir_ = nullptr;
+
+TEST_F(ClientCliTest, InferFromNpyFilesMatchesTheEngine) {
+  std::mt19937 rng(3);
+  Tensor q = testing::RandomTensor({2, 5, 256}, rng);
+  Tensor kpm = testing::RandomMask({2, 5}, rng, 0.3);
+  ASSERT_TRUE(client::WriteNpy(Path("q.npy"), q).ok());
+  ASSERT_TRUE(client::WriteNpy(Path("kpm.npy"), kpm).ok());
+  std::string out;
+  ASSERT_EQ(Client("infer --query=" + Path("q.npy") + " --key_padding_mask=" + Path("kpm.npy") +
+                       " --is_causal --per_head_weights --output=" + Path("out.npy") +
+                       " --weights_output=" + Path("w.npy"),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("output      [2, 5, 256] float32"));
+  EXPECT_THAT(out, HasSubstr("attn_weights [2, 8, 5, 5]"));
+  EXPECT_THAT(out, HasSubstr("round trip"));
+  auto got = client::ReadNpy(Path("out.npy"));
+  auto weights = client::ReadNpy(Path("w.npy"));
+  ASSERT_TRUE(got.ok() && weights.ok());
+  MhaInputs in;
+  in.query = q.view();
+  in.key_padding_mask = kpm.view();
+  in.is_causal = true;
+  in.need_weights = true;
+  in.average_attn_weights = false;
+  auto expected = (*MhaEngine::Create(MhaModel::Demo()))->Forward(in);
+  ASSERT_TRUE(expected.ok());
+  ASSERT_EQ(got->shape(), expected->output.shape());
+  EXPECT_LE(testing::MaxExcess(
+                got->as<float>(),
+                std::vector<double>(expected->output.as<float>(),
+                                    expected->output.as<float>() + expected->output.num_elements()),
+                1e-5),
+            1e-6);
+  EXPECT_EQ(weights->shape(), (Shape{2, 8, 5, 5}));
+}
+
+TEST_F(ClientCliTest, InferWithRandomInputsModelsAndHealth) {
+  std::string out;
+  ASSERT_EQ(Client("infer --batch=3 --seq_len=7 --output_dtype=bfloat16", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("output      [3, 7, 256] bfloat16"));
+  EXPECT_THAT(out, HasSubstr("batch of 1 request(s)"));
+  ASSERT_EQ(Client("models", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("demo *"));
+  EXPECT_THAT(out, HasSubstr("256"));
+  ASSERT_EQ(Client("health", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("SERVING"));
+}
+
+TEST_F(ClientCliTest, LoadWritesItsTable) {
+  std::string out;
+  ASSERT_EQ(Client("load --concurrency=1,4 --requests=40 --seq_len=4:32 --pad_share=0.25 --json=" +
+                       Path("load.json") + " --csv=" + Path("load.csv"),
+                   &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("p99_ms"));
+  std::ifstream in(Path("load.json"));
+  nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["concurrency"], 1);
+  EXPECT_EQ(j[1]["concurrency"], 4);
+  EXPECT_EQ(j[1]["requests"], 40);
+  EXPECT_TRUE(j[1]["errors"].empty());
+  EXPECT_GT(j[1]["requests_per_s"].get<double>(), 0);
+  EXPECT_GE(j[1]["p99_ms"].get<double>(), j[1]["p50_ms"].get<double>());
+  ASSERT_EQ(Client("load --concurrency=2 --requests=10 --rpc=stream", &out), 0) << out;
+}
+
+TEST_F(ClientCliTest, WrongShapeFileIsAClearError) {
+  std::mt19937 rng(4);
+  ASSERT_TRUE(client::WriteNpy(Path("bad.npy"), testing::RandomTensor({1, 4, 100}, rng)).ok());
+  std::string out;
+  EXPECT_NE(Client("infer --query=" + Path("bad.npy"), &out), 0);
+  EXPECT_THAT(out, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(out, HasSubstr("query: expected shape [*, *, 256], got [1, 4, 100]"));
+  EXPECT_NE(Client("infer --query=" + Path("missing.npy"), &out), 0);
+  EXPECT_THAT(out, HasSubstr("cannot open"));
+  EXPECT_NE(Client("frobnicate", &out), 0);
+  EXPECT_THAT(out, HasSubstr("unknown subcommand"));
+}
+
+TEST(ClientCliUnreachableTest, FailsClearlyWithinTheDeadline) {
+  const int port = testing::FreePort();  // Nothing listens there.
+  for (const char* command : {"health", "infer --seq_len=4", "models"}) {
+    std::string out;
+    const auto start = std::chrono::steady_clock::now();
+    const int code =
+        testing::RunCommand(std::string(ATTENTION_CLIENT_BINARY) + " " + command +
+                                " --deadline_ms=1500 --server=127.0.0.1:" + std::to_string(port),
+                            &out);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(code, 0) << command;
+    EXPECT_THAT(out, ::testing::AnyOf(HasSubstr("UNAVAILABLE"), HasSubstr("DEADLINE_EXCEEDED")))
+        << out;
+    EXPECT_LT(seconds, 5.0) << command;
+  }
+}
+
+}  // namespace
+}  // namespace attention
