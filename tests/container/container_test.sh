@@ -34,7 +34,7 @@ made_base=0
 
 cleanup() {
   set +e
-  podman rm -f "$name" >/dev/null 2>&1
+  podman rm -f -v "$name" >/dev/null 2>&1
   podman rmi -f "$tag" >/dev/null 2>&1
   podman image prune -f >/dev/null 2>&1  # The build stage's dangling layers.
   if [[ $made_base == 1 ]]; then podman rmi -f "$base" >/dev/null 2>&1; fi
@@ -152,7 +152,7 @@ if command -v podman-compose >/dev/null; then
   podman tag "$tag" localhost/attention-service:latest
   compose() { podman-compose -p "$project" -f "$work/compose/compose.yaml" "$@"; }
   compose_down() {
-    compose down >/dev/null 2>&1
+    compose down -v >/dev/null 2>&1
     podman network rm -f "${project}_default" >/dev/null 2>&1
     podman volume rm -f "${project}_prometheus-data" >/dev/null 2>&1
     podman rmi localhost/attention-service:latest >/dev/null 2>&1
