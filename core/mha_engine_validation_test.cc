@@ -1,0 +1,109 @@
+#include "core/mha_engine.h"
+
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace attention {
+namespace {
+
+using ::attention::testing::RandomTensor;
+using ::attention::testing::StatusIs;
+using ::testing::HasSubstr;
+
+MhaSpec Spec(int64_t e, int64_t h) {
+  MhaSpec s;
+  s.embed_dim = s.kdim = s.vdim = e;
+  s.num_heads = h;
+  return s;
+}
+
+class MhaEngineValidationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MhaSpec spec = Spec(16, 2);
+    spec.kdim = 12;
+    spec.vdim = 10;
+    model_ = *MhaModel::Random(spec, 3);
+    engine_ = *MhaEngine::Create(model_);
+    std::mt19937 rng(3);
+    q_ = RandomTensor({2, 4, 16}, rng);
+    k_ = RandomTensor({2, 5, 12}, rng);
+    v_ = RandomTensor({2, 5, 10}, rng);
+    in_.query = q_.view();
+    in_.key = k_.view();
+    in_.value = v_.view();
+  }
+  void ExpectInvalid(const MhaInputs& in, const std::string& message) {
+    EXPECT_THAT(engine_->Forward(in),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)));
+  }
+  std::shared_ptr<const MhaModel> model_;
+  std::unique_ptr<MhaEngine> engine_;
+  Tensor q_, k_, v_;
+  MhaInputs in_;
+};
+
+TEST_F(MhaEngineValidationTest, ValidInputsPass) { EXPECT_TRUE(engine_->Forward(in_).ok()); }
+
+TEST_F(MhaEngineValidationTest, RejectsBadQuery) {
+  MhaInputs in = in_;
+  in.query.shape = {2, 4, 2, 8};
+  ExpectInvalid(in, "query: expected rank 3 (N, L, E) or 2 (L, E), got shape [2, 4, 2, 8]");
+  in = in_;
+  in.query.shape = {4, 8, 8};
+  ExpectInvalid(in, "query: expected shape [*, *, 16], got [4, 8, 8]");
+  in = in_;
+  in.query.dtype = DType::kBool;
+  ExpectInvalid(in, "query: expected dtype float32, bfloat16 or float16, got bool");
+  in = in_;
+  in.query.data = nullptr;
+  ExpectInvalid(in, "query: no data");
+  in = in_;
+  in.query.shape = {2, 0, 16};
+  ExpectInvalid(in, "query: every dimension must be positive, got [2, 0, 16]");
+}
+
+TEST_F(MhaEngineValidationTest, RejectsBadKeyAndValue) {
+  MhaInputs in = in_;
+  in.key->shape = {2, 5, 16};
+  ExpectInvalid(in, "key: expected shape [2, *, 12], got [2, 5, 16]");
+  in = in_;
+  in.key->shape = {3, 5, 4};  // Same element count, other batch.
+  ExpectInvalid(in, "key: expected shape [2, *, 12], got [3, 5, 4]");
+  in = in_;
+  in.value->shape = {2, 6, 10};
+  ExpectInvalid(in, "value: expected shape [2, 5, 10], got [2, 6, 10]");
+  in = in_;
+  in.key.reset();
+  ExpectInvalid(in, "value: given without key");
+  in = in_;
+  in.key.reset();
+  in.value.reset();
+  ExpectInvalid(in, "key: required because the model's kdim 12 differs from embed_dim 16");
+  in = in_;
+  in.key->shape = {5, 12};
+  ExpectInvalid(in, "key: expected rank 3, got shape [5, 12]");
+}
+
+TEST_F(MhaEngineValidationTest, RejectsBadMasks) {
+  Tensor kpm(DType::kBool, {2, 4});
+  MhaInputs in = in_;
+  in.key_padding_mask = kpm.view();
+  ExpectInvalid(in, "key_padding_mask: expected shape [2, 5], got [2, 4]");
+  Tensor am(DType::kFloat32, {1, 5});
+  in = in_;
+  in.attn_mask = am.view();
+  ExpectInvalid(in, "attn_mask: expected shape [4, 5] or [4, 4, 5], got [1, 5]");
+  Tensor am3(DType::kBool, {2, 4, 5});
+  in.attn_mask = am3.view();
+  ExpectInvalid(in, "attn_mask: expected shape [4, 4, 5], got [2, 4, 5]");
+  in = in_;
+  in.output_dtype = DType::kBool;
+  ExpectInvalid(in, "output_dtype");
+}
+
+}  // namespace
+}  // namespace attention
