@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/build.sh
 cd build
-ctest --output-on-failure --timeout 900 "$@"
+ctest --output-on-failure --timeout 1500 -j "$(nproc)" "$@"
