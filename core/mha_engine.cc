@@ -95,24 +95,69 @@ MhaEngine::MhaEngine(std::shared_ptr<const MhaModel> model, EngineOptions option
                   static_cast<char*>(bias_kv_.data()) + e * esize, e);
   }
   const float* in_bias = s.bias ? qkv_bias_.as<float>() : nullptr;
-  q_proj_ = {q_weight_.data(), in_bias, e, e};
-  k_proj_ = {k_weight_.data(), in_bias ? in_bias + e : nullptr, s.kdim, e};
-  v_proj_ = {v_weight_.data(), in_bias ? in_bias + 2 * e : nullptr, s.vdim, e};
-  out_proj_ = {out_weight_.data(), s.bias ? w.out_bias.as<float>() : nullptr, e, e};
+  q_proj_ = MakeProjection(q_weight_.data(), in_bias, e, e);
+  k_proj_ = MakeProjection(k_weight_.data(), in_bias ? in_bias + e : nullptr, s.kdim, e);
+  v_proj_ = MakeProjection(v_weight_.data(), in_bias ? in_bias + 2 * e : nullptr, s.vdim, e);
+  out_proj_ = MakeProjection(out_weight_.data(), s.bias ? w.out_bias.as<float>() : nullptr, e, e);
+  if (s.packed_in_proj()) qkv_proj_ = MakeProjection(qkv_weight_.data(), in_bias, e, 3 * e);
+  for (Projection* p : {&q_proj_, &k_proj_, &v_proj_, &qkv_proj_}) {
+    if (p->weight != nullptr) Pack(p, compute_, &packed_weights_);
+  }
+  Pack(&out_proj_, DType::kFloat32, &packed_weights_);
+}
+
+void MhaEngine::Pack(Projection* proj, DType dst_dtype, std::vector<Tensor>* storage) {
+  // Ask oneDNN which weights layout its matmul prefers (bfloat16 brgemm wants
+  // VNNI-blocked weights and would otherwise repack them on every call) and
+  // reorder the weights into it once. Any failure keeps the plain layout.
+  try {
+    const dt ct = ToDnnl(compute_);
+    constexpr int64_t kRows = 128;  // A representative batch of tokens.
+    const dnnl::memory::desc src_md({kRows, proj->in}, ct, dims{proj->in, 1});
+    const dnnl::memory::desc any_md({proj->in, proj->out}, ct, dnnl::memory::format_tag::any);
+    const dnnl::memory::desc dst_md({kRows, proj->out}, ToDnnl(dst_dtype), dims{proj->out, 1});
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, any_md, dst_md), CpuEngine());
+    const dnnl::memory::desc packed = pd.weights_desc();
+    const dnnl::memory::desc plain({proj->in, proj->out}, ct, dims{proj->out, 1});
+    if (packed == plain) return;
+    Tensor buffer(DType::kBFloat16, {static_cast<int64_t>((packed.get_size() + 1) / 2)});
+    dnnl::stream stream(CpuEngine());
+    dnnl::memory from = Wrap(plain, proj->weight), to = Wrap(packed, buffer.data());
+    dnnl::reorder(from, to).execute(stream, from, to);
+    stream.wait();
+    proj->packed_md = packed;
+    proj->packed = buffer.data();
+    storage->push_back(std::move(buffer));
+  } catch (const dnnl::error&) {
+    proj->packed = nullptr;
+  }
 }
 
 absl::Status MhaEngine::Linear(const Projection& proj, const void* x, int64_t batches, int64_t rows,
                                void* y, DType dst_dtype, int64_t dst_block_stride) const {
   const dt ct = ToDnnl(compute_);
-  const dnnl::memory::desc src_md({batches, rows, proj.in}, ct, dims{rows * proj.in, proj.in, 1});
-  const dnnl::memory::desc w_md({1, proj.in, proj.out}, ct, dims{proj.in * proj.out, proj.out, 1});
-  const dnnl::memory::desc b_md({1, 1, proj.out}, dt::f32, dims{proj.out, proj.out, 1});
-  const int64_t block = dst_block_stride > 0 ? dst_block_stride : rows * proj.out;
-  const dnnl::memory::desc dst_md({batches, rows, proj.out}, ToDnnl(dst_dtype),
-                                  dims{block, proj.out, 1});
+  const dt dst_dt = ToDnnl(dst_dtype);
+  dnnl::memory::desc src_md, w_md, b_md, dst_md;
+  const void* weights = proj.weight;
   std::string key = "linear";
+  if (batches == 1 && proj.packed != nullptr) {
+    // The common case: one dense GEMM with the prepacked weights.
+    src_md = dnnl::memory::desc({rows, proj.in}, ct, dims{proj.in, 1});
+    w_md = proj.packed_md;
+    b_md = dnnl::memory::desc({1, proj.out}, dt::f32, dims{proj.out, 1});
+    dst_md = dnnl::memory::desc({rows, proj.out}, dst_dt, dims{proj.out, 1});
+    weights = proj.packed;
+    absl::StrAppend(&key, "packed", reinterpret_cast<uintptr_t>(proj.packed));
+  } else {
+    // Blocks of rows written with a stride (K and V with appended keys).
+    src_md = dnnl::memory::desc({batches, rows, proj.in}, ct, dims{rows * proj.in, proj.in, 1});
+    w_md = dnnl::memory::desc({1, proj.in, proj.out}, ct, dims{proj.in * proj.out, proj.out, 1});
+    b_md = dnnl::memory::desc({1, 1, proj.out}, dt::f32, dims{proj.out, proj.out, 1});
+    const int64_t block = dst_block_stride > 0 ? dst_block_stride : rows * proj.out;
+    dst_md = dnnl::memory::desc({batches, rows, proj.out}, dst_dt, dims{block, proj.out, 1});
+    AppendMdKey(w_md, &key);
+  }
   AppendMdKey(src_md, &key);
-  AppendMdKey(w_md, &key);
   AppendMdKey(dst_md, &key);
   absl::StrAppend(&key, proj.bias != nullptr ? "b" : "");
   ASSIGN_OR_RETURN(
@@ -124,37 +169,9 @@ absl::Status MhaEngine::Linear(const Projection& proj, const void* x, int64_t ba
         return dnnl::matmul::primitive_desc(desc, attr, CpuEngine());
       })));
   std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, Wrap(src_md, x)},
-                                                {DNNL_ARG_WEIGHTS, Wrap(w_md, proj.weight)},
+                                                {DNNL_ARG_WEIGHTS, Wrap(w_md, weights)},
                                                 {DNNL_ARG_DST, Wrap(dst_md, y)}};
   if (proj.bias != nullptr) args.emplace(DNNL_ARG_BIAS, Wrap(b_md, proj.bias));
-  return Execute(*prim, std::move(args));
-}
-
-absl::Status MhaEngine::FusedQkv(const void* x, int64_t rows, void* y) const {
-  const int64_t e = model_->spec().embed_dim;
-  const dt ct = ToDnnl(compute_);
-  const bool bias = model_->spec().bias;
-  // Weights (E, 3E): q, k and v projections side by side; y (rows, 3E).
-  const dnnl::memory::desc src_md({rows, e}, ct, dims{e, 1});
-  const dnnl::memory::desc w_md({e, 3 * e}, ct, dims{3 * e, 1});
-  const dnnl::memory::desc b_md({1, 3 * e}, dt::f32, dims{3 * e, 1});
-  const dnnl::memory::desc dst_md({rows, 3 * e}, ct, dims{3 * e, 1});
-  std::string key = "qkv";
-  AppendMdKey(src_md, &key);
-  AppendMdKey(w_md, &key);
-  absl::StrAppend(&key, bias ? "b" : "");
-  ASSIGN_OR_RETURN(auto prim,
-                   (cache_.GetOrCreate<dnnl::matmul, dnnl::matmul::primitive_desc>(key, [&] {
-                     dnnl::primitive_attr attr;
-                     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-                     auto desc = bias ? dnnl::matmul::desc(src_md, w_md, b_md, dst_md)
-                                      : dnnl::matmul::desc(src_md, w_md, dst_md);
-                     return dnnl::matmul::primitive_desc(desc, attr, CpuEngine());
-                   })));
-  std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, Wrap(src_md, x)},
-                                                {DNNL_ARG_WEIGHTS, Wrap(w_md, qkv_weight_.data())},
-                                                {DNNL_ARG_DST, Wrap(dst_md, y)}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, Wrap(b_md, qkv_bias_.data()));
   return Execute(*prim, std::move(args));
 }
 
@@ -181,7 +198,7 @@ absl::Status MhaEngine::RunForward(const TensorView& query, const std::optional<
   const void* v_data;
   if (self_attention && s.packed_in_proj() && s.extra_keys() == 0) {
     q_buf = AlignedBuffer(3 * n * l * e * esize);
-    RETURN_IF_ERROR(FusedQkv(q_in, n * l, q_buf.data()));
+    RETURN_IF_ERROR(Linear(qkv_proj_, q_in, 1, n * l, q_buf.data(), compute_, 0));
     q_data = q_buf.data();
     k_data = q_buf.as<char>() + e * esize;
     v_data = q_buf.as<char>() + 2 * e * esize;

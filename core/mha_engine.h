@@ -118,7 +118,17 @@ class MhaEngine {
     const float* bias = nullptr;
     int64_t in = 0;
     int64_t out = 0;
+    const void* packed = nullptr;  // The weights in oneDNN's preferred layout, if any.
+    dnnl::memory::desc packed_md;
   };
+  static Projection MakeProjection(const void* weight, const float* bias, int64_t in, int64_t out) {
+    Projection p;
+    p.weight = weight;
+    p.bias = bias;
+    p.in = in;
+    p.out = out;
+    return p;
+  }
 
   MhaEngine(std::shared_ptr<const MhaModel> model, EngineOptions options);
 
@@ -127,8 +137,9 @@ class MhaEngine {
   // `dst_block_stride` elements, of `dst_dtype`.
   absl::Status Linear(const Projection& proj, const void* x, int64_t batches, int64_t rows, void* y,
                       DType dst_dtype, int64_t dst_block_stride) const;
-  // Q, K and V at once for self-attention: y (rows, 3E).
-  absl::Status FusedQkv(const void* x, int64_t rows, void* y) const;
+  // Reorders `proj`'s weights once into the layout oneDNN's matmul prefers
+  // for `dst_dtype` outputs, keeping the bytes in `storage`.
+  void Pack(Projection* proj, DType dst_dtype, std::vector<Tensor>* storage);
   absl::Status RunForward(const TensorView& query, const std::optional<TensorView>& key,
                           const std::optional<TensorView>& value, const MaskPlan& plan,
                           float* output, float* weights, bool average_weights) const;
@@ -144,6 +155,8 @@ class MhaEngine {
   Tensor out_weight_;  // (E, E)
   Tensor bias_kv_;     // (2, E) in the compute dtype when add_bias_kv.
   Projection q_proj_, k_proj_, v_proj_, out_proj_;
+  Projection qkv_proj_;                 // Fused self-attention projection (when packed).
+  std::vector<Tensor> packed_weights_;  // Storage of the prepacked weights.
   mutable PrimitiveCache cache_;
 };
 
