@@ -139,6 +139,21 @@ void StoreWeights(const float* probs, int64_t n_items, int64_t heads, int64_t ro
 
 }  // namespace
 
+HeadsView MakeHeadsView(const void* data, DType dtype, int64_t n, int64_t h, int64_t t, int64_t d,
+                        int64_t stride_n, int64_t stride_h, int64_t stride_t) {
+  HeadsView v;
+  v.data = data;
+  v.dtype = dtype;
+  v.n = n;
+  v.h = h;
+  v.t = t;
+  v.d = d;
+  v.stride_n = stride_n;
+  v.stride_h = stride_h;
+  v.stride_t = stride_t;
+  return v;
+}
+
 dnnl::memory::data_type ToDnnl(DType dtype) {
   switch (dtype) {
     case DType::kFloat32:

@@ -36,6 +36,10 @@ struct HeadsView {
   int64_t stride_n = 0, stride_h = 0, stride_t = 0;
 };
 
+// A (n, h, t, d) view of `data` with the given element strides.
+HeadsView MakeHeadsView(const void* data, DType dtype, int64_t n, int64_t h, int64_t t, int64_t d,
+                        int64_t stride_n, int64_t stride_h, int64_t stride_t);
+
 struct AttentionProblem {
   HeadsView q;                      // (N, H, L, D)
   HeadsView k;                      // (N, H, S', D), S' = keys + extra keys.

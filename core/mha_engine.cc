@@ -34,17 +34,7 @@ bool SameTensor(const TensorView& a, const TensorView& b) {
 // as (N, H, T, D).
 HeadsView SplitHeads(const void* data, DType dtype, int64_t n, int64_t t, int64_t heads,
                      int64_t head_dim, int64_t item_stride, int64_t token_stride) {
-  HeadsView v;
-  v.data = data;
-  v.dtype = dtype;
-  v.n = n;
-  v.h = heads;
-  v.t = t;
-  v.d = head_dim;
-  v.stride_n = item_stride;
-  v.stride_h = head_dim;
-  v.stride_t = token_stride;
-  return v;
+  return MakeHeadsView(data, dtype, n, heads, t, head_dim, item_stride, head_dim, token_stride);
 }
 
 }  // namespace

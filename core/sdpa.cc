@@ -32,17 +32,7 @@ absl::StatusOr<Tensor> ScaledDotProductAttention(const SdpaInputs& in, Primitive
   const DType ct = in.compute_dtype;
   Tensor q_conv, k_conv, v_conv;
   auto dense = [&](const void* data, int64_t t, int64_t dim) {
-    HeadsView v;
-    v.data = data;
-    v.dtype = ct;
-    v.n = n;
-    v.h = heads;
-    v.t = t;
-    v.d = dim;
-    v.stride_n = heads * t * dim;
-    v.stride_h = t * dim;
-    v.stride_t = dim;
-    return v;
+    return MakeHeadsView(data, ct, n, heads, t, dim, heads * t * dim, t * dim, dim);
   };
   Tensor out(ct, {n, heads, l, dv});
   AttentionProblem problem;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/status_util.h"
 
 namespace attention::client {
 
@@ -64,25 +65,7 @@ std::string Summarize(const Tensor& t) {
 }
 
 std::string CodeName(grpc::StatusCode code) {
-  static const char* kNames[] = {"OK",
-                                 "CANCELLED",
-                                 "UNKNOWN",
-                                 "INVALID_ARGUMENT",
-                                 "DEADLINE_EXCEEDED",
-                                 "NOT_FOUND",
-                                 "ALREADY_EXISTS",
-                                 "PERMISSION_DENIED",
-                                 "RESOURCE_EXHAUSTED",
-                                 "FAILED_PRECONDITION",
-                                 "ABORTED",
-                                 "OUT_OF_RANGE",
-                                 "UNIMPLEMENTED",
-                                 "INTERNAL",
-                                 "UNAVAILABLE",
-                                 "DATA_LOSS",
-                                 "UNAUTHENTICATED"};
-  const int i = static_cast<int>(code);
-  return i >= 0 && i < 17 ? kNames[i] : absl::StrCat("CODE_", i);
+  return std::string(server::StatusCodeName(static_cast<absl::StatusCode>(code)));
 }
 
 absl::StatusOr<v1::ModelInfo> FetchModel(v1::AttentionService::Stub* stub, const std::string& name,
