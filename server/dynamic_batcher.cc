@@ -136,6 +136,10 @@ void DynamicBatcher::DropDead(
 }
 
 void DynamicBatcher::Loop() {
+  // Start this thread's OpenMP team now rather than on the first request.
+  omp_set_num_threads(compute_threads_);
+#pragma omp parallel
+  { (void)omp_get_thread_num(); }
   for (;;) {
     std::vector<std::unique_ptr<PendingRequest>> batch;
     std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>> dropped;

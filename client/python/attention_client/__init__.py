@@ -1,0 +1,15 @@
+"""Python client of the attention inference service (attention.v1 over gRPC).
+
+    from attention_client import AttentionClient
+    client = AttentionClient("localhost:50051")
+    result = client.infer(query, key_padding_mask=mask, need_weights=True)
+    result.output, result.attn_weights, result.queue_us, result.compute_us
+
+Inputs and outputs are NumPy arrays: float32 or float16 tensors, bool masks (bfloat16 is sent
+as raw 16-bit words with `bfloat16=True`). Run with Debian's /usr/bin/python3 (python3-grpcio,
+python3-numpy). The gRPC stubs are generated at build time from proto/ into
+build/client/python/gen; set ATTENTION_PY_GEN to use another directory.
+"""
+from .client import AttentionClient, AttentionError, InferResult  # noqa: F401
+
+__all__ = ["AttentionClient", "AttentionError", "InferResult"]
