@@ -45,7 +45,13 @@ runtime_pkgs=(
 case $mode in
   runtime) wanted=("${runtime_pkgs[@]}") ;;
   build) wanted=("${build_pkgs[@]}") ;;
-  full) wanted=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
+  full)
+    wanted=("${build_pkgs[@]}" "${test_pkgs[@]}")
+    # The Node.js client example: Debian's node and npm unless some are on PATH.
+    if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+      wanted+=(nodejs npm)
+    fi
+    ;;
 esac
 
 missing=()
@@ -56,16 +62,27 @@ for p in "${wanted[@]}"; do
 done
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-  echo "install_deps: all ${#wanted[@]} packages already installed"
-  exit 0
+  echo "install_deps: all ${#wanted[@]} Debian packages already installed"
+else
+  echo "install_deps: installing ${#missing[@]} package(s): ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install_deps: must run as root to install packages" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-echo "install_deps: installing ${#missing[@]} package(s): ${missing[*]}"
-if [[ $(id -u) -ne 0 ]]; then
-  echo "install_deps: must run as root to install packages" >&2
-  exit 1
+# The Node.js client's packages, pinned by client/node/package-lock.json.
+node_dir="$(dirname "$0")/../client/node"
+if [[ $mode == full && -f $node_dir/package-lock.json ]]; then
+  if [[ ! -d $node_dir/node_modules || $node_dir/package-lock.json -nt $node_dir/node_modules ]]; then
+    echo "install_deps: npm ci in client/node (@grpc/grpc-js, @grpc/proto-loader)"
+    npm ci --prefix "$node_dir" --no-audit --no-fund --loglevel=error >/dev/null
+    touch "$node_dir/node_modules"
+  else
+    echo "install_deps: client/node/node_modules is up to date"
+  fi
 fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "install_deps: done"
