@@ -39,7 +39,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
     s->exposer_->RegisterCollectable(s->metrics_->registry());
     std::cerr << "metrics on http://" << address << "/metrics\n";
   }
-  s->service_ = std::make_unique<AttentionServiceImpl>(s->metrics_.get());
+  s->service_ =
+      std::make_unique<AttentionServiceImpl>(s->metrics_.get(), options.max_message_bytes);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

@@ -37,7 +37,8 @@ void DescribeModel(const ServedModel& model, bool is_default, v1::ModelInfo* inf
   info->set_is_default(is_default);
 }
 
-AttentionServiceImpl::AttentionServiceImpl(Metrics* metrics) : metrics_(metrics) {}
+AttentionServiceImpl::AttentionServiceImpl(Metrics* metrics, int64_t max_response_bytes)
+    : metrics_(metrics), max_response_bytes_(max_response_bytes) {}
 
 void AttentionServiceImpl::SetRepository(const ModelRepository* repository) {
   repository_.store(repository);
@@ -103,6 +104,19 @@ absl::Status AttentionServiceImpl::Prepare(const v1::InferRequest& request,
     in.output_dtype = out;
   }
   ASSIGN_OR_RETURN(pending->call, prepared->model->engine->Validate(in));
+  if (in.need_weights) {
+    // Refuse up front what could never be sent back.
+    const MhaSpec& spec = prepared->model->model->spec();
+    const MhaCall& c = pending->call;
+    const DType out_dtype = in.output_dtype.value_or(in.query.dtype);
+    const int64_t bytes = c.batch * (in.average_attn_weights ? 1 : spec.num_heads) * c.queries *
+                          (c.keys + spec.extra_keys()) * static_cast<int64_t>(DTypeSize(out_dtype));
+    if (bytes > max_response_bytes_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("need_weights: the attention weights would be ", bytes,
+                       " bytes, over the server's max_message_bytes ", max_response_bytes_));
+    }
+  }
   pending->keep_alive = std::move(keep_alive);
   const auto deadline = context->deadline();
   if (deadline != std::chrono::system_clock::time_point::max()) {

@@ -24,9 +24,9 @@ namespace attention::server {
 
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
  public:
-  // `repository` may be null until SetRepository(): requests then get
-  // UNAVAILABLE ("not ready").
-  explicit AttentionServiceImpl(Metrics* metrics);
+  // Requests get UNAVAILABLE ("not ready") until SetRepository(). A request
+  // whose attention weights would exceed `max_response_bytes` is refused.
+  AttentionServiceImpl(Metrics* metrics, int64_t max_response_bytes);
 
   // Makes the service ready to serve `repository`'s models.
   void SetRepository(const ModelRepository* repository);
@@ -71,6 +71,7 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   class StreamReactor;
 
   Metrics* const metrics_;
+  const int64_t max_response_bytes_;
   std::atomic<const ModelRepository*> repository_{nullptr};
   std::atomic<bool> draining_{false};
   absl::Mutex mu_;

@@ -89,6 +89,8 @@ std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
   const bool self_attention = first.call.self_attention;
   std::vector<size_t> picked = {0};
   int64_t items = first.call.batch, max_l = first.call.queries, real = first.tokens();
+  int64_t max_s = first.call.keys;
+  bool weights = first.inputs.need_weights;
   *ready = options_.max_batch_size == 1;
   for (size_t i = 1; i < queue_.size() && !*ready; ++i) {
     if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) break;
@@ -103,6 +105,13 @@ std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
     if (padded > options_.max_padding_ratio * static_cast<double>(real + r.tokens())) {
       continue;  // Leave it for a batch of its own length.
     }
+    const int64_t s = std::max(max_s, r.call.keys);
+    if ((weights || r.inputs.need_weights) &&
+        padded * engine_->model().spec().num_heads * s * 4 > kMaxBatchWeightsBytes) {
+      continue;  // The batch's weights buffer would grow too large.
+    }
+    max_s = s;
+    weights |= r.inputs.need_weights;
     picked.push_back(i);
     items += r.call.batch;
     max_l = l;

@@ -88,6 +88,9 @@ class DynamicBatcher {
 
   // Below this a batch computes on one thread.
   static constexpr double kSmallBatchFlops = 32e6;
+  // A batch needing attention weights keeps them all, (items, H, L, S')
+  // float32: requests join it only while that stays under this.
+  static constexpr int64_t kMaxBatchWeightsBytes = int64_t{512} << 20;
 
   const MhaEngine* const engine_;
   const BatchingOptions options_;
