@@ -112,13 +112,6 @@ void RunCase(const Case& c, uint32_t seed) {
   EXPECT_LE(MaxExcess(out->attn_weights->as<float>(), expected, kRtol), kAtol);
 }
 
-MhaSpec Spec(int64_t e, int64_t h) {
-  MhaSpec s;
-  s.embed_dim = s.kdim = s.vdim = e;
-  s.num_heads = h;
-  return s;
-}
-
 TEST(MhaEngineTest, MatchesReferenceAcrossOptions) {
   uint32_t seed = 1;
   for (MaskKind kpm : {MaskKind::kNone, MaskKind::kBool, MaskKind::kFloat}) {
@@ -127,7 +120,7 @@ TEST(MhaEngineTest, MatchesReferenceAcrossOptions) {
         if (am == MaskKind::kNone && attn_3d) continue;
         for (bool causal : {false, true}) {
           Case c;
-          c.spec = Spec(32, 4);
+          c.spec = testing::SelfAttentionSpec(32, 4);
           c.key_padding = kpm;
           c.attn = am;
           c.attn_3d = attn_3d;
@@ -148,7 +141,7 @@ TEST(MhaEngineTest, MatchesReferenceForLayerVariants) {
       for (bool zero_attn : {false, true}) {
         for (int64_t kdim : {16, 24}) {
           Case c;
-          c.spec = Spec(16, 2);
+          c.spec = testing::SelfAttentionSpec(16, 2);
           c.spec.bias = bias;
           c.spec.add_bias_kv = bias_kv;
           c.spec.add_zero_attn = zero_attn;
@@ -174,7 +167,7 @@ TEST(MhaEngineTest, MatchesReferenceForShapesAndHeads) {
   for (int64_t heads : {1, 2, 4, 8}) {
     for (bool batched : {true, false}) {
       Case c;
-      c.spec = Spec(64, heads);
+      c.spec = testing::SelfAttentionSpec(64, heads);
       c.batched = batched;
       c.batch = 3;
       c.queries = 9;
@@ -196,7 +189,7 @@ TEST(MhaEngineTest, SmallScoreBlocksGiveTheSameResult) {
     for (bool attn_3d : {false, true}) {
       for (int64_t block : {1, 600, 5000}) {
         Case c;
-        c.spec = Spec(32, 4);
+        c.spec = testing::SelfAttentionSpec(32, 4);
         c.queries = 37;
         c.attn = am;
         c.attn_3d = attn_3d && am != MaskKind::kNone;
@@ -212,7 +205,7 @@ TEST(MhaEngineTest, SmallScoreBlocksGiveTheSameResult) {
 }
 
 TEST(MhaEngineTest, FullyMaskedRowsGiveZeroWeightsAndBiasOutput) {
-  auto model = MhaModel::Random(Spec(16, 2), 5);
+  auto model = MhaModel::Random(testing::SelfAttentionSpec(16, 2), 5);
   ASSERT_TRUE(model.ok());
   auto engine = MhaEngine::Create(*model);
   ASSERT_TRUE(engine.ok());
@@ -246,7 +239,7 @@ TEST(MhaEngineTest, FullyMaskedRowsGiveZeroWeightsAndBiasOutput) {
 }
 
 TEST(MhaEngineTest, HalfAndBFloat16InputsAndOutputs) {
-  auto model = MhaModel::Random(Spec(32, 4), 9);
+  auto model = MhaModel::Random(testing::SelfAttentionSpec(32, 4), 9);
   ASSERT_TRUE(model.ok());
   auto engine = MhaEngine::Create(*model);
   ASSERT_TRUE(engine.ok());
@@ -275,7 +268,7 @@ TEST(MhaEngineTest, HalfAndBFloat16InputsAndOutputs) {
 }
 
 TEST(MhaEngineTest, BFloat16ComputeIsWithinTolerance) {
-  MhaSpec spec = Spec(64, 4);
+  MhaSpec spec = testing::SelfAttentionSpec(64, 4);
   spec.compute_dtype = DType::kBFloat16;
   for (bool need_weights : {false, true}) {
     auto model = MhaModel::Random(spec, 11);
@@ -300,7 +293,7 @@ TEST(MhaEngineTest, BFloat16ComputeIsWithinTolerance) {
 TEST(MhaEngineTest, ForwardBatchWithPaddingEqualsSoloRuns) {
   // Items of different lengths and masks padded into one batch give what each
   // gives alone: the guarantee the server's batcher builds on.
-  MhaSpec spec = Spec(32, 4);
+  MhaSpec spec = testing::SelfAttentionSpec(32, 4);
   spec.add_bias_kv = true;
   spec.add_zero_attn = true;
   auto model = MhaModel::Random(spec, 21);
@@ -363,7 +356,7 @@ TEST(MhaEngineTest, ForwardBatchWithPaddingEqualsSoloRuns) {
 }
 
 TEST(MhaEngineTest, ConcurrentCallsWithDifferentShapes) {
-  auto model = MhaModel::Random(Spec(32, 4), 31);
+  auto model = MhaModel::Random(testing::SelfAttentionSpec(32, 4), 31);
   ASSERT_TRUE(model.ok());
   auto engine = MhaEngine::Create(*model);
   ASSERT_TRUE(engine.ok());

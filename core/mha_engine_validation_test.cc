@@ -13,17 +13,10 @@ using ::attention::testing::RandomTensor;
 using ::attention::testing::StatusIs;
 using ::testing::HasSubstr;
 
-MhaSpec Spec(int64_t e, int64_t h) {
-  MhaSpec s;
-  s.embed_dim = s.kdim = s.vdim = e;
-  s.num_heads = h;
-  return s;
-}
-
 class MhaEngineValidationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    MhaSpec spec = Spec(16, 2);
+    MhaSpec spec = testing::SelfAttentionSpec(16, 2);
     spec.kdim = 12;
     spec.vdim = 10;
     model_ = *MhaModel::Random(spec, 3);

@@ -27,13 +27,6 @@ using ::attention::testing::RandomMask;
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
 
-inline MhaSpec Spec(int64_t e, int64_t h) {
-  MhaSpec s;
-  s.embed_dim = s.kdim = s.vdim = e;
-  s.num_heads = h;
-  return s;
-}
-
 // One server for the whole suite (prometheus' exposer is slow to stop).
 class ServerTest : public ::testing::Test {
  protected:
@@ -41,17 +34,17 @@ class ServerTest : public ::testing::Test {
     const std::string dir = ::testing::TempDir() + "/server_test_models";
     std::filesystem::remove_all(dir);
     // "small": batches generously so concurrent requests share batches.
-    testing::WriteModelDir(**MhaModel::Random(Spec(32, 4), 1), dir + "/small",
+    testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(32, 4), 1), dir + "/small",
                            "\"max_batch_size\": 16, \"max_queue_delay_us\": 3000");
-    MhaSpec cross = Spec(16, 2);
+    MhaSpec cross = testing::SelfAttentionSpec(16, 2);
     cross.kdim = 12;
     cross.vdim = 10;
     cross.add_bias_kv = true;
     cross.add_zero_attn = true;
     testing::WriteModelDir(**MhaModel::Random(cross, 2), dir + "/cross",
                            "\"max_queue_delay_us\": 2000");
-    testing::WriteModelDir(**MhaModel::Random(Spec(16, 2), 3), dir + "/tiny_queue",
-                           "\"max_batch_size\": 1, \"max_queue_size\": 2");
+    testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 3),
+                           dir + "/tiny_queue", "\"max_batch_size\": 1, \"max_queue_size\": 2");
     ServerOptions options;
     options.host = "127.0.0.1";
     options.port = 0;

@@ -35,6 +35,14 @@ MATCHER_P2(StatusIs, code, message_matcher, "") {
          ::testing::Matches(message_matcher)(std::string(status.message()));
 }
 
+// A layer spec with kdim == vdim == embed_dim == e and h heads (float32).
+inline MhaSpec SelfAttentionSpec(int64_t e, int64_t h) {
+  MhaSpec s;
+  s.embed_dim = s.kdim = s.vdim = e;
+  s.num_heads = h;
+  return s;
+}
+
 // The reference result: output (N, L, E) and per-head weights (N, H, L, S'),
 // both as doubles, computed with plain loops.
 struct Reference {
