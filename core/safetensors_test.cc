@@ -1,6 +1,7 @@
 #include "core/safetensors.h"
 
 #include <cstring>
+#include <random>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -97,6 +98,25 @@ TEST(SafeTensorsTest, RejectsOverlapsAndHoles) {
                 "data section has 8 bytes but tensors cover only 4");
   ExpectInvalid(File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", "12345678"),
                 "end before begin");
+}
+
+TEST(SafeTensorsTest, CorruptedFilesAreRejectedNeverCrash) {
+  Tensor a(DType::kFloat32, {3, 4}), b(DType::kBFloat16, {5});
+  const std::string good = WriteSafeTensors({{"a", &a}, {"b", &b}});
+  std::mt19937 rng(5);
+  int rejected = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::string bytes = good;
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int f = 0; f < flips; ++f) bytes[rng() % bytes.size()] = static_cast<char>(rng());
+    if (rng() % 4 == 0) bytes.resize(rng() % bytes.size());
+    auto parsed = SafeTensors::Parse(bytes);  // Must return, not crash.
+    if (!parsed.ok()) {
+      ++rejected;
+      EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    }
+  }
+  EXPECT_GT(rejected, 1000);
 }
 
 TEST(SafeTensorsTest, ReadFileReportsMissingFile) {

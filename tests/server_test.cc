@@ -198,6 +198,56 @@ TEST_F(ServerTest, BadInputsGetSpecificErrorsAndTheServerKeepsServing) {
   }
 }
 
+TEST_F(ServerTest, RandomGarbageRequestsNeverCrashOrWedgeTheServer) {
+  // Requests with random dtypes, shapes, byte lengths, masks and options: each
+  // must get an answer (mostly INVALID_ARGUMENT), never a crash or a hang.
+  auto stub = InProcessStub();
+  std::mt19937 rng(12);
+  auto pick = [&](int n) { return static_cast<int>(rng() % n); };
+  auto random_tensor = [&](v1::Tensor* t) {
+    t->set_dtype(static_cast<v1::DataType>(pick(6)));
+    const int rank = pick(5);
+    int64_t elements = 1;
+    for (int i = 0; i < rank; ++i) {
+      const int64_t d = pick(10) == 0 ? -pick(3) : 1 + pick(8);
+      t->add_shape(i == rank - 1 && pick(2) ? 32 : d);
+      elements *= std::max<int64_t>(d, 0);
+    }
+    const int64_t bytes = pick(4) == 0 ? pick(64) : std::min<int64_t>(elements * 4, 1 << 16);
+    t->set_data(std::string(static_cast<size_t>(bytes), static_cast<char>(pick(256))));
+  };
+  std::map<grpc::StatusCode, int> codes;
+  for (int i = 0; i < 300; ++i) {
+    v1::InferRequest r;
+    r.set_model(pick(8) == 0 ? "cross" : "small");
+    random_tensor(r.mutable_query());
+    if (pick(3) == 0) random_tensor(r.mutable_key());
+    if (pick(3) == 0) random_tensor(r.mutable_value());
+    if (pick(3) == 0) random_tensor(r.mutable_key_padding_mask());
+    if (pick(3) == 0) random_tensor(r.mutable_attn_mask());
+    r.set_is_causal(pick(2));
+    r.set_need_weights(pick(2));
+    r.set_per_head_weights(pick(2));
+    r.set_output_dtype(static_cast<v1::DataType>(pick(6)));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::InferResponse response;
+    const grpc::Status status = stub->Infer(&ctx, r, &response);
+    ++codes[status.error_code()];
+    ASSERT_NE(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << "request " << i;
+    ASSERT_NE(status.error_code(), grpc::StatusCode::INTERNAL) << status.error_message();
+    if (!status.ok()) {
+      EXPECT_FALSE(status.error_message().empty());
+    }
+  }
+  EXPECT_GT(codes[grpc::StatusCode::INVALID_ARGUMENT], 200);
+  std::mt19937 ok_rng(1);
+  RequestCase c = MakeCase(ok_rng, 3);
+  grpc::ClientContext ctx;
+  v1::InferResponse response;
+  EXPECT_TRUE(stub->Infer(&ctx, c.request, &response).ok()) << "still serving";
+}
+
 TEST_F(ServerTest, StreamCarriesManyRequestsAndPerRequestErrors) {
   auto stub = LoopbackStub();
   grpc::ClientContext ctx;
