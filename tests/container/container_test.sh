@@ -34,7 +34,7 @@ made_base=0
 
 cleanup() {
   set +e
-  podman rm -f -v "$name" >/dev/null 2>&1
+  podman rm -f -v "$name" "$name-models" >/dev/null 2>&1
   podman rmi -f "$tag" >/dev/null 2>&1
   podman image prune -f >/dev/null 2>&1  # The build stage's dangling layers.
   if [[ $made_base == 1 ]]; then podman rmi -f "$base" >/dev/null 2>&1; fi
@@ -95,7 +95,8 @@ done
 "$client" health --server="127.0.0.1:$grpc_port" || { podman logs "$name"; fail "never SERVING"; }
 
 log "sending requests with attention-client"
-"$client" models --server="127.0.0.1:$grpc_port" | grep -q "demo" || fail "models does not list demo"
+"$client" models --server="127.0.0.1:$grpc_port" >"$work/demo_models.txt"
+grep -q "demo" "$work/demo_models.txt" || fail "models does not list demo"
 "$client" infer --server="127.0.0.1:$grpc_port" --batch=2 --seq_len=16 --need_weights \
   --output="$work/out.npy" | tee "$work/infer.txt"
 grep -q "output      \[2, 16, 256\] float32" "$work/infer.txt" || fail "unexpected infer output"
@@ -135,9 +136,25 @@ podman healthcheck run "$name" || fail "HEALTHCHECK failed"
 log "stopping with SIGTERM"
 podman stop -t 40 "$name" >/dev/null
 code=$(podman inspect --format '{{.State.ExitCode}}' "$name")
-podman logs "$name" 2>&1 | tail -5
+podman logs "$name" >"$work/server.log" 2>&1
+tail -5 "$work/server.log"
 [[ $code == 0 ]] || fail "exit code $code after SIGTERM"
-podman logs "$name" 2>&1 | grep -q "received SIGTERM: draining" || fail "no drain on SIGTERM"
+grep -q "received SIGTERM: draining" "$work/server.log" || fail "no drain on SIGTERM"
+
+log "serving a mounted model repository at /models"
+/usr/bin/python3 "$repo/scripts/export_torch_mha.py" --embed_dim 32 --num_heads 4 \
+  --out "$work/models/tiny" >/dev/null || fail "export_torch_mha.py failed"
+chmod -R a+rX "$work/models"
+mounted_port=$(free_port)
+podman run -d --name "$name-models" --read-only -v "$work/models:/models:ro" \
+  -p "127.0.0.1:$mounted_port:50051" "$tag" --metrics_port=0 >/dev/null
+for _ in $(seq 300); do
+  "$client" health --server="127.0.0.1:$mounted_port" --deadline_ms=500 >/dev/null 2>&1 && break
+  sleep 0.1
+done
+"$client" models --server="127.0.0.1:$mounted_port" | tee "$work/models.txt"
+podman rm -f -v "$name-models" >/dev/null
+grep -q "^tiny \*" "$work/models.txt" || fail "the mounted model 'tiny' is not served"
 
 log "bringing up docker/compose.yaml's attention-server with podman-compose"
 if command -v podman-compose >/dev/null; then
