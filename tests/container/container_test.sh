@@ -32,12 +32,18 @@ name="attention-test-$$"
 base="docker.io/library/debian:bookworm-slim"
 made_base=0
 
+volumes_before=$(podman volume ls -q | sort)
+
 cleanup() {
   set +e
   podman rm -f -v "$name" "$name-models" >/dev/null 2>&1
   podman rmi -f "$tag" >/dev/null 2>&1
   podman image prune -f >/dev/null 2>&1  # The build stage's dangling layers.
   if [[ $made_base == 1 ]]; then podman rmi -f "$base" >/dev/null 2>&1; fi
+  # Anonymous volumes (the image's VOLUME /models) this test's containers made.
+  for volume in $(comm -13 <(echo "$volumes_before") <(podman volume ls -q | sort)); do
+    podman volume rm -f "$volume" >/dev/null 2>&1
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
