@@ -34,6 +34,7 @@ DynamicBatcher::DynamicBatcher(const MhaEngine* engine, BatchingOptions options,
       metrics_(metrics),
       compute_mutex_(compute_mutex),
       compute_threads_(compute_threads) {
+  metrics_->queue_capacity->Set(static_cast<double>(options_.max_queue_size));
   thread_ = std::thread([this] { Loop(); });
 }
 

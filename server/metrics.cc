@@ -37,6 +37,10 @@ Metrics::Metrics(const std::string& version)
                       "Floating-point operations executed (padded shapes).", *registry_)),
       queue_depth_(Register(prometheus::BuildGauge(), "attention_queue_depth",
                             "Requests waiting in the model's queue.", *registry_)),
+      queue_capacity_(Register(prometheus::BuildGauge(), "attention_queue_capacity",
+                               "The model's max_queue_size: queued requests beyond it are "
+                               "refused with RESOURCE_EXHAUSTED.",
+                               *registry_)),
       inflight_(&Register(prometheus::BuildGauge(), "attention_inflight_requests",
                           "Requests received and not yet answered.", *registry_)
                      .Add({})) {
@@ -62,6 +66,7 @@ const ModelMetrics* Metrics::AddModel(const std::string& model) {
   m->tokens = &tokens_.Add(labels);
   m->flops = &flops_.Add(labels);
   m->queue_depth = &queue_depth_.Add(labels);
+  m->queue_capacity = &queue_capacity_.Add(labels);
   const char* methods[kNumMethods] = {"Infer", "InferStream"};
   for (int method = 0; method < kNumMethods; ++method) {
     for (int code = 0; code < kNumStatusCodes; ++code) {

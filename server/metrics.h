@@ -38,6 +38,7 @@ struct ModelMetrics {
   prometheus::Counter* tokens = nullptr;              // Query tokens computed.
   prometheus::Counter* flops = nullptr;               // FLOPs executed.
   prometheus::Gauge* queue_depth = nullptr;           // Requests waiting.
+  prometheus::Gauge* queue_capacity = nullptr;        // max_queue_size in force.
   // attention_requests_total by [method][status code].
   std::array<std::array<prometheus::Counter*, kNumStatusCodes>, kNumMethods> requests{};
 
@@ -76,6 +77,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& tokens_;
   prometheus::Family<prometheus::Counter>& flops_;
   prometheus::Family<prometheus::Gauge>& queue_depth_;
+  prometheus::Family<prometheus::Gauge>& queue_capacity_;
   prometheus::Gauge* inflight_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<ModelMetrics>> models_ ABSL_GUARDED_BY(mu_);

@@ -359,8 +359,8 @@ TEST_F(ServerTest, MetricsAreExposedAndMove) {
        {"attention_request_duration_seconds_bucket", "attention_queue_duration_seconds_count",
         "attention_compute_duration_seconds_sum", "attention_batch_size_count",
         "attention_padding_ratio_bucket", "attention_requests_total", "attention_tokens_total",
-        "attention_flops_total", "attention_queue_depth", "attention_inflight_requests",
-        "attention_build_info"}) {
+        "attention_flops_total", "attention_queue_depth", "attention_queue_capacity",
+        "attention_inflight_requests", "attention_build_info"}) {
     EXPECT_THAT(after, HasSubstr(name));
   }
   EXPECT_THAT(after, HasSubstr("le=\"5e-05\""));  // Buckets from 50 us ...
@@ -376,6 +376,7 @@ TEST_F(ServerTest, MetricsAreExposedAndMove) {
   EXPECT_GT(MetricValue(after, "attention_request_duration_seconds_count", small),
             MetricValue(before, "attention_request_duration_seconds_count", small));
   EXPECT_EQ(MetricValue(after, "attention_build_info", {"version=\""}), 1);
+  EXPECT_EQ(MetricValue(after, "attention_queue_capacity", {"model=\"tiny_queue\""}), 2);
 }
 
 TEST(ServerLifecycleTest, NotServingUntilReadyAndUnavailableWhileDraining) {
