@@ -89,10 +89,11 @@ absl::StatusOr<std::shared_ptr<const CachedPrimitive>> ContextPrimitive(
 }
 
 // Zeroes the probability rows whose keys were all masked (softmax made them
-// NaN). `flags` follows the mask layout: per item (kKeyOnly), per item and
-// row (kShared) or per item, head and row (kPerHead).
-void ZeroMaskedRows(const MaskPlan& plan, const uint8_t* flags, int64_t n_items, int64_t heads,
-                    int64_t rows, int64_t keys, float* probs) {
+// NaN), for the items [item0, item0 + n_items). `flags` follows the mask
+// layout: per item (kKeyOnly), per item and row (kShared) or per item, head
+// and row (kPerHead), counted from item0.
+void ZeroMaskedRows(const MaskPlan& plan, const uint8_t* flags, int64_t item0, int64_t n_items,
+                    int64_t heads, int64_t rows, int64_t keys, float* probs) {
   if (plan.mode() == MaskMode::kNone) return;
   for (int64_t n = 0; n < n_items; ++n) {
     for (int64_t h = 0; h < heads; ++h) {
@@ -100,7 +101,7 @@ void ZeroMaskedRows(const MaskPlan& plan, const uint8_t* flags, int64_t n_items,
         bool masked;
         switch (plan.mode()) {
           case MaskMode::kKeyOnly:
-            masked = plan.item_fully_masked(n);
+            masked = plan.item_fully_masked(item0 + n);
             break;
           case MaskMode::kShared:
             masked = flags[n * rows + r] != 0;
@@ -168,14 +169,23 @@ dnnl::memory::data_type ToDnnl(DType dtype) {
   return dt::undef;
 }
 
-absl::Status RunAttention(const AttentionProblem& p, const KernelOptions& options,
-                          PrimitiveCache& cache) {
+namespace {
+
+// The items [item0, item0 + items) of `v`.
+HeadsView Items(const HeadsView& v, int64_t item0, int64_t items) {
+  HeadsView sub = v;
+  sub.data = static_cast<const char*>(v.data) +
+             item0 * v.stride_n * static_cast<int64_t>(DTypeSize(v.dtype));
+  sub.n = items;
+  return sub;
+}
+
+// One chunk of batch items, processed in blocks of query rows.
+absl::Status RunChunk(const AttentionProblem& p, int64_t item0, int64_t block,
+                      PrimitiveCache& cache) {
   const MaskPlan& plan = *p.masks;
   const int64_t n = p.q.n, heads = p.q.h, queries = p.q.t, keys = p.k.t;
   const bool bf16 = p.q.dtype == DType::kBFloat16;
-  // Rows per block: the whole sequence when it fits the budget.
-  const int64_t row_bytes = n * heads * keys * static_cast<int64_t>(sizeof(float));
-  const int64_t block = std::clamp<int64_t>(options.score_block_bytes / row_bytes, 1, queries);
   const int64_t mask_heads = plan.mask_heads();
 
   AlignedBuffer scores(static_cast<size_t>(n * heads * block * keys) * sizeof(float));
@@ -186,6 +196,10 @@ absl::Status RunAttention(const AttentionProblem& p, const KernelOptions& option
   const bool row_mask = plan.mode() == MaskMode::kShared || plan.mode() == MaskMode::kPerHead;
   AlignedBuffer mask(row_mask ? static_cast<size_t>(n * mask_heads * block * keys) * 4 : 0);
   std::vector<uint8_t> fully_masked(row_mask ? n * mask_heads * block : 0);
+  // This chunk's part of the weights output.
+  float* weights = p.weights == nullptr ? nullptr
+                   : p.average_weights  ? p.weights + item0 * queries * keys
+                                        : p.weights + item0 * heads * queries * keys;
 
   for (int64_t row0 = 0; row0 < queries; row0 += block) {
     const int64_t rows = std::min(block, queries - row0);
@@ -196,10 +210,10 @@ absl::Status RunAttention(const AttentionProblem& p, const KernelOptions& option
     const void* mask_data = nullptr;
     if (plan.mode() == MaskMode::kKeyOnly) {
       mask_md = DenseMd({n, 1, 1, keys}, dt::f32);
-      mask_data = plan.key_rows();
+      mask_data = plan.key_rows() + item0 * keys;
     } else if (row_mask) {
       mask_md = DenseMd({n, mask_heads, rows, keys}, dt::f32);
-      plan.BuildRows(row0, rows, mask.as<float>(), fully_masked.data());
+      plan.BuildRows(item0, n, row0, rows, mask.as<float>(), fully_masked.data());
       mask_data = mask.data();
     }
     const bool has_mask = mask_data != nullptr;
@@ -218,11 +232,11 @@ absl::Status RunAttention(const AttentionProblem& p, const KernelOptions& option
     ASSIGN_OR_RETURN(auto softmax, SoftmaxPrimitive(cache, scores_md));
     RETURN_IF_ERROR(Execute(*softmax, {{DNNL_ARG_SRC, Wrap(scores_md, scores.data())},
                                        {DNNL_ARG_DST, Wrap(scores_md, scores.data())}}));
-    ZeroMaskedRows(plan, fully_masked.data(), n, heads, rows, keys, scores.as<float>());
+    ZeroMaskedRows(plan, fully_masked.data(), item0, n, heads, rows, keys, scores.as<float>());
 
-    if (p.weights != nullptr) {
+    if (weights != nullptr) {
       StoreWeights(scores.as<float>(), n, heads, rows, row0, queries, keys, p.average_weights,
-                   p.weights);
+                   weights);
     }
     dnnl::memory::desc pv_src_md = scores_md;
     const void* probs_data = scores.data();
@@ -238,6 +252,33 @@ absl::Status RunAttention(const AttentionProblem& p, const KernelOptions& option
     RETURN_IF_ERROR(Execute(*pv, {{DNNL_ARG_SRC, Wrap(pv_src_md, probs_data)},
                                   {DNNL_ARG_WEIGHTS, Wrap(v_md, p.v.data)},
                                   {DNNL_ARG_DST, Wrap(out_md, RowPtr(p.out, row0))}}));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunAttention(const AttentionProblem& p, const KernelOptions& options,
+                          PrimitiveCache& cache) {
+  const int64_t n = p.q.n, heads = p.q.h, queries = p.q.t, keys = p.k.t;
+  // One query row of one item, every head: the smallest block of scores.
+  const int64_t item_row_bytes = heads * keys * static_cast<int64_t>(sizeof(float));
+  // All items at once with as many query rows as fit the budget; when not
+  // even one row of every item fits, one row of as many items as fit.
+  int64_t items = n, block = 1;
+  if (n * item_row_bytes <= options.score_block_bytes) {
+    block = std::clamp<int64_t>(options.score_block_bytes / (n * item_row_bytes), 1, queries);
+  } else {
+    items = std::clamp<int64_t>(options.score_block_bytes / item_row_bytes, 1, n);
+  }
+  for (int64_t item0 = 0; item0 < n; item0 += items) {
+    const int64_t count = std::min(items, n - item0);
+    AttentionProblem chunk = p;
+    chunk.q = Items(p.q, item0, count);
+    chunk.k = Items(p.k, item0, count);
+    chunk.v = Items(p.v, item0, count);
+    chunk.out = Items(p.out, item0, count);
+    RETURN_IF_ERROR(RunChunk(chunk, item0, block, cache));
   }
   return absl::OkStatus();
 }

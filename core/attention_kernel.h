@@ -7,8 +7,11 @@
 //
 // Query rows are processed in blocks sized so that one block's scores stay
 // within a memory budget: the (L, S) score matrix of a head is never
-// materialised whole, so memory grows with L (and S), not L * S. Each block's
-// softmax is exact over all keys (no online rescaling needed).
+// materialised whole, so memory grows with L (and S), not L * S. When even
+// one query row of every batch item exceeds the budget (many items, long
+// keys), items are processed a chunk at a time as well, so the budget holds
+// down to one row of one item (H * S' * 4 bytes). Each block's softmax is
+// exact over all keys (no online rescaling needed).
 //
 // A query row whose keys are all masked gets zero attention weights and a
 // zero context (PyTorch >= 2.5's SDPA behaviour); no NaN comes out.

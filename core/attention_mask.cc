@@ -62,13 +62,13 @@ MaskPlan::MaskPlan(const std::vector<ItemMask>& items, int64_t keys, int64_t ext
   }
 }
 
-void MaskPlan::BuildRows(int64_t row0, int64_t rows, float* dst, uint8_t* fully_masked) const {
+void MaskPlan::BuildRows(int64_t item0, int64_t n_items, int64_t row0, int64_t rows, float* dst,
+                         uint8_t* fully_masked) const {
   const int64_t heads = mask_heads();
-  const int64_t n_items = static_cast<int64_t>(items_.size());
   const int64_t total = n_items * heads * rows;
 #pragma omp parallel for schedule(static) if (total * total_keys_ > (1 << 16))
   for (int64_t idx = 0; idx < total; ++idx) {
-    const int64_t n = idx / (heads * rows);
+    const int64_t n = item0 + idx / (heads * rows);
     const int64_t h = idx / rows % heads;
     const int64_t i = row0 + idx % rows;
     const ItemMask& m = items_[n];

@@ -61,10 +61,12 @@ class MaskPlan {
   bool item_fully_masked(int64_t n) const { return item_fully_masked_[n] != 0; }
 
   // kShared / kPerHead: writes rows [row0, row0 + rows) of the additive mask
-  // into `dst` laid out (N, mask_heads(), rows, S'), and sets
+  // of items [item0, item0 + n_items) into `dst` laid out
+  // (n_items, mask_heads(), rows, S'), and sets
   // fully_masked[(n * mask_heads() + h) * rows + r] to 1 where every key of
-  // that row is masked (else 0).
-  void BuildRows(int64_t row0, int64_t rows, float* dst, uint8_t* fully_masked) const;
+  // that row is masked (else 0), n counted from item0.
+  void BuildRows(int64_t item0, int64_t n_items, int64_t row0, int64_t rows, float* dst,
+                 uint8_t* fully_masked) const;
 
  private:
   const std::vector<ItemMask>& items_;

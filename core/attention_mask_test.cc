@@ -61,7 +61,7 @@ TEST(MaskPlanTest, BuildRowsAddsFloatBoolAndCausalMasks) {
   MaskPlan plan(items, 3, 0, 2);
   float rows[2 * 2 * 3];
   uint8_t full[4];
-  plan.BuildRows(/*row0=*/1, /*rows=*/2, rows, full);
+  plan.BuildRows(/*item0=*/0, /*n_items=*/1, /*row0=*/1, /*rows=*/2, rows, full);
   // Head 0, query 1: causal hides key 2.  Head 0, query 2: all hidden.
   const float h0[6] = {0.5f, 0.0f, -kInf, -kInf, -kInf, -kInf};
   // Head 1, query 1: causal hides key 2.  Head 1, query 2: kpm only.

@@ -41,9 +41,12 @@ HeadsView SplitHeads(const void* data, DType dtype, int64_t n, int64_t t, int64_
 
 absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(std::shared_ptr<const MhaModel> model,
                                                              EngineOptions options) {
-  if (model == nullptr) return absl::InvalidArgumentError("MhaEngine: model is null");
-  RETURN_IF_ERROR(ValidateSpec(model->spec()));
-  return std::unique_ptr<MhaEngine>(new MhaEngine(std::move(model), options));
+  return ResourceExhaustedOnBadAlloc(
+      "MhaEngine::Create", [&]() -> absl::StatusOr<std::unique_ptr<MhaEngine>> {
+        if (model == nullptr) return absl::InvalidArgumentError("MhaEngine: model is null");
+        RETURN_IF_ERROR(ValidateSpec(model->spec()));
+        return std::unique_ptr<MhaEngine>(new MhaEngine(std::move(model), options));
+      });
 }
 
 MhaEngine::MhaEngine(std::shared_ptr<const MhaModel> model, EngineOptions options)
@@ -244,9 +247,11 @@ absl::Status MhaEngine::ForwardBatch(const TensorView& query, const std::optiona
                                      const std::optional<TensorView>& value,
                                      const std::vector<ItemMask>& items, float* output,
                                      float* weights) const {
-  const int64_t keys = key ? key->dim(1) : query.dim(1);
-  MaskPlan plan(items, keys, model_->spec().extra_keys(), model_->spec().num_heads);
-  return RunForward(query, key, value, plan, output, weights, /*average_weights=*/false);
+  return ResourceExhaustedOnBadAlloc("MhaEngine::ForwardBatch", [&]() -> absl::Status {
+    const int64_t keys = key ? key->dim(1) : query.dim(1);
+    MaskPlan plan(items, keys, model_->spec().extra_keys(), model_->spec().num_heads);
+    return RunForward(query, key, value, plan, output, weights, /*average_weights=*/false);
+  });
 }
 
 absl::StatusOr<MhaCall> MhaEngine::Validate(const MhaInputs& in) const {
@@ -295,41 +300,44 @@ absl::StatusOr<MhaCall> MhaEngine::Validate(const MhaInputs& in) const {
 }
 
 absl::StatusOr<MhaOutputs> MhaEngine::Forward(const MhaInputs& in) const {
-  ASSIGN_OR_RETURN(MhaCall call, Validate(in));
-  const MhaSpec& s = model_->spec();
-  const int64_t heads = s.num_heads, n = call.batch, l = call.queries, keys = call.keys;
-  const bool batched = call.batched;
-  // Work on (N, L, E) views; unbatched inputs are a batch of one.
-  auto batch_view = [&](const TensorView& t) {
-    TensorView v = t;
-    if (!batched) v.shape.insert(v.shape.begin(), 1);
-    return v;
-  };
-  const TensorView query = batch_view(in.query);
-  std::optional<TensorView> key, val;
-  if (in.key) key = batch_view(*in.key);
-  if (in.value) val = batch_view(*in.value);
+  return ResourceExhaustedOnBadAlloc("MhaEngine::Forward", [&]() -> absl::StatusOr<MhaOutputs> {
+    ASSIGN_OR_RETURN(MhaCall call, Validate(in));
+    const MhaSpec& s = model_->spec();
+    const int64_t heads = s.num_heads, n = call.batch, l = call.queries, keys = call.keys;
+    const bool batched = call.batched;
+    // Work on (N, L, E) views; unbatched inputs are a batch of one.
+    auto batch_view = [&](const TensorView& t) {
+      TensorView v = t;
+      if (!batched) v.shape.insert(v.shape.begin(), 1);
+      return v;
+    };
+    const TensorView query = batch_view(in.query);
+    std::optional<TensorView> key, val;
+    if (in.key) key = batch_view(*in.key);
+    if (in.value) val = batch_view(*in.value);
 
-  const DType out_dtype = in.output_dtype.value_or(in.query.dtype);
-  const int64_t total_keys = keys + s.extra_keys();
-  Tensor out_f32(DType::kFloat32, in.query.shape);
-  std::optional<Tensor> weights;
-  if (in.need_weights) {
-    Shape wshape = in.average_attn_weights ? Shape{l, total_keys} : Shape{heads, l, total_keys};
-    if (batched) wshape.insert(wshape.begin(), n);
-    weights.emplace(DType::kFloat32, wshape);
-  }
-  MaskPlan plan(call.items, keys, s.extra_keys(), heads);
-  RETURN_IF_ERROR(RunForward(query, key, val, plan, out_f32.mutable_as<float>(),
-                             weights ? weights->mutable_as<float>() : nullptr,
-                             in.average_attn_weights));
-  MhaOutputs result;
-  result.output = out_dtype == DType::kFloat32 ? std::move(out_f32) : out_f32.ConvertTo(out_dtype);
-  if (weights) {
-    result.attn_weights =
-        out_dtype == DType::kFloat32 ? std::move(*weights) : weights->ConvertTo(out_dtype);
-  }
-  return result;
+    const DType out_dtype = in.output_dtype.value_or(in.query.dtype);
+    const int64_t total_keys = keys + s.extra_keys();
+    Tensor out_f32(DType::kFloat32, in.query.shape);
+    std::optional<Tensor> weights;
+    if (in.need_weights) {
+      Shape wshape = in.average_attn_weights ? Shape{l, total_keys} : Shape{heads, l, total_keys};
+      if (batched) wshape.insert(wshape.begin(), n);
+      weights.emplace(DType::kFloat32, wshape);
+    }
+    MaskPlan plan(call.items, keys, s.extra_keys(), heads);
+    RETURN_IF_ERROR(RunForward(query, key, val, plan, out_f32.mutable_as<float>(),
+                               weights ? weights->mutable_as<float>() : nullptr,
+                               in.average_attn_weights));
+    MhaOutputs result;
+    result.output =
+        out_dtype == DType::kFloat32 ? std::move(out_f32) : out_f32.ConvertTo(out_dtype);
+    if (weights) {
+      result.attn_weights =
+          out_dtype == DType::kFloat32 ? std::move(*weights) : weights->ConvertTo(out_dtype);
+    }
+    return result;
+  });
 }
 
 }  // namespace attention

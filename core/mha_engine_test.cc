@@ -204,6 +204,31 @@ TEST(MhaEngineTest, SmallScoreBlocksGiveTheSameResult) {
   }
 }
 
+TEST(MhaEngineTest, ItemChunksWhenOneRowOfEveryItemExceedsTheBudget) {
+  // One query row of one item is 4 heads x 37 keys x 4 bytes = 592 bytes; a
+  // 1300-byte budget holds two items' rows, so 5 items go as 2 + 2 + 1, each
+  // with its own masks and weights.
+  uint32_t seed = 400;
+  for (MaskKind am : {MaskKind::kNone, MaskKind::kBool}) {
+    for (bool average : {false, true}) {
+      Case c;
+      c.spec = testing::SelfAttentionSpec(32, 4);
+      c.batch = 5;
+      c.queries = 3;
+      c.keys = 37;
+      c.cross = true;
+      c.attn = am;
+      c.attn_3d = am != MaskKind::kNone;
+      c.key_padding = MaskKind::kBool;
+      c.is_causal = am == MaskKind::kNone;
+      c.need_weights = true;
+      c.average = average;
+      c.score_block_bytes = 1300;
+      RunCase(c, seed++);
+    }
+  }
+}
+
 TEST(MhaEngineTest, FullyMaskedRowsGiveZeroWeightsAndBiasOutput) {
   auto model = MhaModel::Random(testing::SelfAttentionSpec(16, 2), 5);
   ASSERT_TRUE(model.ok());

@@ -195,17 +195,22 @@ absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::FromTensors(const Mode
 
 absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::LoadFromDirectory(
     const std::string& dir) {
-  ASSIGN_OR_RETURN(std::string text, ReadText(dir + "/config.json"));
-  auto config = ParseModelConfig(text);
-  if (!config.ok()) {
-    return absl::Status(config.status().code(), absl::StrCat(dir, ": ", config.status().message()));
-  }
-  ASSIGN_OR_RETURN(SafeTensors st, SafeTensors::ReadFile(dir + "/model.safetensors"));
-  auto model = FromTensors(*config, st);
-  if (!model.ok()) {
-    return absl::Status(model.status().code(), absl::StrCat(dir, ": ", model.status().message()));
-  }
-  return model;
+  return ResourceExhaustedOnBadAlloc(
+      "model load", [&]() -> absl::StatusOr<std::shared_ptr<const MhaModel>> {
+        ASSIGN_OR_RETURN(std::string text, ReadText(dir + "/config.json"));
+        auto config = ParseModelConfig(text);
+        if (!config.ok()) {
+          return absl::Status(config.status().code(),
+                              absl::StrCat(dir, ": ", config.status().message()));
+        }
+        ASSIGN_OR_RETURN(SafeTensors st, SafeTensors::ReadFile(dir + "/model.safetensors"));
+        auto model = FromTensors(*config, st);
+        if (!model.ok()) {
+          return absl::Status(model.status().code(),
+                              absl::StrCat(dir, ": ", model.status().message()));
+        }
+        return model;
+      });
 }
 
 absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::Random(const MhaSpec& spec,

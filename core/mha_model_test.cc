@@ -142,6 +142,25 @@ TEST(MhaModelTest, LoadsFromDirectory) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(MhaModelTest, RefusesShapesThatWouldOverflowAtLoad) {
+  // [2^32, 2^32] float32 is 2^66 bytes, which wraps to 0 in unchecked int64
+  // arithmetic: with data_offsets [0, 0] it used to pass every check, make
+  // embed_dim 2^32 and crash the load.
+  const std::string dir = ::testing::TempDir() + "/mha_model_overflow_dir";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"num_heads": 1})";
+  const std::string header =
+      R"({"in_proj_weight":{"dtype":"F32","shape":[12884901888,4294967296],"data_offsets":[0,0]},)"
+      R"("out_proj.weight":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(header.size() >> (8 * i));
+  std::ofstream(dir + "/model.safetensors", std::ios::binary) << bytes + header;
+  EXPECT_THAT(MhaModel::LoadFromDirectory(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tensor 'in_proj_weight': shape entry 12884901888 exceeds")));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(MhaModelTest, DemoAndRandomModels) {
   auto demo = MhaModel::Demo();
   EXPECT_EQ(demo->spec().embed_dim, 256);

@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "core/checked_math.h"
+#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace attention {
@@ -63,6 +67,10 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& 
   e.dtype = *dtype;
   for (const auto& d : j["shape"]) {
     if (!d.is_number_unsigned()) return bad("shape entries must be non-negative integers");
+    if (d.get<uint64_t>() > static_cast<uint64_t>(kMaxDim)) {
+      return bad(
+          absl::StrCat("shape entry ", d.get<uint64_t>(), " exceeds the limit of ", kMaxDim));
+    }
     e.shape.push_back(d.get<int64_t>());
   }
   for (const auto& o : j["data_offsets"]) {
@@ -73,7 +81,12 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& 
   if (e.end < e.begin) {
     return bad(absl::StrCat("data_offsets [", e.begin, ", ", e.end, "] end before begin"));
   }
-  const uint64_t expected = static_cast<uint64_t>(NumElements(e.shape)) * DTypeSize(e.dtype);
+  const std::optional<int64_t> elements =
+      CheckedProduct(e.shape, std::numeric_limits<int64_t>::max() / 8);
+  if (!elements) {
+    return bad(absl::StrCat("shape ", ShapeToString(e.shape), " has too many elements"));
+  }
+  const uint64_t expected = static_cast<uint64_t>(*elements) * DTypeSize(e.dtype);
   if (e.end - e.begin != expected) {
     return bad(absl::StrCat("shape ", ShapeToString(e.shape), " of ", j["dtype"].get<std::string>(),
                             " needs ", expected, " bytes but data_offsets [", e.begin, ", ", e.end,
@@ -85,78 +98,80 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& 
 }  // namespace
 
 absl::StatusOr<SafeTensors> SafeTensors::Parse(absl::string_view bytes) {
-  if (bytes.size() < 8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors: file is truncated: ", bytes.size(), " bytes, need at least 8"));
-  }
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | static_cast<uint8_t>(bytes[i]);
-  if (header_len > kMaxHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors: header length ", header_len,
-                                                   " exceeds the limit of ", kMaxHeaderBytes));
-  }
-  if (header_len > bytes.size() - 8) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors: file is truncated: header needs ",
-                                                   header_len, " bytes but only ", bytes.size() - 8,
-                                                   " follow the length"));
-  }
-  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len), nullptr,
-                                                /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object()) {
-    return absl::InvalidArgumentError("safetensors: header is not a JSON object");
-  }
-  const absl::string_view data = bytes.substr(8 + header_len);
-
-  SafeTensors st;
-  std::vector<Entry> entries;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it.value().is_object()) {
-        return absl::InvalidArgumentError("safetensors: __metadata__ is not an object");
-      }
-      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-        if (!m.value().is_string()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("safetensors: __metadata__ value '", m.key(), "' is not a string"));
-        }
-        st.metadata_[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    auto entry = ParseEntry(it.key(), it.value());
-    if (!entry.ok()) return entry.status();
-    entries.push_back(std::move(*entry));
-  }
-
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
-  uint64_t covered = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const Entry& e = entries[i];
-    if (e.end > data.size()) {
+  return ResourceExhaustedOnBadAlloc("safetensors", [&]() -> absl::StatusOr<SafeTensors> {
+    if (bytes.size() < 8) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "safetensors: tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end,
-          "] are out of range: the data section has ", data.size(), " bytes (file truncated?)"));
+          "safetensors: file is truncated: ", bytes.size(), " bytes, need at least 8"));
     }
-    if (i > 0 && e.begin < entries[i - 1].end) {
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = header_len << 8 | static_cast<uint8_t>(bytes[i]);
+    if (header_len > kMaxHeaderBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: header length ", header_len,
+                                                     " exceeds the limit of ", kMaxHeaderBytes));
+    }
+    if (header_len > bytes.size() - 8) {
       return absl::InvalidArgumentError(
-          absl::StrCat("safetensors: tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end,
-                       "] overlap tensor '", entries[i - 1].name, "' [", entries[i - 1].begin, ", ",
-                       entries[i - 1].end, "]"));
+          absl::StrCat("safetensors: file is truncated: header needs ", header_len,
+                       " bytes but only ", bytes.size() - 8, " follow the length"));
     }
-    if (e.begin != covered) {
-      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor '", e.name,
-                                                     "' starts at byte ", e.begin,
-                                                     " leaving unreferenced bytes from ", covered));
+    nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len), nullptr,
+                                                  /*allow_exceptions=*/false);
+    if (header.is_discarded() || !header.is_object()) {
+      return absl::InvalidArgumentError("safetensors: header is not a JSON object");
     }
-    covered = e.end;
-    st.tensors_.emplace(e.name, Tensor::FromBytes(e.dtype, e.shape, data.data() + e.begin));
-  }
-  if (covered != data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors: data section has ", data.size(),
-                                                   " bytes but tensors cover only ", covered));
-  }
-  return st;
+    const absl::string_view data = bytes.substr(8 + header_len);
+
+    SafeTensors st;
+    std::vector<Entry> entries;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        if (!it.value().is_object()) {
+          return absl::InvalidArgumentError("safetensors: __metadata__ is not an object");
+        }
+        for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+          if (!m.value().is_string()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("safetensors: __metadata__ value '", m.key(), "' is not a string"));
+          }
+          st.metadata_[m.key()] = m.value().get<std::string>();
+        }
+        continue;
+      }
+      auto entry = ParseEntry(it.key(), it.value());
+      if (!entry.ok()) return entry.status();
+      entries.push_back(std::move(*entry));
+    }
+
+    std::sort(entries.begin(), entries.end(),
+              [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+    uint64_t covered = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const Entry& e = entries[i];
+      if (e.end > data.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "safetensors: tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end,
+            "] are out of range: the data section has ", data.size(), " bytes (file truncated?)"));
+      }
+      if (i > 0 && e.begin < entries[i - 1].end) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("safetensors: tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end,
+                         "] overlap tensor '", entries[i - 1].name, "' [", entries[i - 1].begin,
+                         ", ", entries[i - 1].end, "]"));
+      }
+      if (e.begin != covered) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("safetensors: tensor '", e.name, "' starts at byte ", e.begin,
+                         " leaving unreferenced bytes from ", covered));
+      }
+      covered = e.end;
+      st.tensors_.emplace(e.name, Tensor::FromBytes(e.dtype, e.shape, data.data() + e.begin));
+    }
+    if (covered != data.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: data section has ", data.size(),
+                                                     " bytes but tensors cover only ", covered));
+    }
+    return st;
+  });
 }
 
 absl::StatusOr<SafeTensors> SafeTensors::ReadFile(const std::string& path) {

@@ -48,6 +48,18 @@ TEST(SafeTensorsTest, RoundTripsEveryDType) {
   EXPECT_EQ(st->Find("missing"), nullptr);
 }
 
+TEST(SafeTensorsTest, RefusesShapesWhoseSizeOverflows) {
+  // Each dim within 2^31 but the product past int64: refused before any
+  // multiplication can wrap.
+  ExpectInvalid(File(R"({"w":{"dtype":"F32","shape":[2147483648,2147483648,2147483648],)"
+                     R"("data_offsets":[0,0]}})",
+                     ""),
+                "tensor 'w': shape [2147483648, 2147483648, 2147483648] has too many elements");
+  ExpectInvalid(
+      File(R"({"w":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,0]}})", ""),
+      "tensor 'w': shape entry 18446744073709551615 exceeds the limit of 2147483648");
+}
+
 TEST(SafeTensorsTest, ReadsMetadataAndUnalignedData) {
   // Header length 61 leaves the data unaligned; the reader copies it.
   const std::string header =

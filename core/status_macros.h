@@ -1,12 +1,16 @@
 // File: core/status_macros.h
 //
 // Debian's Abseil (20220623) has no status macros; these two are the small
-// local equivalents used across the project.
+// local equivalents used across the project, and the bad_alloc boundary.
 #ifndef ATTENTION_CORE_STATUS_MACROS_H_
 #define ATTENTION_CORE_STATUS_MACROS_H_
 
+#include <new>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 // Returns from the current function if `expr` (an absl::Status) is not OK.
 #define RETURN_IF_ERROR(expr)              \
@@ -26,5 +30,22 @@
   auto statusor = (expr);                           \
   if (!statusor.ok()) return statusor.status();     \
   lhs = std::move(statusor).value()
+
+namespace attention {
+
+// Runs `body` (returning absl::Status or absl::StatusOr) and turns a
+// std::bad_alloc thrown inside it into RESOURCE_EXHAUSTED naming `what`. Every
+// public entry of core/ that allocates runs through this, so that running out
+// of memory is an error, never a crash.
+template <typename F>
+auto ResourceExhaustedOnBadAlloc(absl::string_view what, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": out of memory"));
+  }
+}
+
+}  // namespace attention
 
 #endif  // ATTENTION_CORE_STATUS_MACROS_H_

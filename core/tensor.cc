@@ -1,6 +1,8 @@
 #include "core/tensor.h"
 
 #include <cstring>
+#include <limits>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -8,9 +10,14 @@
 namespace attention {
 namespace {
 
+// Never returns null: a failed allocation throws std::bad_alloc, which core's
+// public functions turn into RESOURCE_EXHAUSTED (see status_macros.h).
 void* AlignedAlloc(size_t bytes) {
+  if (bytes > std::numeric_limits<size_t>::max() - 63) throw std::bad_alloc();
   const size_t rounded = (bytes + 63) / 64 * 64;
-  return std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
 }
 
 }  // namespace

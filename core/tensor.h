@@ -3,6 +3,10 @@
 // Plain tensors: a dtype, a row-major shape and bytes. `TensorView` borrows
 // memory the caller keeps alive; `Tensor` owns a 64-byte aligned buffer.
 // Neither is synchronised: share a Tensor across threads only read-only.
+//
+// Allocation failure throws std::bad_alloc (never a null buffer); core's
+// public functions catch it and return RESOURCE_EXHAUSTED, so no exception
+// leaves core/.
 #ifndef ATTENTION_CORE_TENSOR_H_
 #define ATTENTION_CORE_TENSOR_H_
 

@@ -39,8 +39,11 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
     s->exposer_->RegisterCollectable(s->metrics_->registry());
     std::cerr << "metrics on http://" << address << "/metrics\n";
   }
-  s->service_ =
-      std::make_unique<AttentionServiceImpl>(s->metrics_.get(), options.max_message_bytes);
+  ServiceOptions service_options;
+  service_options.max_response_bytes = options.max_message_bytes;
+  service_options.max_stream_pending = options.max_stream_pending;
+  service_options.max_stream_pending_bytes = options.max_stream_pending_bytes;
+  s->service_ = std::make_unique<AttentionServiceImpl>(s->metrics_.get(), service_options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -92,7 +95,11 @@ bool AttentionServer::Drain() {
   // Keep answering UNAVAILABLE for a moment so that clients still sending see
   // a clear refusal (and go elsewhere) rather than calls cut by the shutdown.
   absl::SleepFor(std::min(options_.drain_grace, options_.drain_timeout - (absl::Now() - start)));
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // Calls still open (streams the client keeps open) get what is left of the
+  // drain timeout, then are cancelled.
+  const absl::Duration left =
+      std::max(absl::ZeroDuration(), start + options_.drain_timeout - absl::Now());
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + left));
   server_->Wait();
   repository_.reset();
   return idle;

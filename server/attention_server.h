@@ -35,6 +35,10 @@ struct ServerOptions {
   int port = 50051;              // 0: a free port (see port()).
   int metrics_port = 9464;       // 0: no /metrics endpoint.
   int max_message_bytes = 64 << 20;
+  // Per InferStream: requests read but not yet answered and written, by
+  // count and bytes, before the stream stops reading (ServiceOptions).
+  int64_t max_stream_pending = 64;
+  int64_t max_stream_pending_bytes = int64_t{256} << 20;
   absl::Duration drain_timeout = absl::Seconds(30);
   // After the last accepted request is answered, how long new ones are still
   // refused with UNAVAILABLE before the listener closes.

@@ -1,21 +1,43 @@
 #include "server/attention_service.h"
 
-#include <deque>
+#include <initializer_list>
 #include <iostream>
+#include <limits>
+#include <new>
 
 #include "absl/strings/str_cat.h"
+#include "core/checked_math.h"
 #include "core/status_macros.h"
+#include "server/infer_stream_reactor.h"
 #include "server/status_util.h"
 #include "server/tensor_codec.h"
 
 namespace attention::server {
 
-void EncodeOutcome(RequestOutcome& outcome, v1::InferResponse* response) {
-  EncodeTensor(outcome.output, response->mutable_output());
-  if (outcome.attn_weights) EncodeTensor(*outcome.attn_weights, response->mutable_attn_weights());
+absl::Status EncodeOutcome(RequestOutcome& outcome, int64_t max_bytes,
+                           v1::InferResponse* response) {
+  try {
+    EncodeTensor(outcome.output, response->mutable_output());
+    if (outcome.attn_weights) {
+      EncodeTensor(*outcome.attn_weights, response->mutable_attn_weights());
+    }
+  } catch (const std::bad_alloc&) {
+    response->Clear();
+    return absl::ResourceExhaustedError("out of memory encoding the response; retry later");
+  }
   response->set_queue_us(outcome.queue_us);
   response->set_compute_us(outcome.compute_us);
   response->set_batch_requests(outcome.batch_requests);
+  // Prepare() refuses what its estimate says cannot be sent; this is the
+  // exact check, so that gRPC never fails the send (which on a stream would
+  // end the stream).
+  const int64_t bytes = static_cast<int64_t>(response->ByteSizeLong());
+  if (bytes > max_bytes) {
+    response->Clear();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "response: ", bytes, " bytes, over the server's max_message_bytes ", max_bytes));
+  }
+  return absl::OkStatus();
 }
 
 void DescribeModel(const ServedModel& model, bool is_default, v1::ModelInfo* info) {
@@ -37,8 +59,53 @@ void DescribeModel(const ServedModel& model, bool is_default, v1::ModelInfo* inf
   info->set_is_default(is_default);
 }
 
-AttentionServiceImpl::AttentionServiceImpl(Metrics* metrics, int64_t max_response_bytes)
-    : metrics_(metrics), max_response_bytes_(max_response_bytes) {}
+namespace {
+
+// a x b x ..., saturating at INT64_MAX instead of overflowing.
+int64_t SaturatingProduct(std::initializer_list<int64_t> factors) {
+  int64_t product = 1;
+  for (int64_t f : factors) {
+    if (!CheckedMul(product, f, &product)) return std::numeric_limits<int64_t>::max();
+  }
+  return product;
+}
+
+}  // namespace
+
+absl::Status AttentionServiceImpl::CheckResponseSize(const MhaSpec& spec, const MhaInputs& in,
+                                                     const MhaCall& c, size_t id_bytes,
+                                                     int64_t* response_bytes) const {
+  const int64_t out_size =
+      static_cast<int64_t>(DTypeSize(in.output_dtype.value_or(in.query.dtype)));
+  const int64_t total_keys = c.keys + spec.extra_keys();
+  const int64_t output_bytes = SaturatingProduct({c.batch, c.queries, spec.embed_dim, out_size});
+  int64_t weights_bytes = 0;
+  if (in.need_weights) {
+    // The batch computes per-head float32 weights whatever the request asks.
+    const int64_t buffer = SaturatingProduct({c.batch, spec.num_heads, c.queries, total_keys, 4});
+    if (buffer > DynamicBatcher::kMaxBatchWeightsBytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("need_weights: computing the attention weights takes ", buffer,
+                       " bytes (batch x heads x queries x keys x 4), over the server's limit of ",
+                       DynamicBatcher::kMaxBatchWeightsBytes));
+    }
+    weights_bytes = SaturatingProduct(
+        {c.batch, in.average_attn_weights ? 1 : spec.num_heads, c.queries, total_keys, out_size});
+  }
+  // Field tags and lengths, shapes, timings: well under this.
+  constexpr int64_t kFramingBytes = 1024;
+  *response_bytes = output_bytes + weights_bytes + kFramingBytes + static_cast<int64_t>(id_bytes);
+  if (*response_bytes > max_response_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("response: would be about ", *response_bytes, " bytes (output ", output_bytes,
+                     ", attn_weights ", weights_bytes, "), over the server's max_message_bytes ",
+                     max_response_bytes_));
+  }
+  return absl::OkStatus();
+}
+
+AttentionServiceImpl::AttentionServiceImpl(Metrics* metrics, ServiceOptions options)
+    : metrics_(metrics), options_(options), max_response_bytes_(options.max_response_bytes) {}
 
 void AttentionServiceImpl::SetRepository(const ModelRepository* repository) {
   repository_.store(repository);
@@ -104,19 +171,8 @@ absl::Status AttentionServiceImpl::Prepare(const v1::InferRequest& request,
     in.output_dtype = out;
   }
   ASSIGN_OR_RETURN(pending->call, prepared->model->engine->Validate(in));
-  if (in.need_weights) {
-    // Refuse up front what could never be sent back.
-    const MhaSpec& spec = prepared->model->model->spec();
-    const MhaCall& c = pending->call;
-    const DType out_dtype = in.output_dtype.value_or(in.query.dtype);
-    const int64_t bytes = c.batch * (in.average_attn_weights ? 1 : spec.num_heads) * c.queries *
-                          (c.keys + spec.extra_keys()) * static_cast<int64_t>(DTypeSize(out_dtype));
-    if (bytes > max_response_bytes_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("need_weights: the attention weights would be ", bytes,
-                       " bytes, over the server's max_message_bytes ", max_response_bytes_));
-    }
-  }
+  RETURN_IF_ERROR(CheckResponseSize(prepared->model->model->spec(), in, pending->call,
+                                    request.request_id().size(), &prepared->response_bytes));
   pending->keep_alive = std::move(keep_alive);
   const auto deadline = context->deadline();
   if (deadline != std::chrono::system_clock::time_point::max()) {
@@ -139,10 +195,10 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Infer(grpc::CallbackServerContex
   if (status.ok()) {
     const ServedModel* model = prepared.model;
     prepared.pending->done = [this, reactor, response, received, model](RequestOutcome outcome) {
-      if (outcome.status.ok()) EncodeOutcome(outcome, response);
-      const absl::StatusCode code = outcome.status.code();
-      reactor->Finish(ToGrpcStatus(outcome.status));
-      Answered(model, Method::kInfer, code, received);
+      absl::Status result = outcome.status;
+      if (result.ok()) result = EncodeOutcome(outcome, max_response_bytes_, response);
+      reactor->Finish(ToGrpcStatus(result));
+      Answered(model, Method::kInfer, result.code(), received);
     };
     status = model->batcher->Enqueue(std::move(prepared.pending));
   }
@@ -153,140 +209,9 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Infer(grpc::CallbackServerContex
   return reactor;
 }
 
-// Many requests in flight on one stream. Each read request is prepared and
-// queued on its own; completions (from batcher threads, in any order) queue
-// their response for writing, one write at a time. The stream finishes once
-// the client has half-closed, every request is answered and every response
-// written. Owns itself: deleted in OnDone().
-class AttentionServiceImpl::StreamReactor
-    : public grpc::ServerBidiReactor<v1::InferRequest, v1::InferResponse> {
- public:
-  StreamReactor(AttentionServiceImpl* service, grpc::CallbackServerContext* context)
-      : service_(service), context_(context) {
-    StartNextRead();
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // Half-close, cancellation or a broken stream.
-      bool finish;
-      {
-        absl::MutexLock lock(&mu_);
-        reads_done_ = true;
-        finish = ShouldFinishLocked();
-      }
-      if (finish) Finish(grpc::Status::OK);
-      return;
-    }
-    const absl::Time received = absl::Now();
-    service_->Received();
-    {
-      absl::MutexLock lock(&mu_);
-      ++unanswered_;
-    }
-    auto request = std::shared_ptr<v1::InferRequest>(incoming_.release());
-    StartNextRead();
-    Prepared prepared;
-    absl::Status status = service_->Prepare(*request, request, context_, &prepared);
-    const ServedModel* model = prepared.model;
-    const std::string id = request->request_id();
-    if (status.ok()) {
-      prepared.pending->done = [this, id, received, model](RequestOutcome outcome) {
-        v1::InferResponse response;
-        response.set_request_id(id);
-        if (outcome.status.ok()) {
-          EncodeOutcome(outcome, &response);
-        } else {
-          response.mutable_error()->set_code(static_cast<int>(outcome.status.code()));
-          response.mutable_error()->set_message(std::string(outcome.status.message()));
-        }
-        Respond(std::move(response), model, outcome.status.code(), received);
-      };
-      status = model->batcher->Enqueue(std::move(prepared.pending));
-    }
-    if (!status.ok()) {
-      v1::InferResponse response;
-      response.set_request_id(id);
-      response.mutable_error()->set_code(static_cast<int>(status.code()));
-      response.mutable_error()->set_message(std::string(status.message()));
-      Respond(std::move(response), model, status.code(), received);
-    }
-  }
-
-  void OnWriteDone(bool ok) override {
-    const v1::InferResponse* next = nullptr;
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      writes_.pop_front();
-      if (!ok) broken_ = true;  // The client is gone: drop what is left.
-      if (broken_) writes_.clear();
-      if (!writes_.empty()) {
-        next = &writes_.front();
-      } else {
-        writing_ = false;
-        finish = ShouldFinishLocked();
-      }
-    }
-    // gRPC calls are made without the lock held.
-    if (next != nullptr) StartWrite(next);
-    if (finish) Finish(grpc::Status::OK);
-  }
-
-  void OnDone() override { delete this; }
-
- private:
-  void StartNextRead() {
-    incoming_ = std::make_unique<v1::InferRequest>();
-    StartRead(incoming_.get());
-  }
-
-  void Respond(v1::InferResponse response, const ServedModel* model, absl::StatusCode code,
-               absl::Time received) {
-    AttentionServiceImpl* const service = service_;  // `this` may be gone after Finish().
-    const v1::InferResponse* write = nullptr;
-    bool finish = false;
-    {
-      absl::MutexLock lock(&mu_);
-      --unanswered_;
-      if (!broken_) {
-        writes_.push_back(std::move(response));
-        if (!writing_) {
-          writing_ = true;
-          write = &writes_.front();
-        }
-      }
-      finish = ShouldFinishLocked();
-    }
-    if (write != nullptr) StartWrite(write);
-    if (finish) Finish(grpc::Status::OK);
-    service->Answered(model, Method::kInferStream, code, received);
-  }
-
-  // True once (and only once) the stream is done: half-closed, every request
-  // answered, every response written.
-  bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (reads_done_ && unanswered_ == 0 && !writing_ && !finished_) {
-      finished_ = true;
-      return true;
-    }
-    return false;
-  }
-
-  AttentionServiceImpl* const service_;
-  grpc::CallbackServerContext* const context_;
-  std::unique_ptr<v1::InferRequest> incoming_;  // Only the reaction thread touches it.
-  absl::Mutex mu_;
-  std::deque<v1::InferResponse> writes_ ABSL_GUARDED_BY(mu_);  // Front is being written.
-  int64_t unanswered_ ABSL_GUARDED_BY(mu_) = 0;
-  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-};
-
 grpc::ServerBidiReactor<v1::InferRequest, v1::InferResponse>* AttentionServiceImpl::InferStream(
     grpc::CallbackServerContext* context) {
-  return new StreamReactor(this, context);
+  return new InferStreamReactor(this, context);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::ListModels(grpc::CallbackServerContext* context,

@@ -22,11 +22,23 @@
 
 namespace attention::server {
 
+struct ServiceOptions {
+  // Largest response message; a request whose response would be larger is
+  // refused with RESOURCE_EXHAUSTED before it is computed.
+  int64_t max_response_bytes = 64 << 20;
+  // Per InferStream: requests read but whose responses are not yet written,
+  // by count and by bytes (request plus estimated response). At either cap
+  // the stream stops reading until the client reads responses, so a client
+  // that never reads holds at most this much server memory.
+  int64_t max_stream_pending = 64;
+  int64_t max_stream_pending_bytes = int64_t{256} << 20;
+};
+
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
  public:
   // Requests get UNAVAILABLE ("not ready") until SetRepository(). A request
-  // whose attention weights would exceed `max_response_bytes` is refused.
-  AttentionServiceImpl(Metrics* metrics, int64_t max_response_bytes);
+  // whose response would exceed options.max_response_bytes is refused.
+  AttentionServiceImpl(Metrics* metrics, ServiceOptions options);
 
   // Makes the service ready to serve `repository`'s models.
   void SetRepository(const ModelRepository* repository);
@@ -51,12 +63,14 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   struct Prepared {
     const ServedModel* model = nullptr;  // Set once the model is found.
     std::unique_ptr<PendingRequest> pending;
+    int64_t response_bytes = 0;  // Estimated size of the encoded response.
   };
 
   // Decodes and validates `request` (kept alive by `keep_alive`) into
   // *prepared, ready for its model's batcher once `done` is set. Errors:
   // UNAVAILABLE when not ready or draining, NOT_FOUND for an unknown model,
-  // INVALID_ARGUMENT for bad tensors or options.
+  // INVALID_ARGUMENT for bad tensors or options, RESOURCE_EXHAUSTED when the
+  // response (or the weights buffer computing it) would be too large.
   absl::Status Prepare(const v1::InferRequest& request, std::shared_ptr<const void> keep_alive,
                        grpc::CallbackServerContext* context, Prepared* prepared);
 
@@ -67,10 +81,17 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   // Counts a request as received (in flight).
   void Received();
 
+  const ServiceOptions& options() const { return options_; }
+
  private:
-  class StreamReactor;
+  // RESOURCE_EXHAUSTED, naming the sizes, when the response to `in` (output,
+  // weights, framing) would exceed max_response_bytes or its weights buffer
+  // the batcher's cap; else OK with the estimate in *response_bytes.
+  absl::Status CheckResponseSize(const MhaSpec& spec, const MhaInputs& in, const MhaCall& call,
+                                 size_t id_bytes, int64_t* response_bytes) const;
 
   Metrics* const metrics_;
+  const ServiceOptions options_;
   const int64_t max_response_bytes_;
   std::atomic<const ModelRepository*> repository_{nullptr};
   std::atomic<bool> draining_{false};
@@ -79,7 +100,9 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
 };
 
 // Fills `response` from a computed outcome (output, weights, timing).
-void EncodeOutcome(RequestOutcome& outcome, v1::InferResponse* response);
+// RESOURCE_EXHAUSTED (and `response` cleared) when it would exceed
+// `max_bytes` or memory runs out.
+absl::Status EncodeOutcome(RequestOutcome& outcome, int64_t max_bytes, v1::InferResponse* response);
 
 // A model's description as the API reports it.
 void DescribeModel(const ServedModel& model, bool is_default, v1::ModelInfo* info);

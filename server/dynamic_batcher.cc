@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "server/batch_runner.h"
@@ -90,9 +91,11 @@ std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
   const bool self_attention = first.call.self_attention;
   std::vector<size_t> picked = {0};
   int64_t items = first.call.batch, max_l = first.call.queries, real = first.tokens();
-  int64_t max_s = first.call.keys;
+  int64_t max_s = first.call.keys, real_keys = first.key_tokens();
   bool weights = first.inputs.need_weights;
-  *ready = options_.max_batch_size == 1;
+  // A request that alone exceeds the key-token limit (long cross-attention
+  // keys) goes by itself: padding others to its keys could take any memory.
+  *ready = options_.max_batch_size == 1 || first.key_tokens() > options_.max_batch_tokens;
   for (size_t i = 1; i < queue_.size() && !*ready; ++i) {
     if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) break;
     const PendingRequest& r = *queue_[i];
@@ -106,7 +109,14 @@ std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
     if (padded > options_.max_padding_ratio * static_cast<double>(real + r.tokens())) {
       continue;  // Leave it for a batch of its own length.
     }
+    // The same two rules for keys: every item is padded to the longest key.
     const int64_t s = std::max(max_s, r.call.keys);
+    const int64_t padded_keys = (items + r.call.batch) * s;
+    if (padded_keys > options_.max_batch_tokens ||
+        padded_keys >
+            options_.max_padding_ratio * static_cast<double>(real_keys + r.key_tokens())) {
+      continue;
+    }
     if ((weights || r.inputs.need_weights) &&
         padded * engine_->model().spec().num_heads * s * 4 > kMaxBatchWeightsBytes) {
       continue;  // The batch's weights buffer would grow too large.
@@ -117,6 +127,7 @@ std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
     items += r.call.batch;
     max_l = l;
     real += r.tokens();
+    real_keys += r.key_tokens();
   }
   if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) *ready = true;
   return picked;
@@ -201,7 +212,18 @@ void DynamicBatcher::Execute(std::vector<std::unique_ptr<PendingRequest>> batch)
     // Small batches run on one thread: waking an OpenMP team for each of a
     // forward pass's primitives costs more than it saves below ~32 MFLOP.
     omp_set_num_threads(EstimateFlops(batch) < kSmallBatchFlops ? 1 : compute_threads_);
-    outcomes = RunBatch(*engine_, batch, &stats);
+    try {
+      outcomes = RunBatch(*engine_, batch, &stats);
+    } catch (const std::bad_alloc&) {
+      // Admission bounds every batch's memory; this is the last line, so
+      // that running out is every request's error and never a crash.
+      outcomes = std::vector<RequestOutcome>(batch.size());
+      for (RequestOutcome& o : outcomes) {
+        o.status = absl::ResourceExhaustedError(absl::StrCat(
+            "out of memory computing a batch of ", batch.size(), " requests; retry later"));
+      }
+      stats.real_tokens = std::max<int64_t>(stats.real_tokens, 1);
+    }
     compute = absl::Now() - start;
   }
   metrics_->compute_duration->Observe(absl::ToDoubleSeconds(compute));

@@ -5,9 +5,11 @@
 // padded query tokens, or when its oldest request has waited
 // max_queue_delay_us; otherwise the batcher sleeps exactly until then (or
 // until a request arrives). Requests of different lengths share a batch
-// unless padding would more than double the query tokens computed; the
-// oldest request always goes first. Self-attention requests and requests with
-// their own key/value are batched separately.
+// unless padding would more than double the query tokens, or the key tokens,
+// computed; padded key tokens (items x longest key) are bounded by
+// max_batch_tokens too, and a request whose own keys exceed it runs alone.
+// The oldest request always goes first. Self-attention requests and requests
+// with their own key/value are batched separately.
 //
 // A request whose deadline passes while queued is answered
 // DEADLINE_EXCEEDED, and a cancelled one CANCELLED, without being computed.
@@ -68,6 +70,11 @@ class DynamicBatcher {
   // Refuses new requests from now on; queued ones are still computed.
   void Stop();
 
+  // A batch needing attention weights keeps them all, (items, H, L, S')
+  // float32: requests join it only while that stays under this, and a
+  // request needing more by itself is refused before it is queued.
+  static constexpr int64_t kMaxBatchWeightsBytes = int64_t{512} << 20;
+
   const BatchingOptions& options() const { return options_; }
   int64_t queue_depth() const;
 
@@ -88,9 +95,6 @@ class DynamicBatcher {
 
   // Below this a batch computes on one thread.
   static constexpr double kSmallBatchFlops = 32e6;
-  // A batch needing attention weights keeps them all, (items, H, L, S')
-  // float32: requests join it only while that stays under this.
-  static constexpr int64_t kMaxBatchWeightsBytes = int64_t{512} << 20;
 
   const MhaEngine* const engine_;
   const BatchingOptions options_;

@@ -38,6 +38,8 @@ struct PendingRequest {
 
   // Real query tokens: items x query length.
   int64_t tokens() const { return call.batch * call.queries; }
+  // Real key tokens: items x key length (the query length for self-attention).
+  int64_t key_tokens() const { return call.batch * call.keys; }
 };
 
 }  // namespace attention::server

@@ -42,6 +42,12 @@ ABSL_FLAG(int64_t, max_queue_delay_us, 0,
 ABSL_FLAG(int64_t, max_queue_size, 1024,
           "Default queued requests per model beyond which new ones get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest request or response message, in bytes.");
+ABSL_FLAG(int64_t, max_stream_pending, 64,
+          "Per InferStream: requests read but not yet answered and written before the stream "
+          "stops reading (back-pressure on a client that does not read its responses).");
+ABSL_FLAG(int64_t, max_stream_pending_bytes, int64_t{256} << 20,
+          "Per InferStream: bytes of those requests and their responses before the stream stops "
+          "reading.");
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long accepted requests may take to finish.");
 ABSL_FLAG(bool, warmup, true, "Create oneDNN primitives for common shapes before serving.");
@@ -62,6 +68,8 @@ int Run() {
   options.port = absl::GetFlag(FLAGS_port);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_stream_pending = absl::GetFlag(FLAGS_max_stream_pending);
+  options.max_stream_pending_bytes = absl::GetFlag(FLAGS_max_stream_pending_bytes);
   options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   RepositoryOptions& repo = options.repository;
   repo.path = absl::GetFlag(FLAGS_model_repository);

@@ -1,7 +1,7 @@
 #include "server/tensor_codec.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "core/checked_math.h"
 
 namespace attention::server {
 
@@ -48,21 +48,20 @@ absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, absl::string_v
   }
   TensorView view;
   view.dtype = *dtype;
-  int64_t elements = 1;
-  for (int64_t d : tensor.shape()) {
-    // Bounding each dimension keeps the product from overflowing.
-    if (d < 1 || d > (int64_t{1} << 31)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": every dimension must be in [1, 2^31], got shape [",
-                       absl::StrJoin(tensor.shape(), ", "), "]"));
+  view.shape.assign(tensor.shape().begin(), tensor.shape().end());
+  for (int64_t d : view.shape) {
+    if (d < 1 || d > kMaxDim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": every dimension must be in [1, 2^31], got shape ", ShapeToString(view.shape)));
     }
-    elements *= d;
-    if (elements > (int64_t{1} << 40)) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": shape is too large"));
-    }
-    view.shape.push_back(d);
   }
-  const uint64_t expected = static_cast<uint64_t>(elements) * DTypeSize(*dtype);
+  constexpr int64_t kMaxElements = int64_t{1} << 40;
+  const std::optional<int64_t> elements = CheckedProduct(view.shape, kMaxElements);
+  if (!elements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": shape ", ShapeToString(view.shape), " has more than 2^40 elements"));
+  }
+  const uint64_t expected = static_cast<uint64_t>(*elements) * DTypeSize(*dtype);
   if (tensor.data().size() != expected) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": data has ", tensor.data().size(),
                                                    " bytes but shape ", ShapeToString(view.shape),

@@ -2,6 +2,8 @@
 
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -9,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/checked_math.h"
 
 namespace attention::client {
 namespace {
@@ -84,8 +87,11 @@ absl::StatusOr<Tensor> ParseNpy(const std::string& bytes, const std::string& nam
     }
     shape.push_back(d);
   }
-  const size_t elem = from_f64 ? 8 : DTypeSize(dtype);
-  const size_t need = static_cast<size_t>(NumElements(shape)) * elem;
+  const int64_t elem = from_f64 ? 8 : static_cast<int64_t>(DTypeSize(dtype));
+  const std::optional<int64_t> elements =
+      CheckedProduct(shape, std::numeric_limits<int64_t>::max() / elem);
+  if (!elements) return bad(absl::StrCat("shape (", shape_text, ") is too large"));
+  const size_t need = static_cast<size_t>(*elements * elem);
   const size_t data = offset + header_len;
   if (bytes.size() - data < need) {
     return bad(absl::StrCat("data has ", bytes.size() - data, " bytes, shape needs ", need));

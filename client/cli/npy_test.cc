@@ -54,5 +54,20 @@ TEST(NpyTest, RejectsWhatItCannotRead) {
   EXPECT_EQ(ReadNpy("/nonexistent.npy").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(NpyTest, RejectsShapesWhoseSizeOverflows) {
+  // 2^62 x 4 float32 elements wrap to 0 bytes in unchecked int64 arithmetic,
+  // which 16 bytes of data would pass.
+  std::string header =
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 4), }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::string bytes =
+      std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(header.size()) + '\0' + header;
+  bytes.append(16, '\0');
+  const absl::Status status = ParseNpy(bytes, "x.npy").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("is too large"));
+}
+
 }  // namespace
 }  // namespace attention::client
