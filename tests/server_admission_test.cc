@@ -4,6 +4,7 @@
 // or slowed down, and everything accepted is still answered.
 #include <grpcpp/grpcpp.h>
 
+#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -30,14 +31,22 @@ constexpr int64_t kEmbed = 256;
 class ServerAdmissionTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // The demo layer twice: "demo" with the server's defaults, and "patient"
+    // whose oldest request waits a whole second for company, so that
+    // requests sent together are certainly queued together.
+    const std::string dir = ::testing::TempDir() + "/server_admission_models";
+    std::filesystem::remove_all(dir);
+    testing::WriteModelDir(*MhaModel::Demo(), dir + "/demo", "");
+    testing::WriteModelDir(*MhaModel::Demo(), dir + "/patient", "\"max_queue_delay_us\": 1000000");
     ServerOptions options;
     options.host = "127.0.0.1";
     options.port = 0;
     options.metrics_port = 0;
+    options.repository.path = dir;
+    options.repository.default_model = "demo";
     options.repository.compute_threads = 2;
     options.repository.warmup = false;
-    // Long enough for requests sent together to be queued together.
-    options.repository.batching.max_queue_delay_us = 100000;
+    options.repository.batching.max_batch_tokens = 16384;  // attention-server's default.
     server_ = AttentionServer::Listen(options)->release();
     ASSERT_TRUE(server_->LoadModels().ok());
     channel_ = new std::shared_ptr<grpc::Channel>(
@@ -95,8 +104,10 @@ TEST_F(ServerAdmissionTest, LongAndManyShortCrossAttentionRequestsAreNotPaddedTo
   // items to A's keys would take 8001 x 30000 x 256 floats (245 GB): the
   // server used to try, and crash.
   std::mt19937 rng(1);
-  const v1::InferRequest a = MakeRequest(rng, 1, 1, 30000, "A");
-  const v1::InferRequest b = MakeRequest(rng, 8000, 1, 1, "B");
+  v1::InferRequest a = MakeRequest(rng, 1, 1, 30000, "A");
+  v1::InferRequest b = MakeRequest(rng, 8000, 1, 1, "B");
+  a.set_model("patient");
+  b.set_model("patient");
   auto stub = Stub();
   v1::InferResponse response_a, response_b;
   grpc::Status status_a, status_b;
