@@ -40,6 +40,12 @@ struct ServerOptions {
   int64_t max_stream_pending = 64;
   int64_t max_stream_pending_bytes = int64_t{256} << 20;
   absl::Duration drain_timeout = absl::Seconds(30);
+  // A client connection is told to go away (GOAWAY) after this long, so that
+  // clients reconnect and re-resolve the service's name: replicas added by an
+  // autoscaler get their share. Calls in flight then get `connection_age_grace`
+  // to finish. Zero: connections live for ever.
+  absl::Duration max_connection_age = absl::Seconds(60);
+  absl::Duration connection_age_grace = absl::Seconds(30);
   // After the last accepted request is answered, how long new ones are still
   // refused with UNAVAILABLE before the listener closes.
   absl::Duration drain_grace = absl::Milliseconds(500);

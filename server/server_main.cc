@@ -48,6 +48,11 @@ ABSL_FLAG(int64_t, max_stream_pending, 64,
 ABSL_FLAG(int64_t, max_stream_pending_bytes, int64_t{256} << 20,
           "Per InferStream: bytes of those requests and their responses before the stream stops "
           "reading.");
+ABSL_FLAG(double, max_connection_age_s, 60,
+          "Connections are closed gracefully (GOAWAY) after this many seconds so that clients "
+          "re-resolve the service name and reach new replicas; 0: never.");
+ABSL_FLAG(double, max_connection_age_grace_s, 30,
+          "How long calls in flight on a connection past its age may still take.");
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long accepted requests may take to finish.");
 ABSL_FLAG(bool, warmup, true, "Create oneDNN primitives for common shapes before serving.");
@@ -71,6 +76,8 @@ int Run() {
   options.max_stream_pending = absl::GetFlag(FLAGS_max_stream_pending);
   options.max_stream_pending_bytes = absl::GetFlag(FLAGS_max_stream_pending_bytes);
   options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
+  options.max_connection_age = absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_s));
+  options.connection_age_grace = absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_grace_s));
   RepositoryOptions& repo = options.repository;
   repo.path = absl::GetFlag(FLAGS_model_repository);
   repo.default_model = absl::GetFlag(FLAGS_default_model);

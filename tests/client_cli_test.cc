@@ -132,6 +132,23 @@ TEST_F(ClientCliTest, WrongShapeFileIsAClearError) {
   EXPECT_THAT(out, HasSubstr("unknown subcommand"));
 }
 
+TEST_F(ClientCliTest, EmptyTensorFilesAreSentForTheServerToJudge) {
+  // A given file is sent even when it holds no elements: it used to be
+  // dropped, turning a (1, 0, 256) key into self-attention that exits 0.
+  std::mt19937 rng(5);
+  ASSERT_TRUE(client::WriteNpy(Path("q4.npy"), testing::RandomTensor({1, 4, 256}, rng)).ok());
+  ASSERT_TRUE(client::WriteNpy(Path("empty_key.npy"), Tensor(DType::kFloat32, {1, 0, 256})).ok());
+  ASSERT_TRUE(client::WriteNpy(Path("empty_kpm.npy"), Tensor(DType::kBool, {1, 0})).ok());
+  std::string out;
+  EXPECT_NE(Client("infer --query=" + Path("q4.npy") + " --key=" + Path("empty_key.npy"), &out), 0);
+  EXPECT_THAT(out, HasSubstr("INVALID_ARGUMENT: key: every dimension must be in [1, 2^31]"));
+  EXPECT_NE(
+      Client("infer --query=" + Path("q4.npy") + " --key_padding_mask=" + Path("empty_kpm.npy"),
+             &out),
+      0);
+  EXPECT_THAT(out, HasSubstr("INVALID_ARGUMENT: key_padding_mask: every dimension"));
+}
+
 TEST(ClientCliUnreachableTest, FailsClearlyWithinTheDeadline) {
   const int port = testing::FreePort();  // Nothing listens there.
   for (const char* command : {"health", "infer --seq_len=4", "models"}) {

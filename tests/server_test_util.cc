@@ -39,18 +39,21 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-std::string HttpGet(int port, const std::string& path) {
+std::string HttpGet(int port, const std::string& path, const std::string& host) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    close(fd);
+    return "";
+  }
   addr.sin_port = htons(static_cast<uint16_t>(port));
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     close(fd);
     return "";
   }
   const std::string request =
-      "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+      "GET " + path + " HTTP/1.0\r\nHost: " + host + "\r\nConnection: close\r\n\r\n";
   if (write(fd, request.data(), request.size()) < 0) {
     close(fd);
     return "";
@@ -79,11 +82,12 @@ double MetricValue(const std::string& exposition, const std::string& name,
   return -1;
 }
 
-ServerProcess::ServerProcess(const std::string& binary,
-                             const std::vector<std::string>& extra_args) {
-  port_ = FreePort();
+ServerProcess::ServerProcess(const std::string& binary, const std::vector<std::string>& extra_args,
+                             const std::string& host, int port)
+    : host_(host) {
+  port_ = port > 0 ? port : FreePort();
   metrics_port_ = FreePort();
-  std::vector<std::string> args = {binary, "--host=127.0.0.1", "--port=" + std::to_string(port_),
+  std::vector<std::string> args = {binary, "--host=" + host_, "--port=" + std::to_string(port_),
                                    "--metrics_port=" + std::to_string(metrics_port_)};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_ = fork();
@@ -111,6 +115,11 @@ ServerProcess::~ServerProcess() {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
   }
+}
+
+void ServerProcess::Kill() {
+  if (pid_ > 0) kill(pid_, SIGKILL);
+  Wait();
 }
 
 void ServerProcess::Terminate() {

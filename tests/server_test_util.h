@@ -22,8 +22,8 @@ Tensor FromProto(const v1::Tensor& t);
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FreePort();
 
-// The body of GET http://127.0.0.1:port/path ("" on failure).
-std::string HttpGet(int port, const std::string& path);
+// The body of GET http://host:port/path ("" on failure).
+std::string HttpGet(int port, const std::string& path, const std::string& host = "127.0.0.1");
 
 // The value of the first sample line `name{...labels...} value` whose labels
 // contain every `label="value"` fragment in `must_contain` (-1 if none).
@@ -33,25 +33,31 @@ double MetricValue(const std::string& exposition, const std::string& name,
 // attention-server as a child process on free loopback ports.
 class ServerProcess {
  public:
-  // Starts `binary` with --host=127.0.0.1, free --port and --metrics_port, and
-  // `extra_args`; waits (bounded, 30 s) for health SERVING. Check ok().
-  ServerProcess(const std::string& binary, const std::vector<std::string>& extra_args);
+  // Starts `binary` with --host=`host` (a loopback address), --port=`port`
+  // (0: a free one), a free --metrics_port, and `extra_args`; waits (bounded,
+  // 30 s) for health SERVING. Check ok().
+  ServerProcess(const std::string& binary, const std::vector<std::string>& extra_args,
+                const std::string& host = "127.0.0.1", int port = 0);
   // Kills the process if it is still running.
   ~ServerProcess();
 
   bool ok() const { return ready_; }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
-  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+  const std::string& host() const { return host_; }
+  std::string target() const { return host_ + ":" + std::to_string(port_); }
   // Sends SIGTERM and waits; returns the exit code (-1 if it did not exit).
   int Stop();
   // Sends SIGTERM without waiting.
   void Terminate();
+  // Sends SIGKILL and waits.
+  void Kill();
   // Waits for exit; returns the exit code (-1 if killed by a signal).
   int Wait();
 
  private:
   int pid_ = -1;
+  std::string host_;
   int port_ = 0;
   int metrics_port_ = 0;
   bool ready_ = false;

@@ -9,15 +9,18 @@
 namespace attention::client {
 
 std::string ServiceConfig(const std::string& lb_policy) {
-  // Requests refused with UNAVAILABLE (a replica draining or gone) are retried
-  // on another backend: computing attention has no side effects. Client-side
-  // health checking makes round_robin skip replicas that report NOT_SERVING.
+  // Requests refused with UNAVAILABLE (a replica draining or gone) are retried:
+  // computing attention has no side effects. With round_robin a retry goes to
+  // the next replica, and client-side health checking skips replicas that
+  // report NOT_SERVING (draining ones); pick_first retries the same replica.
   std::string config = R"({"methodConfig": [{"name": [{"service": "attention.v1.AttentionService"}],
       "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.02s", "maxBackoff": "0.5s",
                       "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}])";
   if (!lb_policy.empty()) {
-    absl::StrAppend(&config, R"(, "loadBalancingConfig": [{")", lb_policy,
-                    R"(": {}}], "healthCheckConfig": {"serviceName": ""})");
+    absl::StrAppend(&config, R"(, "loadBalancingConfig": [{")", lb_policy, R"(": {}}])");
+  }
+  if (lb_policy == "round_robin") {
+    absl::StrAppend(&config, R"(, "healthCheckConfig": {"serviceName": ""})");
   }
   return config + "}";
 }
@@ -25,8 +28,15 @@ std::string ServiceConfig(const std::string& lb_policy) {
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const std::string& lb_policy) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(256 << 20);
-  args.SetMaxSendMessageSize(256 << 20);
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // gRPC keeps at most this much of a call for retries (256 KiB by default):
+  // a larger request would be committed at once and never retried.
+  args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, kMaxMessageBytes);
+  // When a server ends a connection (its max connection age, a drain), the
+  // channel re-resolves the name to find replicas added meanwhile: allow that
+  // every 2 s rather than gRPC's default 30 s.
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 2000);
   args.SetServiceConfigJSON(ServiceConfig(lb_policy));
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }

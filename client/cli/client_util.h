@@ -18,14 +18,20 @@
 
 namespace attention::client {
 
+// The largest message a client channel sends or receives, and keeps for
+// retries.
+inline constexpr int kMaxMessageBytes = 256 << 20;
+
 // The channel's service config: retries of UNAVAILABLE on Infer and
-// InferStream, and with a `lb_policy`, that policy plus client-side health
-// checking (replicas reporting NOT_SERVING get no new calls).
+// InferStream, and `lb_policy` if not empty. round_robin (the clients'
+// default) also gets client-side health checking: replicas reporting
+// NOT_SERVING get no new calls, and a retry goes to another replica.
 std::string ServiceConfig(const std::string& lb_policy);
 
 // A channel to `target` ("host:port", "dns:///host:port",
 // "ipv4:127.0.0.1:1,127.0.0.1:2", ...). `lb_policy` ("round_robin",
-// "pick_first" or empty for gRPC's default) goes into the service config.
+// "pick_first" or empty for gRPC's default, pick_first) goes into the service
+// config. Requests up to kMaxMessageBytes are retried.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const std::string& lb_policy);
 
 // Sets a deadline `deadline_ms` from now (every call has one).

@@ -157,26 +157,35 @@ absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& o) {
           }
           return;
         }
-        grpc::ClientContext ctx;
-        SetDeadline(&ctx, absl::ToInt64Milliseconds(o.duration) + o.deadline_ms +
-                              (o.requests > 0 ? o.deadline_ms * o.requests : 0));
-        auto stream = stub->InferStream(&ctx);
+        // One stream at a time; a broken stream is one error (its status),
+        // and the worker reopens a stream and keeps its concurrency.
+        const int64_t stream_deadline_ms = absl::ToInt64Milliseconds(o.duration) + o.deadline_ms +
+                                           (o.requests > 0 ? o.deadline_ms * o.requests : 0);
+        std::unique_ptr<grpc::ClientContext> ctx;
+        std::unique_ptr<grpc::ClientReaderWriter<v1::InferRequest, v1::InferResponse>> stream;
         while (take()) {
+          if (stream == nullptr) {
+            ctx = std::make_unique<grpc::ClientContext>();
+            SetDeadline(ctx.get(), stream_deadline_ms);
+            stream = stub->InferStream(ctx.get());
+          }
           const PooledRequest& p = pool[next++ % pool.size()];
           const absl::Time t0 = absl::Now();
           v1::InferResponse response;
+          ++done;
           if (!stream->Write(p.request) || !stream->Read(&response)) {
-            ++st.errors["STREAM_BROKEN"];
-            ++done;
-            break;
+            const grpc::Status status = stream->Finish();
+            ++st.errors[status.ok() ? "STREAM_BROKEN" : CodeName(status.error_code())];
+            stream.reset();
+            continue;
           }
           const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
           response.has_error()
               ? static_cast<void>(
                     ++st.errors[CodeName(static_cast<grpc::StatusCode>(response.error().code()))])
               : Record(p, response, ms, &st);
-          ++done;
         }
+        if (stream == nullptr) return;
         stream->WritesDone();
         const grpc::Status status = stream->Finish();
         if (!status.ok()) ++st.errors[CodeName(status.error_code())];

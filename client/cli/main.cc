@@ -6,8 +6,8 @@
 //   attention-client health [--service NAME]      # exit 0 only when SERVING
 //   attention-client load   --concurrency 1,8,64 --duration 10s --seq_len 16:128
 //
-// Every subcommand takes --server TARGET (any gRPC target; several addresses
-// with --lb_policy round_robin) and --deadline_ms.
+// Every subcommand takes --server TARGET (any gRPC target, one address or
+// several, balanced round_robin by default) and --deadline_ms.
 #include <unistd.h>
 
 #include <cstdio>
@@ -38,7 +38,9 @@
 ABSL_FLAG(std::string, server, "localhost:50051",
           "gRPC target: host:port, dns:///host:port, ipv4:127.0.0.1:1,127.0.0.1:2, ...");
 ABSL_FLAG(int64_t, deadline_ms, 10000, "Deadline of every call, in milliseconds.");
-ABSL_FLAG(std::string, lb_policy, "", "Load-balancing policy: round_robin or pick_first.");
+ABSL_FLAG(std::string, lb_policy, "round_robin",
+          "Load-balancing policy: round_robin (with client-side health checking, so retries "
+          "and new calls skip draining replicas) or pick_first.");
 ABSL_FLAG(std::string, model, "", "Model name; empty: the server's default model.");
 // infer
 ABSL_FLAG(std::string, query, "", "infer: query .npy file (N, L, E) or (L, E).");
@@ -108,8 +110,10 @@ int Infer() {
       const absl::Status s = LoadInto(path, field);
       if (!s.ok()) return Fail(std::string(s.message()));
     }
-    if (request.key().data().empty()) request.clear_key();
-    if (request.value().data().empty()) request.clear_value();
+    // A field is absent only when its flag was not given: an empty tensor
+    // that was given goes to the server, which judges its shape.
+    if (absl::GetFlag(FLAGS_key).empty()) request.clear_key();
+    if (absl::GetFlag(FLAGS_value).empty()) request.clear_value();
   } else {
     auto model =
         FetchModel(stub.get(), absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_deadline_ms));
@@ -133,8 +137,8 @@ int Infer() {
     const absl::Status st = LoadInto(path, field);
     if (!st.ok()) return Fail(std::string(st.message()));
   }
-  if (request.key_padding_mask().data().empty()) request.clear_key_padding_mask();
-  if (request.attn_mask().data().empty()) request.clear_attn_mask();
+  if (absl::GetFlag(FLAGS_key_padding_mask).empty()) request.clear_key_padding_mask();
+  if (absl::GetFlag(FLAGS_attn_mask).empty()) request.clear_attn_mask();
   request.set_is_causal(absl::GetFlag(FLAGS_is_causal));
   request.set_need_weights(absl::GetFlag(FLAGS_need_weights) ||
                            !absl::GetFlag(FLAGS_weights_output).empty());
@@ -213,8 +217,10 @@ int Models() {
 }
 
 int Health() {
-  auto stub = grpc::health::v1::Health::NewStub(
-      MakeChannel(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_lb_policy)));
+  // pick_first: client-side health checking would turn a NOT_SERVING answer
+  // into a failed call.
+  auto stub =
+      grpc::health::v1::Health::NewStub(MakeChannel(absl::GetFlag(FLAGS_server), "pick_first"));
   grpc::ClientContext ctx;
   SetDeadline(&ctx, absl::GetFlag(FLAGS_deadline_ms));
   grpc::health::v1::HealthCheckRequest request;

@@ -4,13 +4,64 @@
 // with a random float32 query (1, 8, E) and prints the output's shape, the server's timing
 // fields and the first values.
 //
-//   node client/node/example.js [TARGET]      # default localhost:50051
+//   node client/node/example.js [TARGET [LB_POLICY]]   # localhost:50051 round_robin
+//
+// The channel is set up like attention-client's (client/cli/client_util.cc): UNAVAILABLE
+// (a replica draining or gone) is retried, up to 4 attempts, for requests up to
+// MAX_MESSAGE_BYTES, and round_robin spreads calls, and each retry, over every address
+// of the target. test.js requires this file for makeClient() and its settings.
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 
 const PROTO = path.join(__dirname, '..', '..', 'proto', 'attention', 'v1', 'attention.proto');
 const DEADLINE_MS = 10000;
+const MAX_MESSAGE_BYTES = 256 << 20;  // The largest message sent or received.
+const RETRY_POLICY = {
+  maxAttempts: 4, initialBackoff: '0.02s', maxBackoff: '0.5s', backoffMultiplier: 2,
+  retryableStatusCodes: ['UNAVAILABLE'],
+};
+
+// The service config: retries of UNAVAILABLE (computing attention has no side effects) and
+// `lbPolicy` ('' for gRPC's default, pick_first, which retries on the same replica).
+// round_robin gets client-side health checking (healthCheckConfig) as in the C++ client;
+// note that @grpc/grpc-js (1.14) ignores healthCheckConfig, so there a draining replica is
+// still picked, and its UNAVAILABLE answer retried on the next replica.
+function serviceConfig(lbPolicy = 'round_robin') {
+  const config = {
+    methodConfig: [{name: [{service: 'attention.v1.AttentionService'}],
+      retryPolicy: RETRY_POLICY}],
+  };
+  if (lbPolicy) config.loadBalancingConfig = [{[lbPolicy]: {}}];
+  if (lbPolicy === 'round_robin') config.healthCheckConfig = {serviceName: ''};
+  return config;
+}
+
+function channelOptions(lbPolicy = 'round_robin') {
+  return {
+    'grpc.service_config': JSON.stringify(serviceConfig(lbPolicy)),
+    'grpc.max_send_message_length': MAX_MESSAGE_BYTES,
+    'grpc.max_receive_message_length': MAX_MESSAGE_BYTES,
+    // grpc-js keeps at most this much of a call (1 MiB by default), and of all calls of
+    // the channel (16 MiB), for retries: a larger request is committed at once and never
+    // retried.
+    'grpc.per_rpc_retry_buffer_size': MAX_MESSAGE_BYTES,
+    'grpc.retry_buffer_size': MAX_MESSAGE_BYTES,
+  };
+}
+
+function loadAttention() {
+  const definition = protoLoader.loadSync(PROTO, {
+    keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true,
+  });
+  return grpc.loadPackageDefinition(definition).attention;
+}
+
+function makeClient(target, lbPolicy = 'round_robin') {
+  const attention = loadAttention();
+  return new attention.v1.AttentionService(target, grpc.credentials.createInsecure(),
+                                           channelOptions(lbPolicy));
+}
 
 function deadline() {
   return new Date(Date.now() + DEADLINE_MS);
@@ -26,11 +77,7 @@ function call(client, method, request) {
 
 async function main() {
   const target = process.argv[2] || 'localhost:50051';
-  const definition = protoLoader.loadSync(PROTO, {
-    keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true,
-  });
-  const {attention} = grpc.loadPackageDefinition(definition);
-  const client = new attention.v1.AttentionService(target, grpc.credentials.createInsecure());
+  const client = makeClient(target, process.argv[3] ?? 'round_robin');
   try {
     const model = await call(client, 'GetModel', {name: ''});
     const e = Number(model.embed_dim);
@@ -62,8 +109,14 @@ async function main() {
   }
 }
 
-main().catch((err) => {
-  console.error(`attention example failed: ${err.code !== undefined ? `code ${err.code}: ` : ''}` +
-                `${err.details || err.message}`);
-  process.exit(1);
-});
+module.exports = {
+  MAX_MESSAGE_BYTES, RETRY_POLICY, serviceConfig, channelOptions, loadAttention, makeClient, call,
+};
+
+if (require.main === module) {
+  main().catch((err) => {
+    const code = err.code !== undefined ? `code ${err.code}: ` : '';
+    console.error(`attention example failed: ${code}${err.details || err.message}`);
+    process.exit(1);
+  });
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
-// Runs example.js against a live attention-server on a free loopback port and checks its
-// output. Run by CTest as node_client_test (ATTENTION_SERVER_BINARY set there). Without
+// Checks example.js's channel against in-process fake replicas (grpc-js servers), then runs
+// example.js against a live attention-server on a free loopback port and checks its output.
+// Run by CTest as node_client_test (ATTENTION_SERVER_BINARY set there). Without
 // node_modules it skips with a message, except under CI (CI set), where that is a failure.
 const assert = require('assert');
 const fs = require('fs');
@@ -30,6 +31,94 @@ function run(args) {
   });
 }
 
+// A grpc-js server standing in for one replica: Infer counts its calls (attempts) and the
+// bytes of each query, and answers OK or fails with `inferCode` (UNAVAILABLE: a draining
+// replica).
+async function fakeBackend(grpc, attention, inferCode) {
+  const backend = {calls: 0, queryBytes: []};
+  backend.server = new grpc.Server({'grpc.max_receive_message_length': 16 << 20});
+  backend.server.addService(attention.v1.AttentionService.service, {
+    Infer: (call, callback) => {
+      backend.calls += 1;
+      backend.queryBytes.push(call.request.query.data.length);
+      if (inferCode === undefined) callback(null, {request_id: call.request.request_id});
+      else callback({code: inferCode, details: 'server is shutting down'});
+    },
+  });
+  const port = await new Promise((resolve, reject) => {
+    backend.server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(),
+                             (err, p) => (err ? reject(err) : resolve(p)));
+  });
+  backend.address = `127.0.0.1:${port}`;
+  return backend;
+}
+
+function inferRequest(seqLen) {
+  const data = Buffer.alloc(seqLen * 256 * 4);  // float32 zeros (1, seqLen, 256).
+  return {query: {dtype: 'DATA_TYPE_FLOAT32', shape: [1, seqLen, 256], data}};
+}
+
+async function channelTests() {
+  const grpc = require('@grpc/grpc-js');
+  const example = require('./example.js');
+  const attention = example.loadAttention();
+  const backends = [];
+  const clients = [];
+  try {
+    // The settings: attention-client's retry policy, round_robin with health checking, and
+    // retry buffers as large as the largest message.
+    const config = example.serviceConfig();
+    assert.deepStrictEqual(config.loadBalancingConfig, [{round_robin: {}}]);
+    assert.deepStrictEqual(config.healthCheckConfig, {serviceName: ''});
+    assert.deepStrictEqual(config.methodConfig[0].retryPolicy, {
+      maxAttempts: 4, initialBackoff: '0.02s', maxBackoff: '0.5s', backoffMultiplier: 2,
+      retryableStatusCodes: ['UNAVAILABLE'],
+    });
+    assert.deepStrictEqual(example.serviceConfig('pick_first').loadBalancingConfig,
+                           [{pick_first: {}}]);
+    const options = example.channelOptions();
+    assert.deepStrictEqual(JSON.parse(options['grpc.service_config']), config);
+    for (const name of ['grpc.per_rpc_retry_buffer_size', 'grpc.retry_buffer_size']) {
+      assert.ok(options[name] >= options['grpc.max_send_message_length'], name);
+    }
+    console.log('ok: channel settings');
+
+    // Requests over grpc-js's per-call retry buffer (1 MiB by default) were committed at
+    // once: 1 attempt instead of maxAttempts (4).
+    const failing = await fakeBackend(grpc, attention, grpc.status.UNAVAILABLE);
+    backends.push(failing);
+    const client = example.makeClient(failing.address);
+    clients.push(client);
+    for (const seqLen of [16, 512, 2048]) {  // 16 KiB, 512 KiB and 2 MiB queries.
+      failing.calls = 0;
+      await assert.rejects(example.call(client, 'Infer', inferRequest(seqLen)),
+                           (err) => err.code === grpc.status.UNAVAILABLE);
+      assert.strictEqual(failing.calls, 4, `attempts of a ${seqLen * 1024} byte query`);
+      assert.strictEqual(failing.queryBytes.at(-1), seqLen * 1024);
+    }
+    console.log('ok: large requests are retried');
+
+    // The first address drains (its Infer answers UNAVAILABLE): pick_first sent every
+    // attempt to it; round_robin retries on the next replica, so every call succeeds.
+    const draining = await fakeBackend(grpc, attention, grpc.status.UNAVAILABLE);
+    const serving = await fakeBackend(grpc, attention);
+    backends.push(draining, serving);
+    const balanced = example.makeClient(`ipv4:${draining.address},${serving.address}`);
+    clients.push(balanced);
+    for (let i = 0; i < 8; ++i) {
+      const request = {request_id: `r${i}`, ...inferRequest(2)};
+      const response = await example.call(balanced, 'Infer', request);
+      assert.strictEqual(response.request_id, `r${i}`);
+    }
+    assert.strictEqual(serving.calls, 8);
+    console.log(`ok: a draining replica is retried around (it got ${draining.calls} attempts)`);
+  } finally {
+    for (const client of clients) client.close();
+    for (const backend of backends) backend.server.forceShutdown();
+  }
+  return 3;
+}
+
 async function main() {
   if (!fs.existsSync(path.join(__dirname, 'node_modules', '@grpc', 'grpc-js'))) {
     const message = 'client/node/node_modules is missing (scripts/install_deps.sh runs npm ci)';
@@ -37,6 +126,7 @@ async function main() {
     console.log(`SKIP: ${message}`);
     return;
   }
+  const passed = await channelTests();
   const port = await freePort();
   const server = spawn(SERVER, ['--host=127.0.0.1', `--port=${port}`, '--metrics_port=0'],
                        {stdio: ['ignore', 'ignore', 'inherit']});
@@ -60,7 +150,7 @@ async function main() {
     server.kill('SIGTERM');
   }
   assert.strictEqual(await exited, 0, 'attention-server exits 0 on SIGTERM');
-  console.log('1 passed, 0 failed');
+  console.log(`${passed + 1} passed, 0 failed`);
 }
 
 main().catch((err) => {

@@ -5,7 +5,8 @@
 
 Every manifest parses; the Deployment has gRPC readiness/liveness probes on a numeric port,
 resource requests and limits, a non-root read-only security context, and a termination grace
-period above the server's drain timeout; the Service is headless and selects the pods; the HPA
+period above the server's drain timeout; what the server's flags admit fits the memory limit; the
+Service is headless and selects the pods; the HPA
 targets the Deployment; the image's exposed ports match the Dockerfile.
 """
 import argparse
@@ -15,6 +16,16 @@ import re
 import sys
 
 import yaml
+
+
+def memory_bytes(quantity):
+    """A Kubernetes memory quantity ("3Gi", "512Mi", "2G", "1000") in bytes."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+             "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    m = re.fullmatch(r"(\d+)([KMGT]i?)?", str(quantity))
+    if not m:
+        return 0
+    return int(m.group(1)) * units.get(m.group(2) or "", 1)
 
 
 def main():
@@ -50,11 +61,26 @@ def main():
     check(sc.get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem must be true")
     check(sc.get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation must be false")
     check(pod.get("securityContext", {}).get("runAsNonRoot") is True, "runAsNonRoot must be true")
-    drain = 30
+    flags = {}
     for arg in container.get("args", []):
-        m = re.match(r"--drain_timeout_s=(\d+)", arg)
+        m = re.match(r"--(\w+)=(.*)", arg)
         if m:
-            drain = int(m.group(1))
+            flags[m.group(1)] = m.group(2)
+    drain = int(flags.get("drain_timeout_s", 30))
+    # What the server may admit must fit the memory limit with a 20% margin:
+    # queued requests (max_queue_size x max_message_bytes) three times over
+    # (the messages, a batch's padded float32 copies, the encoded responses),
+    # one batch weights buffer (512 MiB), and the process (model, runtime).
+    queue = int(flags.get("max_queue_size", 1024))
+    message = int(flags.get("max_message_bytes", 64 << 20))
+    admitted = 3 * queue * message + (512 << 20) + (128 << 20)
+    limit = memory_bytes(res.get("limits", {}).get("memory", "0"))
+    check(admitted <= 0.8 * limit,
+          f"the server admits ~{admitted >> 20} MiB (max_queue_size {queue} x max_message_bytes "
+          f"{message} x 3 + 640 MiB), over 80% of the memory limit {limit >> 20} MiB: "
+          "set --max_queue_size and --max_message_bytes")
+    check(flags.get("max_connection_age_s", "60") not in ("0", "0.0"),
+          "--max_connection_age_s must stay on: clients re-resolve the headless Service with it")
     check(pod.get("terminationGracePeriodSeconds", 30) > drain + 1,
           f"terminationGracePeriodSeconds must exceed the drain timeout {drain} s")
     annotations = dep["spec"]["template"]["metadata"].get("annotations", {})

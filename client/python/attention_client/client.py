@@ -35,7 +35,8 @@ _OUTPUT_DTYPES = {None: attention_pb2.DATA_TYPE_UNSPECIFIED,
                   "bfloat16": attention_pb2.DATA_TYPE_BFLOAT16}
 
 
-_SERVING = 1  # grpc.health.v1.HealthCheckResponse.SERVING
+# grpc.health.v1.HealthCheckResponse.ServingStatus.
+_HEALTH_STATUS_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
 
 def _health_request(service):
@@ -74,10 +75,13 @@ def bfloat16_to_float32(words):
 
 
 def float32_to_bfloat16(values):
-    """float32 to raw bfloat16 words, rounding to nearest even."""
+    """float32 to raw bfloat16 words, rounding to nearest even; NaN stays a (quiet) NaN."""
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-    return (rounded >> 16).astype(np.uint16)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    # Rounding would carry a NaN whose payload is all in the low 16 bits (e.g. 0x7f800001)
+    # into the exponent (+Inf); keep its sign and top payload and set the quiet bit.
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (bits >> 16) | 0x0040, rounded).astype(np.uint16)
 
 
 def _encode(array, tensor, bfloat16=False):
@@ -86,6 +90,8 @@ def _encode(array, tensor, bfloat16=False):
         data = float32_to_bfloat16(array)
     else:
         array = np.asarray(array)
+        if not array.dtype.isnative:  # E.g. '>f4': same values in native order ('=f4').
+            array = array.astype(array.dtype.newbyteorder("="))
         if array.dtype == np.float64:
             array = array.astype(np.float32)
         if array.dtype not in _TO_PROTO:
@@ -105,36 +111,73 @@ def _decode(tensor):
     return array.copy()
 
 
+MAX_MESSAGE_BYTES = 256 << 20  # The largest message the client sends or receives.
+
+_RETRY_POLICY = {"maxAttempts": 4, "initialBackoff": "0.02s", "maxBackoff": "0.5s",
+                 "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
+
+
+def service_config(load_balancing="round_robin"):
+    """The service config of the client's channel for attention.v1 calls.
+
+    UNAVAILABLE (a replica draining or gone) is retried: computing attention has no side
+    effects. load_balancing names the policy (None or "": gRPC's default, pick_first). With
+    round_robin (the default) the channel also health-checks every backend (grpc.health.v1),
+    so replicas reporting NOT_SERVING get no calls and a retry goes to the next healthy
+    replica; with pick_first every attempt goes to the same one.
+    """
+    config = {"methodConfig": [{"name": [{"service": "attention.v1.AttentionService"}],
+                                "retryPolicy": dict(_RETRY_POLICY)}]}
+    if load_balancing:
+        config["loadBalancingConfig"] = [{load_balancing: {}}]
+    if load_balancing == "round_robin":
+        config["healthCheckConfig"] = {"serviceName": ""}
+    return config
+
+
+def _channel_options(config):
+    return [("grpc.service_config", json.dumps(config)),
+            ("grpc.enable_retries", 1),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # gRPC keeps at most this much of a call for retries (256 KiB by default): a
+            # larger request would be committed at once and never retried. (The second,
+            # channel-wide limit is grpc-js's; gRPC C-core, under grpcio, ignores it.)
+            ("grpc.per_rpc_retry_buffer_size", MAX_MESSAGE_BYTES),
+            ("grpc.retry_buffer_size", MAX_MESSAGE_BYTES)]
+
+
 class AttentionClient:
     """A client of attention.v1.AttentionService.
 
     target: any gRPC target: "host:port", "dns:///svc:50051", "ipv4:127.0.0.1:1,127.0.0.1:2".
-    load_balancing: e.g. "round_robin" to spread calls over every address of the target.
+    load_balancing: "round_robin" (default: calls spread over every address of the target,
+    replicas reporting NOT_SERVING skipped), "pick_first", or None for gRPC's default.
     timeout: deadline of every call, in seconds.
-    Calls that the server refuses with UNAVAILABLE (a replica draining or gone) are retried.
+    Calls that the server refuses with UNAVAILABLE (a replica draining or gone) are retried
+    (up to 4 attempts, requests up to MAX_MESSAGE_BYTES); with round_robin a retry goes to
+    the next healthy replica, with pick_first to the same one.
     """
 
-    def __init__(self, target, timeout=30.0, load_balancing=None):
+    def __init__(self, target, timeout=30.0, load_balancing="round_robin"):
         self.timeout = timeout
-        config = {"methodConfig": [{
-            "name": [{"service": "attention.v1.AttentionService"}],
-            "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.02s", "maxBackoff": "0.5s",
-                            "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}
-        if load_balancing:
-            config["loadBalancingConfig"] = [{load_balancing: {}}]
-            config["healthCheckConfig"] = {"serviceName": ""}
-        options = [("grpc.service_config", json.dumps(config)),
-                   ("grpc.enable_retries", 1),
-                   ("grpc.max_receive_message_length", 256 << 20),
-                   ("grpc.max_send_message_length", 256 << 20)]
-        self._channel = grpc.insecure_channel(target, options=options)
+        self.service_config = service_config(load_balancing)
+        # health() has its own channel that asks the first reachable address, without
+        # client-side health checking: with it, a NOT_SERVING backend would fail the Check
+        # call UNAVAILABLE instead of answering NOT_SERVING.
+        self.health_service_config = {"loadBalancingConfig": [{"pick_first": {}}]}
+        self._channel = grpc.insecure_channel(target,
+                                              options=_channel_options(self.service_config))
         self._stub = attention_pb2_grpc.AttentionServiceStub(self._channel)
-        self._health_check = self._channel.unary_unary(
+        self._health_channel = grpc.insecure_channel(
+            target, options=_channel_options(self.health_service_config))
+        self._health_check = self._health_channel.unary_unary(
             "/grpc.health.v1.Health/Check", request_serializer=_health_request,
             response_deserializer=_health_status)
 
     def close(self):
         self._channel.close()
+        self._health_channel.close()
 
     def __enter__(self):
         return self
@@ -199,9 +242,19 @@ class AttentionClient:
             })
         return out
 
+    def health_status(self, service=""):
+        """grpc.health.v1 Check: "SERVING", "NOT_SERVING" (e.g. loading or draining),
+        "SERVICE_UNKNOWN" or "UNKNOWN". Raises AttentionError if the call fails (unreachable:
+        UNAVAILABLE; unknown service: NOT_FOUND)."""
+        try:
+            status = self._health_check(service, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise AttentionError(e.code(), e.details()) from None
+        return _HEALTH_STATUS_NAMES.get(status, "UNKNOWN")
+
     def health(self, service=""):
         """True only when grpc.health.v1 reports SERVING (False if unreachable)."""
         try:
-            return self._health_check(service, timeout=self.timeout) == _SERVING
-        except grpc.RpcError:
+            return self.health_status(service) == "SERVING"
+        except AttentionError:
             return False

@@ -1,4 +1,5 @@
-"""Tests of the Python client against a live attention-server (the demo model).
+"""Tests of the Python client against a live attention-server (the demo model), of its
+encoding, and of its channel (retries, balancing, health) against fake grpcio replicas.
 
 Run by CTest as python_client_test (ATTENTION_SERVER_BINARY, ATTENTION_PY_GEN and PYTHONPATH
 set there); by hand: PYTHONPATH=client/python /usr/bin/python3 -m unittest discover -s
@@ -9,8 +10,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import unittest
+from concurrent import futures
 
 REPO = os.environ.get("ATTENTION_REPO",
                       os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
@@ -21,6 +24,7 @@ try:
     import grpc  # noqa: F401
     import numpy as np
     from attention_client import AttentionClient, AttentionError
+    from attention_client import client as client_module
     MISSING = None
 except ImportError as e:  # Reported as a skip with the reason.
     MISSING = str(e)
@@ -67,6 +71,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(models[0]["compute_dtype"], "DATA_TYPE_FLOAT32")
         self.assertTrue(self.client.health())
         self.assertTrue(self.client.health("attention.v1.AttentionService"))
+        self.assertEqual(self.client.health_status(), "SERVING")
         self.assertFalse(AttentionClient(f"127.0.0.1:{free_port()}", timeout=1).health())
 
     def test_infer_shapes_and_determinism(self):
@@ -106,6 +111,14 @@ class ClientTest(unittest.TestCase):
         q = self.query(1, 4, 256)
         half = self.client.infer(q.astype(np.float16))
         self.assertEqual(half.output.dtype, np.float16)
+        # Big-endian arrays are sent as the same values (once raised TypeError).
+        np.testing.assert_array_equal(self.client.infer(q.astype(">f4")).output,
+                                      self.client.infer(q.astype("<f4")).output)
+        np.testing.assert_array_equal(self.client.infer(q.astype(">f2")).output, half.output)
+        np.testing.assert_array_equal(
+            self.client.infer(q.astype("<f4"), key_padding_mask=np.zeros((1, 4), bool),
+                              attn_mask=np.zeros((4, 4), ">f4")).output,
+            self.client.infer(q).output)
         as_bf16 = self.client.infer(q, output_dtype="bfloat16")
         full = self.client.infer(q)
         np.testing.assert_allclose(as_bf16.output, full.output, atol=1e-2)
@@ -134,6 +147,166 @@ class ClientTest(unittest.TestCase):
                                 capture_output=True, text=True, timeout=240)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertIn("OK: attention-server matches torch.nn.MultiheadAttention", result.stdout)
+
+
+HEALTH = "/grpc.health.v1.Health/"
+INFER = "/attention.v1.AttentionService/Infer"
+SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # HealthCheckResponse{status}.
+
+
+class FakeBackend:
+    """A grpcio server standing in for one replica: grpc.health.v1 Check and Watch report
+    `health`; Infer counts its calls (attempts) and answers OK (an empty InferResponse) or
+    fails with `infer_code` (e.g. UNAVAILABLE, as a draining replica does)."""
+
+    def __init__(self, health=SERVING, infer_code=None):
+        self.health, self.infer_code = health, infer_code
+        self.infer_calls = 0
+        self.request_bytes = []
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
+                                   options=[("grpc.max_receive_message_length", 16 << 20)])
+        self._server.add_generic_rpc_handlers([self])
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{self.port}"
+        self._server.start()
+
+    def service(self, details):  # grpc.GenericRpcHandler
+        if details.method == HEALTH + "Check":
+            return grpc.unary_unary_rpc_method_handler(lambda request, context: self.health)
+        if details.method == HEALTH + "Watch":
+            return grpc.unary_stream_rpc_method_handler(self._watch)
+        if details.method == INFER:
+            return grpc.unary_unary_rpc_method_handler(self._infer)
+        return None
+
+    def _watch(self, request, context):
+        yield self.health
+        while context.is_active() and not self._stopped.wait(0.05):
+            pass
+
+    def _infer(self, request, context):
+        with self._lock:
+            self.infer_calls += 1
+            self.request_bytes.append(len(request))
+        if self.infer_code is not None:
+            context.abort(self.infer_code, "server is shutting down")
+        return b""
+
+    def stop(self):
+        self._stopped.set()
+        self._server.stop(grace=None)
+
+
+@unittest.skipIf(MISSING, f"Python client dependencies missing: {MISSING}")
+class EncodingTest(unittest.TestCase):
+    def test_bfloat16_keeps_nan(self):
+        # A signalling NaN whose payload is all in the bits that rounding drops once became
+        # +Inf; a quiet NaN, the infinities and 1.0 must round-trip too.
+        bits = np.array([0x7F800001, 0x7FC00000, 0x7F800000, 0xFF800000, 0x3F800000,
+                         0xFF800001, 0x7FFFFFFF], dtype=np.uint32)
+        words = client_module.float32_to_bfloat16(bits.view(np.float32))
+        self.assertEqual(words[:2].tolist(), [0x7FC0, 0x7FC0])
+        self.assertEqual(words[5:].tolist(), [0xFFC0, 0x7FFF])
+        back = client_module.bfloat16_to_float32(words)
+        self.assertTrue(np.isnan(back[[0, 1, 5, 6]]).all(), back)
+        self.assertEqual(back[2:5].tolist(), [np.inf, -np.inf, 1.0])
+        # Rounding to nearest even is unchanged: 1 + 2^-8 (a tie) rounds down to 1.0,
+        # 1 + 3 * 2^-8 up to 1 + 2^-6; the largest finite float32 rounds to +Inf.
+        self.assertEqual(client_module.float32_to_bfloat16(
+            np.array([1 + 2**-8, 1 + 3 * 2**-8, -2.5], np.float32)).tolist(),
+            [0x3F80, 0x3F82, 0xC020])
+        self.assertEqual(client_module.float32_to_bfloat16(
+            np.array([0x7F7FFFFF], np.uint32).view(np.float32)).tolist(), [0x7F80])
+        # And through a request: the bfloat16 tensor carries the quiet NaN.
+        request = client_module.attention_pb2.InferRequest()
+        client_module._encode(bits.view(np.float32)[:5], request.query, bfloat16=True)
+        decoded = client_module._decode(request.query)
+        self.assertTrue(np.isnan(decoded[:2]).all())
+        self.assertEqual(decoded[2:].tolist(), [np.inf, -np.inf, 1.0])
+
+    def test_big_endian_arrays(self):
+        q = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7
+        for big, little in ((">f4", "<f4"), (">f2", "<f2"), (">f8", "<f4")):
+            a, b = (client_module.attention_pb2.InferRequest() for _ in range(2))
+            client_module._encode(q.astype(big), a.query)
+            client_module._encode(q.astype(little), b.query)
+            self.assertEqual(a.query, b.query, big)
+            self.assertEqual(list(a.query.shape), [2, 3, 4])
+            np.testing.assert_array_equal(client_module._decode(a.query), q.astype(little))
+
+
+@unittest.skipIf(MISSING, f"Python client dependencies missing: {MISSING}")
+class ChannelTest(unittest.TestCase):
+    """The client's channel against fake replicas (no attention-server)."""
+
+    def backend(self, **kwargs):
+        backend = FakeBackend(**kwargs)
+        self.addCleanup(backend.stop)
+        return backend
+
+    def client(self, target, **kwargs):
+        client = AttentionClient(target, timeout=10, **kwargs)
+        self.addCleanup(client.close)
+        return client
+
+    def test_default_config_round_robin_with_health_checks(self):
+        config = self.client("127.0.0.1:1").service_config
+        self.assertEqual(config["loadBalancingConfig"], [{"round_robin": {}}])
+        self.assertEqual(config["healthCheckConfig"], {"serviceName": ""})
+        self.assertEqual(config["methodConfig"][0]["retryPolicy"]["maxAttempts"], 4)
+        self.assertEqual(config["methodConfig"][0]["retryPolicy"]["retryableStatusCodes"],
+                         ["UNAVAILABLE"])
+        chosen = self.client("127.0.0.1:1", load_balancing="pick_first").service_config
+        self.assertEqual(chosen["loadBalancingConfig"], [{"pick_first": {}}])
+        self.assertNotIn("healthCheckConfig", chosen)
+        self.assertNotIn("loadBalancingConfig",
+                         self.client("127.0.0.1:1", load_balancing=None).service_config)
+        # health() must not health-check its backend, or NOT_SERVING turns into UNAVAILABLE.
+        self.assertNotIn("healthCheckConfig", self.client("127.0.0.1:1").health_service_config)
+
+    def test_large_requests_are_retried(self):
+        # gRPC's default per-call retry buffer (256 KiB) once committed larger requests at
+        # once: a 512 KiB request got 1 attempt, a 16 KiB one 4 (maxAttempts).
+        backend = self.backend(infer_code=grpc.StatusCode.UNAVAILABLE)
+        client = self.client(backend.address)
+        for seq_len, min_bytes in ((16, 16 << 10), (512, 512 << 10)):
+            backend.infer_calls = 0
+            with self.assertRaises(AttentionError) as ctx:
+                client.infer(np.ones((1, seq_len, 256), np.float32))
+            self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
+            self.assertEqual(backend.infer_calls, 4, f"{seq_len} tokens")
+            self.assertGreaterEqual(backend.request_bytes[-1], min_bytes)
+
+    def test_draining_replica_is_skipped(self):
+        # The first address drains (NOT_SERVING, Infer answers UNAVAILABLE): with pick_first
+        # every attempt went to it and the call failed; round_robin with health checks sends
+        # every call to the serving replica.
+        draining = self.backend(health=NOT_SERVING, infer_code=grpc.StatusCode.UNAVAILABLE)
+        serving = self.backend()
+        client = self.client(f"ipv4:{draining.address},{serving.address}")
+        for _ in range(8):
+            self.assertIsNone(client.infer(np.ones((1, 2, 8), np.float32)).output)
+        self.assertEqual(serving.infer_calls, 8)
+        self.assertEqual(draining.infer_calls, 0)
+
+    def test_health_reports_not_serving(self):
+        draining = self.backend(health=NOT_SERVING, infer_code=grpc.StatusCode.UNAVAILABLE)
+        client = self.client(draining.address)
+        self.assertEqual(client.health_status(), "NOT_SERVING")
+        self.assertFalse(client.health())
+        # The calls' channel health-checks the replica itself: it sends it nothing.
+        with self.assertRaises(AttentionError) as ctx:
+            client.infer(np.ones((1, 2, 8), np.float32))
+        self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertEqual(draining.infer_calls, 0)
+        serving = self.backend()
+        self.assertEqual(self.client(serving.address).health_status(), "SERVING")
+        self.assertTrue(self.client(serving.address).health())
+        with self.assertRaises(AttentionError) as ctx:
+            self.client(f"127.0.0.1:{free_port()}").health_status()
+        self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
 
 
 if __name__ == "__main__":
