@@ -4,8 +4,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/fused_attention.h"
 #include "core/status_macros.h"
 #include "core/tensor.h"
+#include "core/workspace.h"
 
 namespace attention {
 namespace {
@@ -188,13 +190,16 @@ absl::Status RunChunk(const AttentionProblem& p, int64_t item0, int64_t block,
   const bool bf16 = p.q.dtype == DType::kBFloat16;
   const int64_t mask_heads = plan.mask_heads();
 
-  AlignedBuffer scores(static_cast<size_t>(n * heads * block * keys) * sizeof(float));
+  Workspace scores(Workspace::kScores,
+                   static_cast<size_t>(n * heads * block * keys) * sizeof(float));
   // bfloat16 probabilities for the PV product (float32 ones stay in place).
   // Softmax itself always writes float32: measured faster here than its
   // bfloat16 output, and float32 weights need it anyway.
-  AlignedBuffer probs16(bf16 ? static_cast<size_t>(n * heads * block * keys) * 2 : 0);
+  Workspace probs16(Workspace::kProbabilities16,
+                    bf16 ? static_cast<size_t>(n * heads * block * keys) * 2 : 0);
   const bool row_mask = plan.mode() == MaskMode::kShared || plan.mode() == MaskMode::kPerHead;
-  AlignedBuffer mask(row_mask ? static_cast<size_t>(n * mask_heads * block * keys) * 4 : 0);
+  Workspace mask(Workspace::kScoreMask,
+                 row_mask ? static_cast<size_t>(n * mask_heads * block * keys) * 4 : 0);
   std::vector<uint8_t> fully_masked(row_mask ? n * mask_heads * block : 0);
   // This chunk's part of the weights output.
   float* weights = p.weights == nullptr ? nullptr
@@ -260,6 +265,9 @@ absl::Status RunChunk(const AttentionProblem& p, int64_t item0, int64_t block,
 
 absl::Status RunAttention(const AttentionProblem& p, const KernelOptions& options,
                           PrimitiveCache& cache) {
+  if (p.weights == nullptr && options.allow_fused && FusedAttentionAvailable()) {
+    return RunFusedAttention(p);
+  }
   const int64_t n = p.q.n, heads = p.q.h, queries = p.q.t, keys = p.k.t;
   // One query row of one item, every head: the smallest block of scores.
   const int64_t item_row_bytes = heads * keys * static_cast<int64_t>(sizeof(float));

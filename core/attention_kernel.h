@@ -61,6 +61,9 @@ struct KernelOptions {
   // 32 MiB measured fastest on the goal shapes here (fewer, larger primitive
   // calls) while still bounding memory for long sequences.
   int64_t score_block_bytes = 32 << 20;
+  // Calls without attention weights run the fused kernel (fused_attention.h)
+  // where the CPU has it; false forces the oneDNN-primitive path.
+  bool allow_fused = true;
 };
 
 // Computes softmax(scale * Q K^T + mask) V into problem.out. Internal if

@@ -51,6 +51,10 @@ class MaskPlan {
   MaskPlan(const std::vector<ItemMask>& items, int64_t keys, int64_t extra_keys, int64_t num_heads);
 
   MaskMode mode() const { return mode_; }
+  // Batch item `n`'s own masks and lengths.
+  const ItemMask& item(int64_t n) const { return items_[n]; }
+  // S, the padded key length before the appended keys.
+  int64_t keys() const { return keys_; }
   // Heads dimension of the mask: H for kPerHead, else 1.
   int64_t mask_heads() const { return mode_ == MaskMode::kPerHead ? num_heads_ : 1; }
   int64_t total_keys() const { return total_keys_; }

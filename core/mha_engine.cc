@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/input_validation.h"
 #include "core/status_macros.h"
+#include "core/workspace.h"
 
 namespace attention {
 namespace {
@@ -24,6 +25,17 @@ void TransposeInto(const Tensor& w, float scale, DType dtype, void* dst, int64_t
     ConvertFloats(DType::kFloat32, row.data(), dtype,
                   static_cast<char*>(dst) + i * ld * DTypeSize(dtype), row.size());
   }
+}
+
+// The bytes of `t` in `dtype`: t.data itself, or a converted copy in the
+// calling thread's workspace `slot` (held by *holder).
+const void* InDType(const TensorView& t, DType dtype, Workspace::Slot slot,
+                    std::unique_ptr<Workspace>* holder) {
+  if (t.dtype == dtype) return t.data;
+  const size_t count = static_cast<size_t>(t.num_elements());
+  *holder = std::make_unique<Workspace>(slot, count * DTypeSize(dtype));
+  ConvertFloats(t.dtype, t.data, dtype, (*holder)->data(), count);
+  return (*holder)->data();
 }
 
 bool SameTensor(const TensorView& a, const TensorView& b) {
@@ -180,33 +192,35 @@ absl::Status MhaEngine::RunForward(const TensorView& query, const std::optional<
   const int64_t total_keys = keys + s.extra_keys();
   const size_t esize = DTypeSize(compute_);
 
-  Tensor q_conv, k_conv, v_conv;
-  const void* q_in = DataAs(query, compute_, &q_conv);
+  // Every intermediate lives in the calling thread's reused workspaces.
+  std::unique_ptr<Workspace> q_conv, k_conv, v_conv, q_buf, kv_buf;
+  const void* q_in = InDType(query, compute_, Workspace::kQueryInput, &q_conv);
   const bool self_attention = SameTensor(key_view, query) && SameTensor(value_view, query);
 
-  AlignedBuffer q_buf, kv_buf;
   int64_t token_stride = e;  // Between tokens of the projected q, k and v.
   const void* q_data;
   const void* k_data;
   const void* v_data;
   if (self_attention && s.packed_in_proj() && s.extra_keys() == 0) {
-    q_buf = AlignedBuffer(3 * n * l * e * esize);
-    RETURN_IF_ERROR(Linear(qkv_proj_, q_in, 1, n * l, q_buf.data(), compute_, 0));
-    q_data = q_buf.data();
-    k_data = q_buf.as<char>() + e * esize;
-    v_data = q_buf.as<char>() + 2 * e * esize;
+    q_buf = std::make_unique<Workspace>(Workspace::kProjected, 3 * n * l * e * esize);
+    RETURN_IF_ERROR(Linear(qkv_proj_, q_in, 1, n * l, q_buf->data(), compute_, 0));
+    q_data = q_buf->data();
+    k_data = q_buf->as<char>() + e * esize;
+    v_data = q_buf->as<char>() + 2 * e * esize;
     token_stride = 3 * e;
   } else {
-    q_buf = AlignedBuffer(n * l * e * esize);
-    RETURN_IF_ERROR(Linear(q_proj_, q_in, 1, n * l, q_buf.data(), compute_, 0));
-    const void* k_in = self_attention ? q_in : DataAs(key_view, compute_, &k_conv);
+    q_buf = std::make_unique<Workspace>(Workspace::kProjected, n * l * e * esize);
+    RETURN_IF_ERROR(Linear(q_proj_, q_in, 1, n * l, q_buf->data(), compute_, 0));
+    const void* k_in =
+        self_attention ? q_in : InDType(key_view, compute_, Workspace::kKeyInput, &k_conv);
     const void* v_in = SameTensor(value_view, key_view) ? k_in
-                       : SameTensor(value_view, query)  ? q_in
-                                                        : DataAs(value_view, compute_, &v_conv);
+                       : SameTensor(value_view, query)
+                           ? q_in
+                           : InDType(value_view, compute_, Workspace::kValueInput, &v_conv);
     // K and V as (N, S', E): each item's projected keys, then the appended ones.
     const int64_t plane = n * total_keys * e;
-    kv_buf = AlignedBuffer(2 * plane * esize);
-    char* k_out = kv_buf.as<char>();
+    kv_buf = std::make_unique<Workspace>(Workspace::kKeysValues, 2 * plane * esize);
+    char* k_out = kv_buf->as<char>();
     char* v_out = k_out + plane * esize;
     RETURN_IF_ERROR(Linear(k_proj_, k_in, n, keys, k_out, compute_, total_keys * e));
     RETURN_IF_ERROR(Linear(v_proj_, v_in, n, keys, v_out, compute_, total_keys * e));
@@ -222,12 +236,12 @@ absl::Status MhaEngine::RunForward(const TensorView& query, const std::optional<
         }
       }
     }
-    q_data = q_buf.data();
+    q_data = q_buf->data();
     k_data = k_out;
     v_data = v_out;
   }
 
-  AlignedBuffer context(n * l * e * esize);
+  Workspace context(Workspace::kContext, n * l * e * esize);
   AttentionProblem problem;
   problem.q = SplitHeads(q_data, compute_, n, l, heads, d, l * token_stride, token_stride);
   problem.k = SplitHeads(k_data, compute_, n, total_keys, heads, d, total_keys * token_stride,

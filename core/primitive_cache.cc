@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "core/tensor.h"
+#include "core/workspace.h"
 
 namespace attention {
 
@@ -67,10 +68,10 @@ uint64_t PrimitiveCache::misses() const {
 
 absl::Status Execute(const CachedPrimitive& prim, std::unordered_map<int, dnnl::memory> args) {
   try {
-    AlignedBuffer scratchpad;
+    std::unique_ptr<Workspace> scratchpad;  // Reused by this thread's next calls.
     if (prim.scratchpad.get_size() > 0) {
-      scratchpad = AlignedBuffer(prim.scratchpad.get_size());
-      args.emplace(DNNL_ARG_SCRATCHPAD, Wrap(prim.scratchpad, scratchpad.data()));
+      scratchpad = std::make_unique<Workspace>(Workspace::kScratchpad, prim.scratchpad.get_size());
+      args.emplace(DNNL_ARG_SCRATCHPAD, Wrap(prim.scratchpad, scratchpad->data()));
     }
     // Streams are cheap but not free, and not thread-safe: one per thread.
     thread_local dnnl::stream stream(CpuEngine());

@@ -1,0 +1,68 @@
+"""ONNX graphs of one torch.nn.MultiheadAttention self-attention layer for ONNX Runtime (CPU).
+
+ORT's graph optimiser does not fuse a plain torch.onnx export of nn.MultiheadAttention, so the
+graphs are built by hand around ORT's own attention kernels (contrib ops, domain com.microsoft):
+
+  mha        MatMul(x, W_in^T) -> Split into Q, K, V -> com.microsoft.MultiHeadAttention(Q, K, V,
+             bias=b_in) -> MatMul(., W_out^T) + b_out. Non-causal MHA on CPU runs MLAS's fused
+             flash-attention kernel (no L x L score matrix); with unidirectional=1 (causal) it
+             takes ORT's unfused path (scores, masked softmax, P.V).
+  attention  com.microsoft.Attention(x, W_in^T, b_in) (packed QKV projection and the attention in
+             one op, unfused scores) -> MatMul(., W_out^T) + b_out. unidirectional=1 = causal.
+
+Weights are the torch layer's state_dict as NumPy arrays: in_proj_weight (3E, E),
+in_proj_bias (3E), out_proj.weight (E, E), out_proj.bias (E). Input "x" (N, L, E) float32,
+output "y" (N, L, E); N and L are symbolic so one graph serves every batch and length.
+"""
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+VARIANTS = ("mha", "attention")
+_OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+
+
+def _init(name, array):
+    return numpy_helper.from_array(np.ascontiguousarray(array, dtype=np.float32), name)
+
+
+def build(variant, state, num_heads, causal=False):
+    """Returns an onnx.ModelProto of the layer (self-attention) in the given variant."""
+    w_in = np.asarray(state["in_proj_weight"], np.float32)
+    b_in = np.asarray(state["in_proj_bias"], np.float32)
+    w_out = np.asarray(state["out_proj.weight"], np.float32)
+    b_out = np.asarray(state["out_proj.bias"], np.float32)
+    e = w_out.shape[0]
+    inits = [_init("w_out_t", w_out.T), _init("b_out", b_out)]
+    unidirectional = 1 if causal else 0
+    if variant == "mha":
+        inits += [_init("w_in_t", w_in.T), _init("b_in", b_in),
+                  numpy_helper.from_array(np.array([e, e, e], np.int64), "split_sizes")]
+        nodes = [
+            helper.make_node("MatMul", ["x", "w_in_t"], ["qkv"]),
+            helper.make_node("Split", ["qkv", "split_sizes"], ["q", "k", "v"], axis=2),
+            helper.make_node("MultiHeadAttention", ["q", "k", "v", "b_in"], ["ctx"],
+                             domain="com.microsoft", num_heads=num_heads,
+                             unidirectional=unidirectional),
+        ]
+    elif variant == "attention":
+        inits += [_init("w_in_t", w_in.T), _init("b_in", b_in)]
+        nodes = [
+            helper.make_node("Attention", ["x", "w_in_t", "b_in"], ["ctx"],
+                             domain="com.microsoft", num_heads=num_heads,
+                             unidirectional=unidirectional),
+        ]
+    else:
+        raise ValueError(f"unknown ORT graph variant '{variant}' (one of {VARIANTS})")
+    nodes += [
+        helper.make_node("MatMul", ["ctx", "w_out_t"], ["proj"]),
+        helper.make_node("Add", ["proj", "b_out"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "L", e])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "L", e])
+    graph = helper.make_graph(nodes, f"mha_{variant}{'_causal' if causal else ''}", [x], [y],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=_OPSET, producer_name="bench/peers")
+    model.ir_version = 8  # ONNX 1.12's; ORT reads it.
+    onnx.checker.check_model(model)
+    return model

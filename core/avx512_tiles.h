@@ -1,0 +1,142 @@
+// File: core/avx512_tiles.h
+//
+// The AVX-512 register-blocked pieces of the fused attention kernel: a
+// vector exp, S = Q K^T for up to 4 rows x 64 keys at a time, and O += P V
+// for up to 4 rows x 64 features at a time. Include only from translation
+// units compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq (and run
+// them only after a CPU check). Stateless; safe from any thread.
+#ifndef ATTENTION_CORE_AVX512_TILES_H_
+#define ATTENTION_CORE_AVX512_TILES_H_
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace attention::avx512 {
+
+// exp(x) for x <= 0 (scores minus their running max), -inf -> 0. Range
+// reduction by ln 2 and a degree-7 polynomial: relative error ~1e-7.
+inline __m512 Exp(__m512 x) {
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(p, n));
+}
+
+// Lanes [0, n) of a 16-lane vector (n in 0..16).
+inline __mmask16 TailMask(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// s[r][c0 + 16v + i] = sum_d q[r][d] * kt[d][c0 + 16v + i] for R rows and NV
+// vectors of 16 keys. q is (R, depth) with row stride ldq; kt is
+// (depth, keys) with row stride ldk, zero-padded to whole vectors.
+template <int R, int NV>
+inline void ScoreBlock(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t depth,
+                       float* s, int64_t lds) {
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < depth; ++d) {
+    __m512 k[NV];
+    for (int v = 0; v < NV; ++v) k[v] = _mm512_loadu_ps(kt + d * ldk + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m512 b = _mm512_set1_ps(q[r * ldq + d]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(b, k[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + r * lds + 16 * v, acc[r][v]);
+}
+
+// S = Q K^T for `rows` x `keys` (keys padded to whole vectors in kt and s).
+template <int R>
+inline void ScoreRows(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t depth,
+                      int64_t keys, float* s, int64_t lds) {
+  int64_t c = 0;
+  for (; c + 64 <= keys; c += 64) ScoreBlock<R, 4>(q, ldq, kt + c, ldk, depth, s + c, lds);
+  const int64_t left = (keys - c + 15) / 16;
+  if (left == 4) ScoreBlock<R, 4>(q, ldq, kt + c, ldk, depth, s + c, lds);
+  if (left == 3) ScoreBlock<R, 3>(q, ldq, kt + c, ldk, depth, s + c, lds);
+  if (left == 2) ScoreBlock<R, 2>(q, ldq, kt + c, ldk, depth, s + c, lds);
+  if (left == 1) ScoreBlock<R, 1>(q, ldq, kt + c, ldk, depth, s + c, lds);
+}
+
+inline void Scores(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t depth,
+                   int64_t rows, int64_t keys, float* s, int64_t lds) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    ScoreRows<4>(q + r * ldq, ldq, kt, ldk, depth, keys, s + r * lds, lds);
+  for (; r < rows; ++r) ScoreRows<1>(q + r * ldq, ldq, kt, ldk, depth, keys, s + r * lds, lds);
+}
+
+// o[r][d0 + 16v + i] += sum_j p[r][j] * v[j][d0 + 16v + i] for R rows and NV
+// vectors of features; `last` masks the final vector's lanes (the head's
+// depth need not be a multiple of 16). o has whole vectors per row.
+template <int R, int NV>
+inline void ContextBlock(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t keys,
+                         __mmask16 last, float* o, int64_t ldo) {
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int w = 0; w < NV; ++w) acc[r][w] = _mm512_loadu_ps(o + r * ldo + 16 * w);
+  for (int64_t j = 0; j < keys; ++j) {
+    __m512 x[NV];
+    for (int w = 0; w < NV; ++w) {
+      x[w] = w == NV - 1 ? _mm512_maskz_loadu_ps(last, v + j * ldv + 16 * w)
+                         : _mm512_loadu_ps(v + j * ldv + 16 * w);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 b = _mm512_set1_ps(p[r * ldp + j]);
+      for (int w = 0; w < NV; ++w) acc[r][w] = _mm512_fmadd_ps(b, x[w], acc[r][w]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int w = 0; w < NV; ++w) _mm512_storeu_ps(o + r * ldo + 16 * w, acc[r][w]);
+}
+
+template <int R>
+inline void ContextRows(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t keys,
+                        int64_t depth, float* o, int64_t ldo) {
+  for (int64_t d0 = 0; d0 < depth; d0 += 64) {
+    const int64_t left = depth - d0;
+    const int64_t nv = (std::min<int64_t>(left, 64) + 15) / 16;
+    const __mmask16 last = TailMask(left - 16 * (nv - 1));
+    switch (nv) {
+      case 4:
+        ContextBlock<R, 4>(p, ldp, v + d0, ldv, keys, last, o + d0, ldo);
+        break;
+      case 3:
+        ContextBlock<R, 3>(p, ldp, v + d0, ldv, keys, last, o + d0, ldo);
+        break;
+      case 2:
+        ContextBlock<R, 2>(p, ldp, v + d0, ldv, keys, last, o + d0, ldo);
+        break;
+      default:
+        ContextBlock<R, 1>(p, ldp, v + d0, ldv, keys, last, o + d0, ldo);
+    }
+  }
+}
+
+// O += P V for `rows` x `keys` probabilities and `depth` features.
+inline void Context(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t rows,
+                    int64_t keys, int64_t depth, float* o, int64_t ldo) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    ContextRows<4>(p + r * ldp, ldp, v, ldv, keys, depth, o + r * ldo, ldo);
+  for (; r < rows; ++r) ContextRows<1>(p + r * ldp, ldp, v, ldv, keys, depth, o + r * ldo, ldo);
+}
+
+}  // namespace attention::avx512
+
+#endif  // ATTENTION_CORE_AVX512_TILES_H_

@@ -1,0 +1,300 @@
+#include "core/fused_attention.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "core/avx512_tiles.h"
+#include "core/workspace.h"
+
+namespace attention {
+namespace {
+
+constexpr int64_t kRowTile = 64;   // Query rows per task.
+constexpr int64_t kKeyTile = 256;  // Keys per inner step (scores: 64 x 256 x 4 = 64 KiB).
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
+
+// One thread's tiles, reused across calls (grown, never shrunk: bounded by
+// the tile sizes times the head depth).
+struct Scratch {
+  std::vector<float> q, s, o, m, l;
+  static void Fit(std::vector<float>* buffer, int64_t n) {
+    if (static_cast<int64_t>(buffer->size()) < n) buffer->resize(static_cast<size_t>(n));
+  }
+};
+
+Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+const char* Element(const HeadsView& t, int64_t n, int64_t h, int64_t row) {
+  return static_cast<const char*>(t.data) + (n * t.stride_n + h * t.stride_h + row * t.stride_t) *
+                                                static_cast<int64_t>(DTypeSize(t.dtype));
+}
+
+// `count` values of float32 or bfloat16 `src` as float32 times `scale`.
+void LoadRow(DType dtype, const char* src, int64_t count, float scale, float* dst) {
+  if (dtype == DType::kFloat32) {
+    const float* f = reinterpret_cast<const float*>(src);
+    for (int64_t i = 0; i < count; ++i) dst[i] = f[i] * scale;
+  } else {
+    const uint16_t* b = reinterpret_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < count; ++i) dst[i] = BFloat16ToFloat(b[i]) * scale;
+  }
+}
+
+// row[j] += mask[j] for j < count, bool true -> -inf.
+void AddMask(DType dtype, const void* mask, int64_t count, float* row) {
+  if (dtype == DType::kBool) {
+    const uint8_t* m = static_cast<const uint8_t*>(mask);
+    for (int64_t j = 0; j < count; ++j) row[j] = m[j] ? kNegInf : row[j];
+  } else if (dtype == DType::kFloat32) {
+    const float* m = static_cast<const float*>(mask);
+    for (int64_t j = 0; j < count; ++j) row[j] += m[j];
+  } else {
+    for (int64_t j = 0; j < count; ++j) row[j] += LoadAsFloat(dtype, mask, j);
+  }
+}
+
+// The online-softmax step for one row of `keys` scores: updates the running
+// max *m and sum *l, turns the row into exp(s - max), and returns the factor
+// the row's accumulated context must be scaled by.
+float SoftmaxStep(float* s, int64_t keys, float* m, float* l) {
+  __m512 mx = _mm512_set1_ps(kNegInf);
+  int64_t j = 0;
+  for (; j + 16 <= keys; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
+  if (j < keys) {
+    mx = _mm512_max_ps(
+        mx, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), avx512::TailMask(keys - j), s + j));
+  }
+  const float m_new = std::max(*m, _mm512_reduce_max_ps(mx));
+  if (m_new == kNegInf) {  // Everything so far is masked.
+    std::fill(s, s + keys, 0.0f);
+    return 1.0f;
+  }
+  const __m512 shift = _mm512_set1_ps(m_new);
+  __m512 sum = _mm512_setzero_ps();
+  for (j = 0; j + 16 <= keys; j += 16) {
+    const __m512 e = avx512::Exp(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift));
+    _mm512_storeu_ps(s + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (j < keys) {
+    const __mmask16 tail = avx512::TailMask(keys - j);
+    const __m512 e = avx512::Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), shift));
+    _mm512_mask_storeu_ps(s + j, tail, e);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(tail, e));
+  }
+  const float alpha = *m == kNegInf ? 0.0f : std::exp(*m - m_new);
+  *l = *l * alpha + _mm512_reduce_add_ps(sum);
+  *m = m_new;
+  return alpha;
+}
+
+// Everything one task needs to know about its item and head.
+struct Task {
+  const AttentionProblem* p;
+  const ItemMask* item;
+  const float* key_row;  // The item's additive (S') key mask, or null.
+  const float* kt;       // This item and head's K^T: (D, ldk) float32.
+  int64_t ldk;
+  const float* v;  // This item and head's V rows as float32, `ldv` apart.
+  int64_t ldv;
+  int64_t n, h, r0, rows;
+};
+
+// One tile of keys [c0, c0 + keys): scores, masks, online softmax, P V.
+// `appended` marks the appended bias_kv / zero_attn keys (only the key mask
+// row applies to them).
+void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w) {
+  const AttentionProblem& p = *t.p;
+  const int64_t depth = p.q.d, ldq = RoundUp16(depth), lds = RoundUp16(keys);
+  float* s = w.s.data();
+  avx512::Scores(w.q.data(), ldq, t.kt + c0, t.ldk, depth, t.rows, keys, s, lds);
+
+  const ItemMask& item = *t.item;
+  for (int64_t r = 0; r < t.rows; ++r) {
+    float* sr = s + r * lds;
+    const int64_t i = t.r0 + r;
+    if (t.key_row != nullptr) {
+      for (int64_t j = 0; j < keys; ++j) sr[j] += t.key_row[c0 + j];
+    }
+    if (!appended && i < item.valid_queries) {  // Padded query rows need only finite garbage.
+      if (item.attn_mask != nullptr) {
+        const int64_t plane = item.valid_queries * item.valid_keys;
+        const int64_t offset =
+            (item.attn_mask_per_head ? t.h * plane : 0) + i * item.valid_keys + c0;
+        AddMask(item.attn_mask_dtype,
+                static_cast<const char*>(item.attn_mask) +
+                    offset * static_cast<int64_t>(DTypeSize(item.attn_mask_dtype)),
+                keys, sr);
+      }
+      if (item.is_causal) {
+        for (int64_t j = std::max<int64_t>(i + 1 - c0, 0); j < keys; ++j) sr[j] = kNegInf;
+      }
+    }
+    const float alpha = SoftmaxStep(sr, keys, &w.m[r], &w.l[r]);
+    if (alpha != 1.0f) {
+      float* o = w.o.data() + r * ldq;
+      for (int64_t d = 0; d < ldq; ++d) o[d] *= alpha;
+    }
+  }
+  avx512::Context(s, lds, t.v + c0 * t.ldv, t.ldv, t.rows, keys, depth, w.o.data(), ldq);
+}
+
+void RunTask(const Task& t) {
+  const AttentionProblem& p = *t.p;
+  const int64_t depth = p.q.d, ldq = RoundUp16(depth);
+  Scratch& w = ThreadScratch();
+  Scratch::Fit(&w.q, kRowTile * ldq);
+  Scratch::Fit(&w.s, kRowTile * kKeyTile);
+  Scratch::Fit(&w.o, kRowTile * ldq);
+  Scratch::Fit(&w.m, kRowTile);
+  Scratch::Fit(&w.l, kRowTile);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    LoadRow(p.q.dtype, Element(p.q, t.n, t.h, t.r0 + r), depth, p.scale, w.q.data() + r * ldq);
+  }
+  std::fill_n(w.o.data(), t.rows * ldq, 0.0f);
+  std::fill_n(w.m.data(), t.rows, kNegInf);
+  std::fill_n(w.l.data(), t.rows, 0.0f);
+
+  // The item's own keys, up to its valid length (the batch padding after it
+  // is wholly masked) and, under is_causal, up to the tile's last row.
+  const ItemMask& item = *t.item;
+  const int64_t keys = t.p->masks->keys();
+  int64_t end = std::min(item.valid_keys, keys);
+  if (item.is_causal) end = std::min(end, t.r0 + t.rows);
+  for (int64_t c0 = 0; c0 < end; c0 += kKeyTile) {
+    KeyTile(t, c0, std::min(kKeyTile, end - c0), /*appended=*/false, w);
+  }
+  if (p.k.t > keys) KeyTile(t, keys, p.k.t - keys, /*appended=*/true, w);
+
+  // out = O / l; a row with every key masked (l == 0) gets zeros.
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const float inv = w.l[r] > 0.0f ? 1.0f / w.l[r] : 0.0f;
+    float* o = w.o.data() + r * ldq;
+    for (int64_t d = 0; d < depth; ++d) o[d] *= inv;
+    char* dst = const_cast<char*>(Element(p.out, t.n, t.h, t.r0 + r));
+    if (p.out.dtype == DType::kFloat32) {
+      std::memcpy(dst, o, static_cast<size_t>(depth) * sizeof(float));
+    } else {
+      uint16_t* b = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t d = 0; d < depth; ++d) b[d] = FloatToBFloat16(o[d]);
+    }
+  }
+}
+
+bool CpuHasAvx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+}  // namespace
+
+bool FusedAttentionAvailable() {
+  static const bool available = [] {
+    const char* env = std::getenv("ATTENTION_FUSED_ATTENTION");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    return CpuHasAvx512();
+  }();
+  return available;
+}
+
+const char* AttentionPathName() {
+  return FusedAttentionAvailable() ? "fused-avx512" : "onednn-primitives";
+}
+
+absl::Status RunFusedAttention(const AttentionProblem& p) {
+  if (!FusedAttentionAvailable() || p.weights != nullptr) {
+    return absl::FailedPreconditionError(
+        "fused attention: needs AVX-512 and a call without attention weights");
+  }
+  const MaskPlan& plan = *p.masks;
+  const int64_t n = p.q.n, heads = p.q.h, queries = p.q.t, keys = p.k.t, depth = p.q.d;
+  const int64_t ldk = RoundUp16(keys), ldq = RoundUp16(depth);
+  const int64_t planes = n * heads;
+  const bool widen_v = p.v.dtype != DType::kFloat32;
+
+  // K^T per item and head, (D, ldk) float32, once for every query tile; and
+  // bfloat16 V widened to float32. Zero-padded, plus one vector of slack for
+  // the score kernel's whole-vector reads.
+  Workspace kt_buffer(Workspace::kKernelKeys,
+                      static_cast<size_t>(planes * depth * ldk + 16) * sizeof(float));
+  Workspace v_buffer(Workspace::kKernelValues,
+                     widen_v ? static_cast<size_t>(planes * keys * ldq) * sizeof(float) : 0);
+  float* const kt = kt_buffer.as<float>();
+  float* const vf = v_buffer.as<float>();
+#pragma omp parallel for schedule(static) if (planes * depth * keys > (1 << 16))
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const int64_t item = plane / heads, h = plane % heads;
+    float* dst = kt + plane * depth * ldk;
+    float row[16 * 256];  // 16 keys of up to 256 features.
+    const int64_t chunk = depth <= 256 ? 16 : 1;
+    for (int64_t j0 = 0; j0 < keys; j0 += chunk) {
+      const int64_t count = std::min(chunk, keys - j0);
+      for (int64_t j = 0; j < count; ++j) {
+        const char* src = Element(p.k, item, h, j0 + j);
+        if (depth <= 256) {
+          LoadRow(p.k.dtype, src, depth, 1.0f, row + j * depth);
+        } else {
+          for (int64_t d = 0; d < depth; ++d) {
+            dst[d * ldk + j0] = p.k.dtype == DType::kFloat32
+                                    ? reinterpret_cast<const float*>(src)[d]
+                                    : BFloat16ToFloat(reinterpret_cast<const uint16_t*>(src)[d]);
+          }
+        }
+      }
+      if (depth <= 256) {
+        for (int64_t d = 0; d < depth; ++d)
+          for (int64_t j = 0; j < count; ++j) dst[d * ldk + j0 + j] = row[j * depth + d];
+      }
+    }
+    for (int64_t d = 0; d < depth; ++d) std::fill(dst + d * ldk + keys, dst + (d + 1) * ldk, 0.0f);
+    if (widen_v) {
+      float* v = vf + plane * keys * ldq;
+      for (int64_t j = 0; j < keys; ++j) {
+        LoadRow(p.v.dtype, Element(p.v, item, h, j), depth, 1.0f, v + j * ldq);
+      }
+    }
+  }
+
+  const int64_t row_tiles = (queries + kRowTile - 1) / kRowTile;
+  const int64_t tasks = planes * row_tiles;
+  const bool key_rows = plan.mode() != MaskMode::kNone;
+#pragma omp parallel for schedule(dynamic, 1) if (tasks > 1)
+  for (int64_t idx = 0; idx < tasks; ++idx) {
+    Task t;
+    t.p = &p;
+    const int64_t plane = idx / row_tiles;
+    t.n = plane / heads;
+    t.h = plane % heads;
+    t.r0 = idx % row_tiles * kRowTile;
+    t.rows = std::min(kRowTile, queries - t.r0);
+    t.item = &plan.item(t.n);
+    t.key_row = key_rows ? plan.key_rows() + t.n * plan.total_keys() : nullptr;
+    t.kt = kt + plane * depth * ldk;
+    t.ldk = ldk;
+    if (widen_v) {
+      t.v = vf + plane * keys * ldq;
+      t.ldv = ldq;
+    } else {
+      t.v = reinterpret_cast<const float*>(Element(p.v, t.n, t.h, 0));
+      t.ldv = p.v.stride_t;
+    }
+    RunTask(t);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attention

@@ -1,0 +1,71 @@
+// File: core/workspace.h
+//
+// Scratch memory for one engine call that the calling thread reuses on its
+// next calls, so that a steady stream of calls allocates nothing and takes
+// no page faults (freshly mapped pages cost a fault per 4 KiB on these
+// machines; glibc returns large blocks to the OS on free).
+//
+// Each thread keeps one buffer per Slot (buffers used at the same time in
+// one call need different slots), grown as needed up to kMaxKeptBytes; a
+// larger request gets memory of its own, freed when the Workspace goes, so
+// what a thread keeps stays bounded.
+//
+// Example:
+//   Workspace context(Workspace::kContext, n * l * e * sizeof(float));
+//   float* c = context.as<float>();
+//
+// Not shareable across threads: a Workspace belongs to the thread that made
+// it. Allocation failure throws std::bad_alloc (see tensor.h).
+#ifndef ATTENTION_CORE_WORKSPACE_H_
+#define ATTENTION_CORE_WORKSPACE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace attention {
+
+class Workspace {
+ public:
+  enum Slot {
+    kQueryInput,       // The query converted to the compute dtype.
+    kKeyInput,         // The key, likewise.
+    kValueInput,       // The value, likewise.
+    kProjected,        // Projected Q (and K, V for fused self-attention).
+    kKeysValues,       // Projected K and V with appended keys.
+    kContext,          // Attention output before the out-projection.
+    kScratchpad,       // oneDNN's per-call scratchpad.
+    kKernelKeys,       // The fused kernel's K^T.
+    kKernelValues,     // The fused kernel's widened V.
+    kScores,           // The primitive path's block of scores.
+    kScoreMask,        // Its block of additive masks.
+    kProbabilities16,  // Its bfloat16 probabilities.
+    kSlotCount,
+  };
+  // Largest buffer a thread keeps per slot.
+  static constexpr size_t kMaxKeptBytes = size_t{64} << 20;
+
+  // At least `bytes` bytes, 64-byte aligned, uninitialised.
+  Workspace(Slot slot, size_t bytes);
+
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+  // Bytes the calling thread keeps across calls (for tests and benchmarks).
+  static size_t KeptBytes();
+
+ private:
+  AlignedBuffer own_;  // Only for requests over kMaxKeptBytes.
+  void* data_ = nullptr;
+};
+
+}  // namespace attention
+
+#endif  // ATTENTION_CORE_WORKSPACE_H_
