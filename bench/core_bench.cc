@@ -8,6 +8,7 @@
 //   attention-core-bench --model=/path/to/model_dir --seq_len=64
 //   attention-core-bench --matmul_peak   # oneDNN 2048^3 float32 matmul
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,6 +24,8 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "bench/fma_peak.h"
+#include "core/fused_attention.h"
 #include "core/mha_engine.h"
 #include "core/primitive_cache.h"
 #include "nlohmann/json.hpp"
@@ -44,7 +47,14 @@ ABSL_FLAG(std::string, preset, "",
 ABSL_FLAG(int64_t, score_block_kib, 32768,
           "Engine option: float32 scores kept per query-row block, in KiB.");
 ABSL_FLAG(bool, json, false, "Print one JSON object per shape instead of a table.");
-ABSL_FLAG(bool, matmul_peak, false, "Also measure a 2048^3 float32 oneDNN matmul (the peak).");
+ABSL_FLAG(bool, matmul_peak, false, "Also measure a 2048^3 float32 oneDNN matmul.");
+ABSL_FLAG(bool, peak, false,
+          "Also measure the machine's float32 FMA peak (an AVX-512 FMA loop on every thread) and "
+          "report each shape's share of it.");
+ABSL_FLAG(bool, is_causal, false, "Self-attention with the causal mask.");
+ABSL_FLAG(double, pad_share, 0,
+          "Run the batch as the server's mixed batches do: item i keeps a random share in "
+          "[0, pad_share) of its length as padding (ForwardBatch), and also time the items alone.");
 
 namespace attention {
 namespace {
@@ -70,6 +80,12 @@ std::vector<double> TimeMs(int warmup, int iterations, F&& f) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   return ms;
+}
+
+int64_t MinorFaults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
 }
 
 double MatmulPeakGflops(int iterations) {
@@ -108,9 +124,12 @@ int Run() {
   }
   std::vector<Shape4> shapes;
   if (absl::GetFlag(FLAGS_preset) == "goals") {
+    shapes.push_back({1, 32, 0, 256, 8});
     shapes.push_back({1, 128, 0, 768, 12});
     shapes.push_back({8, 256, 0, 512, 8});
     shapes.push_back({8, 512, 0, 1024, 16});
+    shapes.push_back({1, 4096, 0, 256, 8});
+    shapes.push_back({1, 16384, 0, 256, 8});
   } else if (absl::GetFlag(FLAGS_preset).empty()) {
     shapes.push_back({absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_seq_len),
                       absl::GetFlag(FLAGS_kv_seq_len), absl::GetFlag(FLAGS_embed_dim),
@@ -122,9 +141,13 @@ int Run() {
   const bool json = absl::GetFlag(FLAGS_json);
   const int iterations = std::max(1, absl::GetFlag(FLAGS_iterations));
   const int used_threads = omp_get_max_threads();
+  const double peak = absl::GetFlag(FLAGS_peak) ? FmaPeakGflops() : 0;
   if (!json) {
-    std::printf("%-6s %-6s %-6s %-6s %-4s %-9s %-7s %10s %10s %9s\n", "N", "L", "S", "E", "H",
-                "dtype", "weights", "median_ms", "min_ms", "GFLOP/s");
+    if (peak > 0)
+      std::printf("float32 FMA-loop peak: %.1f GFLOP/s (%d threads)\n", peak, used_threads);
+    std::printf("%-6s %-6s %-6s %-6s %-4s %-9s %-7s %10s %10s %9s %8s %8s %s\n", "N", "L", "S", "E",
+                "H", "dtype", "weights", "median_ms", "min_ms", "GFLOP/s", "of_peak", "faults",
+                "path");
   }
   for (const Shape4& sh : shapes) {
     std::shared_ptr<const MhaModel> model = fixed_model;
@@ -168,14 +191,52 @@ int Run() {
       in.value = TensorView{DType::kFloat32, {n, s, spec.vdim}, v.data()};
     }
     in.need_weights = absl::GetFlag(FLAGS_need_weights);
+    in.is_causal = absl::GetFlag(FLAGS_is_causal);
     absl::Status status;
+    // With --pad_share: the items' own lengths inside the padded batch.
+    const double pad_share = absl::GetFlag(FLAGS_pad_share);
+    std::vector<ItemMask> items(static_cast<size_t>(n));
+    std::uniform_real_distribution<double> share(0.0, pad_share);
+    for (ItemMask& item : items) {
+      const int64_t len =
+          pad_share > 0 ? std::max<int64_t>(1, l - static_cast<int64_t>(share(rng) * l)) : l;
+      item.valid_queries = len;
+      item.valid_keys = cross ? s : len;
+      item.is_causal = in.is_causal;
+    }
+    std::vector<float> batch_out(pad_share > 0 ? n * l * e : 0);
+    const int64_t faults0 = MinorFaults();
     auto ms = TimeMs(absl::GetFlag(FLAGS_warmup), iterations, [&] {
+      if (pad_share > 0) {
+        status.Update(
+            (*engine)->ForwardBatch(in.query, in.key, in.value, items, batch_out.data(), nullptr));
+        return;
+      }
       auto out = (*engine)->Forward(in);
       if (!out.ok()) status = out.status();
     });
+    const double faults_per_call =
+        static_cast<double>(MinorFaults() - faults0) / (iterations + absl::GetFlag(FLAGS_warmup));
     if (!status.ok()) {
       std::cerr << status << "\n";
       return 1;
+    }
+    // The same items computed one by one at their own lengths.
+    double solo_sum_ms = 0;
+    if (pad_share > 0) {
+      for (int64_t i = 0; i < n; ++i) {
+        MhaInputs one = in;
+        one.query =
+            TensorView{DType::kFloat32, {1, items[i].valid_queries, e}, q.data() + i * l * e};
+        if (cross) {
+          one.key = TensorView{DType::kFloat32, {1, s, spec.kdim}, k.data() + i * s * spec.kdim};
+          one.value = TensorView{DType::kFloat32, {1, s, spec.vdim}, v.data() + i * s * spec.vdim};
+        }
+        solo_sum_ms += Median(TimeMs(1, std::max(3, iterations / 2), [&] {
+          auto out = (*engine)->Forward(one);
+          if (!out.ok()) status = out.status();
+        }));
+      }
     }
     const int64_t s_total = s + spec.extra_keys();
     const double flops = 2.0 * n * l * e * e + 2.0 * n * s * spec.kdim * e +
@@ -197,12 +258,29 @@ int Run() {
                           {"iterations", iterations},
                           {"median_ms", median},
                           {"min_ms", min_ms},
-                          {"gflops", gflops}};
+                          {"gflops", gflops},
+                          {"is_causal", in.is_causal},
+                          {"path", in.need_weights ? "onednn-primitives" : AttentionPathName()},
+                          {"minor_faults_per_call", faults_per_call}};
+      if (pad_share > 0) {
+        j["pad_share"] = pad_share;
+        j["solo_sum_ms"] = solo_sum_ms;
+        j["batch_over_solo"] = median / solo_sum_ms;
+      }
+      if (peak > 0) {
+        j["peak_gflops"] = peak;
+        j["share_of_peak"] = gflops / peak;
+      }
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("%-6ld %-6ld %-6ld %-6ld %-4ld %-9s %-7s %10.3f %10.3f %9.1f\n", n, l, s, e,
-                  spec.num_heads, dtype_name.c_str(), in.need_weights ? "yes" : "no", median,
-                  min_ms, gflops);
+      std::printf("%-6ld %-6ld %-6ld %-6ld %-4ld %-9s %-7s %10.3f %10.3f %9.1f %7.1f%% %8.1f %s\n",
+                  n, l, s, e, spec.num_heads, dtype_name.c_str(), in.need_weights ? "yes" : "no",
+                  median, min_ms, gflops, peak > 0 ? 100 * gflops / peak : 0.0, faults_per_call,
+                  in.need_weights ? "onednn-primitives" : AttentionPathName());
+      if (pad_share > 0) {
+        std::printf("  items alone: %.3f ms in all; the padded batch costs %.2fx that\n",
+                    solo_sum_ms, median / solo_sum_ms);
+      }
     }
   }
   if (absl::GetFlag(FLAGS_matmul_peak)) {

@@ -46,17 +46,24 @@ template <int R, int NV>
 inline void ScoreBlock(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t depth,
                        float* s, int64_t lds) {
   __m512 acc[R][NV];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t d = 0; d < depth; ++d) {
     __m512 k[NV];
+#pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) k[v] = _mm512_loadu_ps(kt + d * ldk + 16 * v);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 b = _mm512_set1_ps(q[r * ldq + d]);
+#pragma GCC unroll 16
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(b, k[v], acc[r][v]);
     }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + r * lds + 16 * v, acc[r][v]);
 }
 
@@ -88,20 +95,27 @@ template <int R, int NV>
 inline void ContextBlock(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t keys,
                          __mmask16 last, float* o, int64_t ldo) {
   __m512 acc[R][NV];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int w = 0; w < NV; ++w) acc[r][w] = _mm512_loadu_ps(o + r * ldo + 16 * w);
   for (int64_t j = 0; j < keys; ++j) {
     __m512 x[NV];
+#pragma GCC unroll 16
     for (int w = 0; w < NV; ++w) {
       x[w] = w == NV - 1 ? _mm512_maskz_loadu_ps(last, v + j * ldv + 16 * w)
                          : _mm512_loadu_ps(v + j * ldv + 16 * w);
     }
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 b = _mm512_set1_ps(p[r * ldp + j]);
+#pragma GCC unroll 16
       for (int w = 0; w < NV; ++w) acc[r][w] = _mm512_fmadd_ps(b, x[w], acc[r][w]);
     }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int w = 0; w < NV; ++w) _mm512_storeu_ps(o + r * ldo + 16 * w, acc[r][w]);
 }
 

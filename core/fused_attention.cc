@@ -224,15 +224,15 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
   const int64_t n = p.q.n, heads = p.q.h, queries = p.q.t, keys = p.k.t, depth = p.q.d;
   const int64_t ldk = RoundUp16(keys), ldq = RoundUp16(depth);
   const int64_t planes = n * heads;
-  const bool widen_v = p.v.dtype != DType::kFloat32;
 
-  // K^T per item and head, (D, ldk) float32, once for every query tile; and
-  // bfloat16 V widened to float32. Zero-padded, plus one vector of slack for
+  // K^T per item and head, (D, ldk) float32, once for every query tile; and V
+  // as dense (S', ldq) float32 rows (read in place, heads 3E apart map onto a
+  // handful of L1 sets and thrash). Zero-padded, plus one vector of slack for
   // the score kernel's whole-vector reads.
   Workspace kt_buffer(Workspace::kKernelKeys,
                       static_cast<size_t>(planes * depth * ldk + 16) * sizeof(float));
   Workspace v_buffer(Workspace::kKernelValues,
-                     widen_v ? static_cast<size_t>(planes * keys * ldq) * sizeof(float) : 0);
+                     static_cast<size_t>(planes * keys * ldq) * sizeof(float));
   float* const kt = kt_buffer.as<float>();
   float* const vf = v_buffer.as<float>();
 #pragma omp parallel for schedule(static) if (planes * depth * keys > (1 << 16))
@@ -261,11 +261,9 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
       }
     }
     for (int64_t d = 0; d < depth; ++d) std::fill(dst + d * ldk + keys, dst + (d + 1) * ldk, 0.0f);
-    if (widen_v) {
-      float* v = vf + plane * keys * ldq;
-      for (int64_t j = 0; j < keys; ++j) {
-        LoadRow(p.v.dtype, Element(p.v, item, h, j), depth, 1.0f, v + j * ldq);
-      }
+    float* v = vf + plane * keys * ldq;
+    for (int64_t j = 0; j < keys; ++j) {
+      LoadRow(p.v.dtype, Element(p.v, item, h, j), depth, 1.0f, v + j * ldq);
     }
   }
 
@@ -283,15 +281,18 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
     t.rows = std::min(kRowTile, queries - t.r0);
     t.item = &plan.item(t.n);
     t.key_row = key_rows ? plan.key_rows() + t.n * plan.total_keys() : nullptr;
+    if (t.r0 >= t.item->valid_queries) {
+      // Batch padding rows: nothing to compute, but keep them finite.
+      for (int64_t r = 0; r < t.rows; ++r) {
+        char* dst = const_cast<char*>(Element(p.out, t.n, t.h, t.r0 + r));
+        std::memset(dst, 0, static_cast<size_t>(depth) * DTypeSize(p.out.dtype));
+      }
+      continue;
+    }
     t.kt = kt + plane * depth * ldk;
     t.ldk = ldk;
-    if (widen_v) {
-      t.v = vf + plane * keys * ldq;
-      t.ldv = ldq;
-    } else {
-      t.v = reinterpret_cast<const float*>(Element(p.v, t.n, t.h, 0));
-      t.ldv = p.v.stride_t;
-    }
+    t.v = vf + plane * keys * ldq;
+    t.ldv = ldq;
     RunTask(t);
   }
   return absl::OkStatus();

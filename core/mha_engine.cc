@@ -332,12 +332,12 @@ absl::StatusOr<MhaOutputs> MhaEngine::Forward(const MhaInputs& in) const {
 
     const DType out_dtype = in.output_dtype.value_or(in.query.dtype);
     const int64_t total_keys = keys + s.extra_keys();
-    Tensor out_f32(DType::kFloat32, in.query.shape);
+    Tensor out_f32 = Tensor::Uninitialized(DType::kFloat32, in.query.shape);  // Written in full.
     std::optional<Tensor> weights;
     if (in.need_weights) {
       Shape wshape = in.average_attn_weights ? Shape{l, total_keys} : Shape{heads, l, total_keys};
       if (batched) wshape.insert(wshape.begin(), n);
-      weights.emplace(DType::kFloat32, wshape);
+      weights.emplace(Tensor::Uninitialized(DType::kFloat32, wshape));  // Written in full.
     }
     MaskPlan plan(call.items, keys, s.extra_keys(), heads);
     RETURN_IF_ERROR(RunForward(query, key, val, plan, out_f32.mutable_as<float>(),

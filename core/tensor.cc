@@ -37,8 +37,15 @@ Tensor::Tensor(DType dtype, Shape shape)
   std::memset(data_.get(), 0, num_bytes());
 }
 
+Tensor::Tensor(DType dtype, Shape shape, NoFill)
+    : dtype_(dtype), shape_(std::move(shape)), data_(AlignedAlloc(num_bytes())) {}
+
+Tensor Tensor::Uninitialized(DType dtype, Shape shape) {
+  return Tensor(dtype, std::move(shape), NoFill{});
+}
+
 Tensor Tensor::FromBytes(DType dtype, Shape shape, const void* src) {
-  Tensor t(dtype, std::move(shape));
+  Tensor t(dtype, std::move(shape), NoFill{});
   if (t.num_bytes() > 0) std::memcpy(t.data(), src, t.num_bytes());
   return t;
 }
@@ -55,7 +62,7 @@ absl::Status Tensor::Reshape(Shape shape) {
 }
 
 Tensor Tensor::ConvertTo(DType dtype) const {
-  Tensor out(dtype, shape_);
+  Tensor out = Uninitialized(dtype, shape_);  // Written in full below.
   ConvertFloats(dtype_, data(), dtype, out.data(), static_cast<size_t>(num_elements()));
   return out;
 }

@@ -55,6 +55,8 @@ class Tensor {
   Tensor(DType dtype, Shape shape);
   // Copies `bytes` bytes from `src` (must equal the tensor's size).
   static Tensor FromBytes(DType dtype, Shape shape, const void* src);
+  // Storage for `shape` left uninitialised, for outputs written in full.
+  static Tensor Uninitialized(DType dtype, Shape shape);
 
   Tensor(Tensor&&) = default;
   Tensor& operator=(Tensor&&) = default;
@@ -93,6 +95,9 @@ class Tensor {
   struct Free {
     void operator()(void* p) const { std::free(p); }
   };
+  struct NoFill {};
+  Tensor(DType dtype, Shape shape, NoFill);
+
   DType dtype_ = DType::kFloat32;
   Shape shape_;
   std::unique_ptr<void, Free> data_;

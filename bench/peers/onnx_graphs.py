@@ -9,6 +9,9 @@ graphs are built by hand around ORT's own attention kernels (contrib ops, domain
              takes ORT's unfused path (scores, masked softmax, P.V).
   attention  com.microsoft.Attention(x, W_in^T, b_in) (packed QKV projection and the attention in
              one op, unfused scores) -> MatMul(., W_out^T) + b_out. unidirectional=1 = causal.
+  onnx23     MatMul + Add (x W_in^T + b_in) -> Split -> the standard ONNX Attention op (opset 23,
+             q_num_heads = kv_num_heads = H, is_causal) -> MatMul + Add. python3-onnx 1.12 does
+             not know opset 23, so this graph is not checked by onnx.checker.
 
 Weights are the torch layer's state_dict as NumPy arrays: in_proj_weight (3E, E),
 in_proj_bias (3E), out_proj.weight (E, E), out_proj.bias (E). Input "x" (N, L, E) float32,
@@ -18,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-VARIANTS = ("mha", "attention")
+VARIANTS = ("mha", "attention", "onnx23")
 _OPSET = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
 
 
@@ -52,6 +55,16 @@ def build(variant, state, num_heads, causal=False):
                              domain="com.microsoft", num_heads=num_heads,
                              unidirectional=unidirectional),
         ]
+    elif variant == "onnx23":
+        inits += [_init("w_in_t", w_in.T), _init("b_in", b_in),
+                  numpy_helper.from_array(np.array([e, e, e], np.int64), "split_sizes")]
+        nodes = [
+            helper.make_node("MatMul", ["x", "w_in_t"], ["qkv_nb"]),
+            helper.make_node("Add", ["qkv_nb", "b_in"], ["qkv"]),
+            helper.make_node("Split", ["qkv", "split_sizes"], ["q", "k", "v"], axis=2),
+            helper.make_node("Attention", ["q", "k", "v"], ["ctx"], q_num_heads=num_heads,
+                             kv_num_heads=num_heads, is_causal=1 if causal else 0),
+        ]
     else:
         raise ValueError(f"unknown ORT graph variant '{variant}' (one of {VARIANTS})")
     nodes += [
@@ -62,7 +75,11 @@ def build(variant, state, num_heads, causal=False):
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "L", e])
     graph = helper.make_graph(nodes, f"mha_{variant}{'_causal' if causal else ''}", [x], [y],
                               initializer=inits)
-    model = helper.make_model(graph, opset_imports=_OPSET, producer_name="bench/peers")
-    model.ir_version = 8  # ONNX 1.12's; ORT reads it.
-    onnx.checker.check_model(model)
+    opset = list(_OPSET)
+    if variant == "onnx23":
+        opset[0] = helper.make_opsetid("", 23)
+    model = helper.make_model(graph, opset_imports=opset, producer_name="bench/peers")
+    model.ir_version = 10 if variant == "onnx23" else 8  # ONNX 1.12 writes 8; ORT reads both.
+    if variant != "onnx23":
+        onnx.checker.check_model(model)
     return model
