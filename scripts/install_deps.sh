@@ -35,7 +35,7 @@ test_pkgs=(
   # Python: the PyTorch oracle, the Python client and its tests.
   python3 python3-numpy python3-grpcio python3-protobuf python3-torch libopenblas0-pthread
   # Monitoring tests, and the container test (no Docker engine here: podman).
-  prometheus podman buildah runc debootstrap podman-compose uidmap python3-yaml
+  prometheus podman buildah runc debootstrap podman-compose uidmap python3-yaml fuse-overlayfs
 )
 runtime_pkgs=(
   libdnnl2 ocl-icd-libopencl1 libgomp1 libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623

@@ -23,8 +23,18 @@ done
 log() { echo "[container_test] $*"; }
 fail() { echo "[container_test] FAIL: $*" >&2; exit 1; }
 
+# CTest reads this exit code as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt).
+readonly SKIP=77
+skip() {
+  echo "[container_test] SKIPPED: $* -- run the suite on a VM, a bare machine or in a privileged container (podman run --privileged) to include this test" >&2
+  exit $SKIP
+}
+
 command -v podman >/dev/null || fail "podman is not installed (scripts/install_deps.sh installs it)"
-[[ $(id -u) -eq 0 ]] || fail "must run as root (podman with runc and cgroupfs here)"
+[[ $(id -u) -eq 0 ]] || skip "podman here needs root (it runs with runc and cgroupfs)"
+# podman needs mount and PID namespaces: an unprivileged container has neither.
+unshare --mount --pid --fork true 2>/dev/null \
+  || skip "no privileges to create namespaces (an unprivileged container?)"
 
 work=$(mktemp -d /tmp/attention-container-test.XXXXXX)
 tag="localhost/attention-service:test-$$"
@@ -44,6 +54,12 @@ cleanup() {
   for volume in $(comm -13 <(echo "$volumes_before") <(podman volume ls -q | sort)); do
     podman volume rm -f "$volume" >/dev/null 2>&1
   done
+  if [[ -n ${CONTAINERS_STORAGE_CONF:-} ]]; then
+    # Everything in the private store (its mounts must go before rm -rf).
+    podman rm -af >/dev/null 2>&1
+    podman rmi -af >/dev/null 2>&1
+    umount -R "$work/storage" >/dev/null 2>&1
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -58,6 +74,35 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 CONF
 export CONTAINERS_CONF="$work/containers.conf"
+
+# podman's default storage is overlay under /var/lib/containers, which cannot
+# work on an overlay root (inside a container: "'overlay' is not supported over
+# overlayfs"). There, use a private store under $work, so the user's own
+# storage is never touched: fuse-overlayfs as overlay's mount program when
+# /dev/fuse is there, else the vfs driver (slower, always works).
+storage_fs=$(stat -f -c %T /var/lib/containers 2>/dev/null || stat -f -c %T /)
+if [[ $storage_fs == overlayfs ]]; then
+  if [[ -c /dev/fuse ]] && command -v fuse-overlayfs >/dev/null; then
+    driver=overlay
+    options='mount_program = "/usr/bin/fuse-overlayfs"'
+  else
+    driver=vfs
+    options=""
+  fi
+  mkdir -p "$work/storage" "$work/storage-run"
+  cat > "$work/storage.conf" <<CONF
+[storage]
+driver = "$driver"
+graphroot = "$work/storage"
+runroot = "$work/storage-run"
+[storage.options.overlay]
+$options
+CONF
+  export CONTAINERS_STORAGE_CONF="$work/storage.conf"
+  log "storage on $storage_fs: a private $driver store under $work${options:+ (fuse-overlayfs)}"
+fi
+podman info >"$work/podman-info.txt" 2>&1 \
+  || { cat "$work/podman-info.txt" >&2; skip "podman cannot start here (see its message above)"; }
 
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
