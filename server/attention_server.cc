@@ -50,8 +50,9 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   const std::string address = absl::StrCat(options.host, ":", options.port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
   if (options.max_connection_age > absl::ZeroDuration()) {
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
-                               static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_AGE_MS,
+        static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
     builder.AddChannelArgument(
         GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
         static_cast<int>(absl::ToInt64Milliseconds(options.connection_age_grace)));

@@ -8,18 +8,18 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
 #include "core/status_macros.h"
+#include "proto/codec/status_codes.h"
+#include "proto/codec/tensor_codec.h"
 #include "server/infer_stream_reactor.h"
-#include "server/status_util.h"
-#include "server/tensor_codec.h"
 
 namespace attention::server {
 
 absl::Status EncodeOutcome(RequestOutcome& outcome, int64_t max_bytes,
                            v1::InferResponse* response) {
   try {
-    EncodeTensor(outcome.output, response->mutable_output());
+    wire::EncodeTensor(outcome.output, response->mutable_output());
     if (outcome.attn_weights) {
-      EncodeTensor(*outcome.attn_weights, response->mutable_attn_weights());
+      wire::EncodeTensor(*outcome.attn_weights, response->mutable_attn_weights());
     }
   } catch (const std::bad_alloc&) {
     response->Clear();
@@ -50,7 +50,7 @@ void DescribeModel(const ServedModel& model, bool is_default, v1::ModelInfo* inf
   info->set_bias(s.bias);
   info->set_add_bias_kv(s.add_bias_kv);
   info->set_add_zero_attn(s.add_zero_attn);
-  info->set_compute_dtype(ToProtoDType(s.compute_dtype));
+  info->set_compute_dtype(wire::ToProtoDType(s.compute_dtype));
   const BatchingOptions& b = model.batcher->options();
   info->mutable_batching()->set_max_batch_size(b.max_batch_size);
   info->mutable_batching()->set_max_batch_tokens(b.max_batch_tokens);
@@ -136,7 +136,7 @@ void AttentionServiceImpl::Answered(const ServedModel* model, Method method, abs
     // Operational errors are logged; a client's bad input is its own business.
     static std::atomic<int64_t> logged{0};
     if (logged.fetch_add(1) < 100) {
-      std::cerr << "request failed: " << StatusCodeName(code) << "\n";
+      std::cerr << "request failed: " << wire::StatusCodeName(code) << "\n";
     }
   }
   metrics_->inflight_requests().Decrement();
@@ -157,17 +157,17 @@ absl::Status AttentionServiceImpl::Prepare(const v1::InferRequest& request,
   }
   auto pending = std::make_unique<PendingRequest>();
   MhaInputs& in = pending->inputs;
-  ASSIGN_OR_RETURN(in.query, DecodeTensor(request.query(), "query"));
-  ASSIGN_OR_RETURN(in.key, DecodeOptionalTensor(request.key(), "key"));
-  ASSIGN_OR_RETURN(in.value, DecodeOptionalTensor(request.value(), "value"));
+  ASSIGN_OR_RETURN(in.query, wire::DecodeTensor(request.query(), "query"));
+  ASSIGN_OR_RETURN(in.key, wire::DecodeOptionalTensor(request.key(), "key"));
+  ASSIGN_OR_RETURN(in.value, wire::DecodeOptionalTensor(request.value(), "value"));
   ASSIGN_OR_RETURN(in.key_padding_mask,
-                   DecodeOptionalTensor(request.key_padding_mask(), "key_padding_mask"));
-  ASSIGN_OR_RETURN(in.attn_mask, DecodeOptionalTensor(request.attn_mask(), "attn_mask"));
+                   wire::DecodeOptionalTensor(request.key_padding_mask(), "key_padding_mask"));
+  ASSIGN_OR_RETURN(in.attn_mask, wire::DecodeOptionalTensor(request.attn_mask(), "attn_mask"));
   in.is_causal = request.is_causal();
   in.need_weights = request.need_weights();
   in.average_attn_weights = !request.per_head_weights();
   if (request.output_dtype() != v1::DATA_TYPE_UNSPECIFIED) {
-    ASSIGN_OR_RETURN(DType out, FromProtoDType(request.output_dtype(), "output_dtype"));
+    ASSIGN_OR_RETURN(DType out, wire::FromProtoDType(request.output_dtype(), "output_dtype"));
     in.output_dtype = out;
   }
   ASSIGN_OR_RETURN(pending->call, prepared->model->engine->Validate(in));
@@ -197,13 +197,13 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Infer(grpc::CallbackServerContex
     prepared.pending->done = [this, reactor, response, received, model](RequestOutcome outcome) {
       absl::Status result = outcome.status;
       if (result.ok()) result = EncodeOutcome(outcome, max_response_bytes_, response);
-      reactor->Finish(ToGrpcStatus(result));
+      reactor->Finish(wire::ToGrpcStatus(result));
       Answered(model, Method::kInfer, result.code(), received);
     };
     status = model->batcher->Enqueue(std::move(prepared.pending));
   }
   if (!status.ok()) {
-    reactor->Finish(ToGrpcStatus(status));
+    reactor->Finish(wire::ToGrpcStatus(status));
     Answered(prepared.model, Method::kInfer, status.code(), received);
   }
   return reactor;
@@ -241,7 +241,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetModel(grpc::CallbackServerCon
   }
   const ServedModel* m = repository->Find(request->name());
   if (m == nullptr) {
-    reactor->Finish(ToGrpcStatus(
+    reactor->Finish(wire::ToGrpcStatus(
         absl::NotFoundError(absl::StrCat("name: model '", request->name(), "' is not served"))));
     return reactor;
   }

@@ -69,11 +69,11 @@ const ModelMetrics* Metrics::AddModel(const std::string& model) {
   m->queue_capacity = &queue_capacity_.Add(labels);
   const char* methods[kNumMethods] = {"Infer", "InferStream"};
   for (int method = 0; method < kNumMethods; ++method) {
-    for (int code = 0; code < kNumStatusCodes; ++code) {
+    for (int code = 0; code < wire::kNumStatusCodes; ++code) {
       m->requests[method][code] = &requests_.Add(
           {{"model", model},
            {"method", methods[method]},
-           {"code", std::string(StatusCodeName(static_cast<absl::StatusCode>(code)))}});
+           {"code", std::string(wire::StatusCodeName(static_cast<absl::StatusCode>(code)))}});
     }
   }
   slot = std::move(m);

@@ -21,7 +21,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "server/status_util.h"
+#include "proto/codec/status_codes.h"
 
 namespace attention::server {
 
@@ -40,7 +40,7 @@ struct ModelMetrics {
   prometheus::Gauge* queue_depth = nullptr;           // Requests waiting.
   prometheus::Gauge* queue_capacity = nullptr;        // max_queue_size in force.
   // attention_requests_total by [method][status code].
-  std::array<std::array<prometheus::Counter*, kNumStatusCodes>, kNumMethods> requests{};
+  std::array<std::array<prometheus::Counter*, wire::kNumStatusCodes>, kNumMethods> requests{};
 
   void CountRequest(Method method, absl::StatusCode code) const {
     requests[static_cast<int>(method)][static_cast<int>(code)]->Increment();

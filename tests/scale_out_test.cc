@@ -11,7 +11,7 @@
 #include "attention/v1/attention.grpc.pb.h"
 #include "client/cli/client_util.h"
 #include "gtest/gtest.h"
-#include "server/tensor_codec.h"
+#include "proto/codec/tensor_codec.h"
 #include "tests/server_test_util.h"
 
 namespace attention {
@@ -31,7 +31,7 @@ int SendLoad(v1::AttentionService::Stub* stub, int threads, int count, std::atom
     workers.emplace_back([&, t] {
       std::mt19937 rng(t);
       v1::InferRequest request;
-      server::EncodeTensor(client::RandomNormal({1, 16, 256}, rng), request.mutable_query());
+      wire::EncodeTensor(client::RandomNormal({1, 16, 256}, rng), request.mutable_query());
       while (next.fetch_add(1) < count) {
         grpc::ClientContext ctx;
         client::SetDeadline(&ctx, 20000);

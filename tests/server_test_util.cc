@@ -16,14 +16,14 @@
 
 #include "absl/strings/match.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "server/tensor_codec.h"
+#include "proto/codec/tensor_codec.h"
 
 namespace attention::testing {
 
-void ToProto(const Tensor& t, v1::Tensor* out) { server::EncodeTensor(t, out); }
+void ToProto(const Tensor& t, v1::Tensor* out) { wire::EncodeTensor(t, out); }
 
 Tensor FromProto(const v1::Tensor& t) {
-  return server::DecodeTensorCopy(t, "tensor")->ConvertTo(DType::kFloat32);
+  return wire::DecodeTensorCopy(t, "tensor")->ConvertTo(DType::kFloat32);
 }
 
 int FreePort() {

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "server/status_util.h"
+#include "proto/codec/status_codes.h"
 
 namespace attention::client {
 
@@ -75,7 +75,7 @@ std::string Summarize(const Tensor& t) {
 }
 
 std::string CodeName(grpc::StatusCode code) {
-  return std::string(server::StatusCodeName(static_cast<absl::StatusCode>(code)));
+  return std::string(wire::StatusCodeName(static_cast<absl::StatusCode>(code)));
 }
 
 absl::StatusOr<v1::ModelInfo> FetchModel(v1::AttentionService::Stub* stub, const std::string& name,

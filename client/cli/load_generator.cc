@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/cli/client_util.h"
 #include "nlohmann/json.hpp"
-#include "server/tensor_codec.h"
+#include "proto/codec/tensor_codec.h"
 
 namespace attention::client {
 namespace {
@@ -51,12 +51,11 @@ std::vector<PooledRequest> BuildPool(const LoadOptions& o, const v1::ModelInfo& 
     PooledRequest p;
     p.request.set_model(o.model);
     p.request.set_request_id(absl::StrCat("load-", i));
-    server::EncodeTensor(RandomNormal({o.batch, l, model.embed_dim()}, rng),
-                         p.request.mutable_query());
+    wire::EncodeTensor(RandomNormal({o.batch, l, model.embed_dim()}, rng),
+                       p.request.mutable_query());
     if (cross) {
-      server::EncodeTensor(RandomNormal({o.batch, s, model.kdim()}, rng), p.request.mutable_key());
-      server::EncodeTensor(RandomNormal({o.batch, s, model.vdim()}, rng),
-                           p.request.mutable_value());
+      wire::EncodeTensor(RandomNormal({o.batch, s, model.kdim()}, rng), p.request.mutable_key());
+      wire::EncodeTensor(RandomNormal({o.batch, s, model.vdim()}, rng), p.request.mutable_value());
     }
     const int64_t padded = static_cast<int64_t>(o.pad_share * static_cast<double>(s));
     if (padded > 0) {
@@ -64,7 +63,7 @@ std::vector<PooledRequest> BuildPool(const LoadOptions& o, const v1::ModelInfo& 
       for (int64_t n = 0; n < o.batch; ++n) {
         for (int64_t j = s - padded; j < s; ++j) mask.mutable_as<uint8_t>()[n * s + j] = 1;
       }
-      server::EncodeTensor(mask, p.request.mutable_key_padding_mask());
+      wire::EncodeTensor(mask, p.request.mutable_key_padding_mask());
     }
     p.request.set_is_causal(o.is_causal);
     p.request.set_need_weights(o.need_weights);

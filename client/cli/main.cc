@@ -33,7 +33,7 @@
 #include "client/cli/load_generator.h"
 #include "client/cli/npy.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "server/tensor_codec.h"
+#include "proto/codec/tensor_codec.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051",
           "gRPC target: host:port, dns:///host:port, ipv4:127.0.0.1:1,127.0.0.1:2, ...");
@@ -93,7 +93,7 @@ absl::Status LoadInto(const std::string& path, v1::Tensor* out) {
   if (path.empty()) return absl::OkStatus();
   auto t = ReadNpy(path);
   if (!t.ok()) return t.status();
-  server::EncodeTensor(*t, out);
+  wire::EncodeTensor(*t, out);
   return absl::OkStatus();
 }
 
@@ -123,12 +123,11 @@ int Infer() {
     if (!l.ok() || !s.ok()) return Fail("--seq_len/--kv_seq_len: expected a number", 2);
     std::mt19937 rng(absl::GetFlag(FLAGS_seed));
     const int64_t n = absl::GetFlag(FLAGS_batch);
-    server::EncodeTensor(RandomNormal({n, l->min, model->embed_dim()}, rng),
-                         request.mutable_query());
+    wire::EncodeTensor(RandomNormal({n, l->min, model->embed_dim()}, rng), request.mutable_query());
     if (s->min > 0 || model->kdim() != model->embed_dim() || model->vdim() != model->embed_dim()) {
       const int64_t keys = s->min > 0 ? s->min : l->min;
-      server::EncodeTensor(RandomNormal({n, keys, model->kdim()}, rng), request.mutable_key());
-      server::EncodeTensor(RandomNormal({n, keys, model->vdim()}, rng), request.mutable_value());
+      wire::EncodeTensor(RandomNormal({n, keys, model->kdim()}, rng), request.mutable_key());
+      wire::EncodeTensor(RandomNormal({n, keys, model->vdim()}, rng), request.mutable_value());
     }
   }
   for (auto [path, field] : std::vector<std::pair<std::string, v1::Tensor*>>{
@@ -148,7 +147,7 @@ int Infer() {
     if (!dtype.ok() || *dtype == DType::kBool) {
       return Fail("--output_dtype must be float32, bfloat16 or float16", 2);
     }
-    request.set_output_dtype(server::ToProtoDType(*dtype));
+    request.set_output_dtype(wire::ToProtoDType(*dtype));
   }
 
   grpc::ClientContext ctx;
@@ -158,7 +157,7 @@ int Infer() {
   const grpc::Status status = stub->Infer(&ctx, request, &response);
   const double rtt_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   if (!status.ok()) return Fail(absl::StrCat("Infer failed: ", RpcError(status)));
-  auto output = server::DecodeTensorCopy(response.output(), "output");
+  auto output = wire::DecodeTensorCopy(response.output(), "output");
   if (!output.ok()) return Fail(std::string(output.status().message()));
   std::printf("request_id  %s\n", response.request_id().c_str());
   std::printf(
@@ -169,7 +168,7 @@ int Infer() {
   std::printf("  %s\n", Summarize(*output).c_str());
   std::optional<Tensor> weights;
   if (response.has_attn_weights()) {
-    auto w = server::DecodeTensorCopy(response.attn_weights(), "attn_weights");
+    auto w = wire::DecodeTensorCopy(response.attn_weights(), "attn_weights");
     if (!w.ok()) return Fail(std::string(w.status().message()));
     weights = std::move(*w);
     std::printf("attn_weights %s\n  %s\n", ShapeToString(weights->shape()).c_str(),

@@ -1,9 +1,9 @@
-#include "server/tensor_codec.h"
+#include "proto/codec/tensor_codec.h"
 
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
 
-namespace attention::server {
+namespace attention::wire {
 
 absl::StatusOr<DType> FromProtoDType(v1::DataType dtype, absl::string_view field) {
   switch (dtype) {
@@ -94,4 +94,4 @@ void EncodeTensor(const Tensor& t, v1::Tensor* out) {
   out->set_data(t.data(), t.num_bytes());
 }
 
-}  // namespace attention::server
+}  // namespace attention::wire

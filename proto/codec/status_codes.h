@@ -1,16 +1,16 @@
-// File: server/status_util.h
+// File: proto/codec/status_codes.h
 //
 // The one place where absl::Status becomes grpc::Status. Abseil's codes are
 // gRPC's codes, so the code carries over unchanged.
-#ifndef ATTENTION_SERVER_STATUS_UTIL_H_
-#define ATTENTION_SERVER_STATUS_UTIL_H_
+#ifndef ATTENTION_PROTO_CODEC_STATUS_CODES_H_
+#define ATTENTION_PROTO_CODEC_STATUS_CODES_H_
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
-namespace attention::server {
+namespace attention::wire {
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
@@ -20,6 +20,6 @@ absl::string_view StatusCodeName(absl::StatusCode code);
 // Number of status codes (OK .. UNAUTHENTICATED).
 inline constexpr int kNumStatusCodes = 17;
 
-}  // namespace attention::server
+}  // namespace attention::wire
 
-#endif  // ATTENTION_SERVER_STATUS_UTIL_H_
+#endif  // ATTENTION_PROTO_CODEC_STATUS_CODES_H_

@@ -1,8 +1,8 @@
-#include "server/status_util.h"
+#include "proto/codec/status_codes.h"
 
 #include <string>
 
-namespace attention::server {
+namespace attention::wire {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -31,4 +31,4 @@ absl::string_view StatusCodeName(absl::StatusCode code) {
   return i >= 0 && i < kNumStatusCodes ? kNames[i] : "UNKNOWN";
 }
 
-}  // namespace attention::server
+}  // namespace attention::wire

@@ -1,10 +1,12 @@
-// File: server/tensor_codec.h
+// File: proto/codec/tensor_codec.h
 //
-// Conversion between the API's attention.v1.Tensor and the core's tensors.
+// The wire codec: conversion between the API's attention.v1.Tensor and the
+// core's tensors, shared by the server and the clients (neither reaches into
+// the other).
 // Decoding borrows the message's bytes (no copy): the message must outlive
 // the view. Pure functions, safe from any thread.
-#ifndef ATTENTION_SERVER_TENSOR_CODEC_H_
-#define ATTENTION_SERVER_TENSOR_CODEC_H_
+#ifndef ATTENTION_PROTO_CODEC_TENSOR_CODEC_H_
+#define ATTENTION_PROTO_CODEC_TENSOR_CODEC_H_
 
 #include <optional>
 
@@ -14,7 +16,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 
-namespace attention::server {
+namespace attention::wire {
 
 // DATA_TYPE_FLOAT32 -> kFloat32, ...; InvalidArgument naming `field` for
 // DATA_TYPE_UNSPECIFIED or an unknown value.
@@ -36,6 +38,6 @@ absl::StatusOr<Tensor> DecodeTensorCopy(const v1::Tensor& tensor, absl::string_v
 // Writes `t` into `out` (dtype, shape, bytes).
 void EncodeTensor(const Tensor& t, v1::Tensor* out);
 
-}  // namespace attention::server
+}  // namespace attention::wire
 
-#endif  // ATTENTION_SERVER_TENSOR_CODEC_H_
+#endif  // ATTENTION_PROTO_CODEC_TENSOR_CODEC_H_
