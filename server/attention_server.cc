@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "core/status_macros.h"
 #include "prometheus/exposer.h"
+#include "server/process_metrics.h"
 
 #ifndef ATTENTION_VERSION
 #define ATTENTION_VERSION "dev"
@@ -37,6 +38,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
           absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
     }
     s->exposer_->RegisterCollectable(s->metrics_->registry());
+    s->exposer_->RegisterCollectable(s->process_metrics_);
     std::cerr << "metrics on http://" << address << "/metrics\n";
   }
   ServiceOptions service_options;

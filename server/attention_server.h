@@ -23,6 +23,7 @@
 #include "server/attention_service.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
+#include "server/process_metrics.h"
 
 namespace prometheus {
 class Exposer;
@@ -84,6 +85,7 @@ class AttentionServer {
   const ServerOptions options_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<ProcessMetrics> process_metrics_ = std::make_shared<ProcessMetrics>();
   std::unique_ptr<AttentionServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ModelRepository> repository_;  // Outlives nothing that uses it after Drain.

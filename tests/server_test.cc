@@ -344,6 +344,33 @@ TEST_F(ServerTest, HealthIsServing) {
   }
 }
 
+TEST_F(ServerTest, ProcessMetricsAreExposedAndMove) {
+  auto value = [this](const std::string& name) {
+    return MetricValue(HttpGet(metrics_port_, "/metrics"), name, {});
+  };
+  const double cpu_before = value("process_cpu_seconds_total");
+  // Burn CPU in this process (the server's): a few larger requests.
+  auto stub = InProcessStub();
+  std::mt19937 rng(12);
+  v1::InferRequest request;
+  ToProto(RandomTensor({8, 256, 32}, rng), request.mutable_query());
+  request.set_model("small");
+  for (const absl::Time until = absl::Now() + absl::Milliseconds(300); absl::Now() < until;) {
+    grpc::ClientContext ctx;
+    v1::InferResponse response;
+    ASSERT_TRUE(stub->Infer(&ctx, request, &response).ok());
+  }
+  EXPECT_GT(value("process_cpu_seconds_total"), cpu_before);
+  EXPECT_GT(value("process_resident_memory_bytes"), 10e6);
+  EXPECT_GT(value("process_virtual_memory_bytes"), value("process_resident_memory_bytes"));
+  EXPECT_GT(value("process_open_fds"), 3);
+  EXPECT_GE(value("process_max_fds"), value("process_open_fds"));
+  EXPECT_GT(value("process_threads"), 2);
+  const double start = value("process_start_time_seconds");
+  EXPECT_GT(start, absl::ToUnixSeconds(absl::Now()) - 3600.0);
+  EXPECT_LE(start, absl::ToUnixSeconds(absl::Now()) + 1.0);
+}
+
 TEST_F(ServerTest, MetricsAreExposedAndMove) {
   const std::string before = HttpGet(metrics_port_, "/metrics");
   auto stub = InProcessStub();
