@@ -2,13 +2,15 @@
 # Installs the Debian 12 packages this project needs to build and test, and
 # nothing that is already there. Idempotent; prints what it installs.
 #
-# Usage: scripts/install_deps.sh [--build-only | --runtime]
+# Usage: scripts/install_deps.sh [--build-only | --runtime | --bench]
 #   (no flag)     everything to build, run and test the project: the C++
 #                 toolchain and libraries, Python (PyTorch oracle, client),
 #                 Node.js, Prometheus, and podman/buildah for the container test
 #   --build-only  just what scripts/build.sh needs (the Docker build stage)
 #   --runtime     only the shared libraries the two binaries need at run time
 #                 (the Docker runtime stage)
+#   --bench       everything, plus what bench/ needs: matplotlib for charts,
+#                 python3-onnx and ONNX Runtime (npm) for the peer benchmark
 set -euo pipefail
 
 mode=full
@@ -16,7 +18,8 @@ for arg in "$@"; do
   case "$arg" in
     --runtime) mode=runtime ;;
     --build-only) mode=build ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --bench) mode=bench ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "install_deps.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -37,6 +40,7 @@ test_pkgs=(
   # Monitoring tests, and the container test (no Docker engine here: podman).
   prometheus podman buildah runc debootstrap podman-compose uidmap python3-yaml fuse-overlayfs
 )
+bench_pkgs=(python3-matplotlib python3-onnx)
 runtime_pkgs=(
   libdnnl2 ocl-icd-libopencl1 libgomp1 libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
   libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libc-ares2 libre2-9 libssl3
@@ -45,8 +49,9 @@ runtime_pkgs=(
 case $mode in
   runtime) wanted=("${runtime_pkgs[@]}") ;;
   build) wanted=("${build_pkgs[@]}") ;;
-  full)
+  full|bench)
     wanted=("${build_pkgs[@]}" "${test_pkgs[@]}")
+    [[ $mode == bench ]] && wanted+=("${bench_pkgs[@]}")
     # The Node.js client example: Debian's node and npm unless some are on PATH.
     if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
       wanted+=(nodejs npm)
@@ -76,7 +81,7 @@ fi
 
 # The Node.js client's packages, pinned by client/node/package-lock.json.
 node_dir="$(dirname "$0")/../client/node"
-if [[ $mode == full && -f $node_dir/package-lock.json ]]; then
+if [[ ($mode == full || $mode == bench) && -f $node_dir/package-lock.json ]]; then
   if [[ ! -d $node_dir/node_modules || $node_dir/package-lock.json -nt $node_dir/node_modules ]]; then
     echo "install_deps: npm ci in client/node (@grpc/grpc-js, @grpc/proto-loader)"
     npm ci --prefix "$node_dir" --no-audit --no-fund --loglevel=error >/dev/null
@@ -84,5 +89,11 @@ if [[ $mode == full && -f $node_dir/package-lock.json ]]; then
   else
     echo "install_deps: client/node/node_modules is up to date"
   fi
+fi
+# The peer benchmark's ONNX Runtime (its .npmrc skips the CUDA download).
+peers_dir="$(dirname "$0")/../bench/peers"
+if [[ $mode == bench && -f $peers_dir/package-lock.json ]]; then
+  echo "install_deps: npm ci in bench/peers (onnxruntime-node)"
+  (cd "$peers_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
 echo "install_deps: done"
