@@ -27,6 +27,7 @@ int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
 // the tile sizes times the head depth).
 struct Scratch {
   std::vector<float> q, s, o, m, l;
+  std::vector<uint32_t> qw, pw;  // bfloat16 pairs of Q and of P (bfloat16 mode).
   static void Fit(std::vector<float>* buffer, int64_t n) {
     if (static_cast<int64_t>(buffer->size()) < n) buffer->resize(static_cast<size_t>(n));
   }
@@ -69,6 +70,7 @@ void AddMask(DType dtype, const void* mask, int64_t count, float* row) {
 // The online-softmax step for one row of `keys` scores: updates the running
 // max *m and sum *l, turns the row into exp(s - max), and returns the factor
 // the row's accumulated context must be scaled by.
+template <int kExpDegree>
 float SoftmaxStep(float* s, int64_t keys, float* m, float* l) {
   __m512 mx = _mm512_set1_ps(kNegInf);
   int64_t j = 0;
@@ -85,13 +87,14 @@ float SoftmaxStep(float* s, int64_t keys, float* m, float* l) {
   const __m512 shift = _mm512_set1_ps(m_new);
   __m512 sum = _mm512_setzero_ps();
   for (j = 0; j + 16 <= keys; j += 16) {
-    const __m512 e = avx512::Exp(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift));
+    const __m512 e = avx512::Exp<kExpDegree>(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift));
     _mm512_storeu_ps(s + j, e);
     sum = _mm512_add_ps(sum, e);
   }
   if (j < keys) {
     const __mmask16 tail = avx512::TailMask(keys - j);
-    const __m512 e = avx512::Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), shift));
+    const __m512 e =
+        avx512::Exp<kExpDegree>(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), shift));
     _mm512_mask_storeu_ps(s + j, tail, e);
     sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(tail, e));
   }
@@ -110,6 +113,13 @@ struct Task {
   int64_t ldk;
   const float* v;  // This item and head's V rows as float32, `ldv` apart.
   int64_t ldv;
+  // bfloat16 mode: K^T as (ceil(D/2), ldk) words of feature pairs, and V as
+  // rows of key pairs (ldv words each): the main keys' pairs, then the
+  // appended keys' pairs from row `appended_pairs`.
+  bool bf16 = false;
+  const uint32_t* kt2 = nullptr;
+  const uint32_t* v2 = nullptr;
+  int64_t appended_pairs = 0;
   int64_t n, h, r0, rows;
 };
 
@@ -119,8 +129,14 @@ struct Task {
 void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w) {
   const AttentionProblem& p = *t.p;
   const int64_t depth = p.q.d, ldq = RoundUp16(depth), lds = RoundUp16(keys);
+  const int64_t depth_pairs = (depth + 1) / 2, key_pairs = (keys + 1) / 2;
   float* s = w.s.data();
-  avx512::Scores(w.q.data(), ldq, t.kt + c0, t.ldk, depth, t.rows, keys, s, lds);
+  if (t.bf16) {
+    avx512::ScoresBf16(w.qw.data(), depth_pairs, t.kt2 + c0, t.ldk, depth_pairs, t.rows, keys, s,
+                       lds);
+  } else {
+    avx512::Scores(w.q.data(), ldq, t.kt + c0, t.ldk, depth, t.rows, keys, s, lds);
+  }
 
   const ItemMask& item = *t.item;
   for (int64_t r = 0; r < t.rows; ++r) {
@@ -143,13 +159,25 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
         for (int64_t j = std::max<int64_t>(i + 1 - c0, 0); j < keys; ++j) sr[j] = kNegInf;
       }
     }
-    const float alpha = SoftmaxStep(sr, keys, &w.m[r], &w.l[r]);
+    // bfloat16 probabilities need no float32-exact exp.
+    const float alpha = t.bf16 ? SoftmaxStep<4>(sr, keys, &w.m[r], &w.l[r])
+                               : SoftmaxStep<7>(sr, keys, &w.m[r], &w.l[r]);
     if (alpha != 1.0f) {
       float* o = w.o.data() + r * ldq;
       for (int64_t d = 0; d < ldq; ++d) o[d] *= alpha;
     }
   }
-  avx512::Context(s, lds, t.v + c0 * t.ldv, t.ldv, t.rows, keys, depth, w.o.data(), ldq);
+  if (!t.bf16) {
+    avx512::Context(s, lds, t.v + c0 * t.ldv, t.ldv, t.rows, keys, depth, w.o.data(), ldq);
+    return;
+  }
+  // Probabilities as bfloat16 pairs of keys (the odd last one with a zero).
+  const int64_t ldp = kKeyTile / 2 + 1;
+  for (int64_t r = 0; r < t.rows; ++r)
+    avx512::ToBf16Pairs(s + r * lds, keys, w.pw.data() + r * ldp);
+  const int64_t pair_row = appended ? t.appended_pairs : c0 / 2;
+  avx512::ContextBf16(w.pw.data(), ldp, t.v2 + pair_row * t.ldv, t.ldv, t.rows, key_pairs, depth,
+                      w.o.data(), ldq);
 }
 
 void RunTask(const Task& t) {
@@ -163,6 +191,18 @@ void RunTask(const Task& t) {
   Scratch::Fit(&w.l, kRowTile);
   for (int64_t r = 0; r < t.rows; ++r) {
     LoadRow(p.q.dtype, Element(p.q, t.n, t.h, t.r0 + r), depth, p.scale, w.q.data() + r * ldq);
+  }
+  if (t.bf16) {
+    const int64_t depth_pairs = (depth + 1) / 2;
+    if (static_cast<int64_t>(w.qw.size()) < kRowTile * depth_pairs) {
+      w.qw.resize(static_cast<size_t>(kRowTile * depth_pairs));
+    }
+    if (w.pw.size() < static_cast<size_t>(kRowTile * (kKeyTile / 2 + 1))) {
+      w.pw.resize(static_cast<size_t>(kRowTile * (kKeyTile / 2 + 1)));
+    }
+    for (int64_t r = 0; r < t.rows; ++r) {
+      avx512::ToBf16Pairs(w.q.data() + r * ldq, depth, w.qw.data() + r * depth_pairs);
+    }
   }
   std::fill_n(w.o.data(), t.rows * ldq, 0.0f);
   std::fill_n(w.m.data(), t.rows, kNegInf);
@@ -192,6 +232,74 @@ void RunTask(const Task& t) {
       for (int64_t d = 0; d < depth; ++d) b[d] = FloatToBFloat16(o[d]);
     }
   }
+}
+
+// K^T (D, ldk) and V (S', ldq) of one item and head as float32.
+void PackFloat32(const AttentionProblem& p, int64_t item, int64_t h, int64_t ldk, int64_t ldq,
+                 float* kt, float* v) {
+  const int64_t keys = p.k.t, depth = p.q.d;
+  float row[16 * 256];  // 16 keys of up to 256 features, transposed 16 at a time.
+  const int64_t chunk = depth <= 256 ? 16 : 1;
+  for (int64_t j0 = 0; j0 < keys; j0 += chunk) {
+    const int64_t count = std::min(chunk, keys - j0);
+    for (int64_t j = 0; j < count; ++j) {
+      const char* src = Element(p.k, item, h, j0 + j);
+      if (depth <= 256) {
+        LoadRow(p.k.dtype, src, depth, 1.0f, row + j * depth);
+      } else {
+        LoadRow(p.k.dtype, src, depth, 1.0f, v);  // v as a row buffer, filled below.
+        for (int64_t d = 0; d < depth; ++d) kt[d * ldk + j0] = v[d];
+      }
+    }
+    if (depth <= 256) {
+      for (int64_t d = 0; d < depth; ++d)
+        for (int64_t j = 0; j < count; ++j) kt[d * ldk + j0 + j] = row[j * depth + d];
+    }
+  }
+  for (int64_t d = 0; d < depth; ++d) std::fill(kt + d * ldk + keys, kt + (d + 1) * ldk, 0.0f);
+  for (int64_t j = 0; j < keys; ++j) {
+    LoadRow(p.v.dtype, Element(p.v, item, h, j), depth, 1.0f, v + j * ldq);
+    std::fill(v + j * ldq + depth, v + (j + 1) * ldq, 0.0f);
+  }
+}
+
+// bfloat16 mode: K^T as words of feature pairs (ceil(D/2), ldk), and V as
+// rows of key pairs (ldq words: feature d of keys 2u and 2u + 1), the main
+// `main_keys` keys' pairs first, then the appended keys' pairs.
+void PackBFloat16(const AttentionProblem& p, int64_t item, int64_t h, int64_t main_keys,
+                  int64_t ldk, int64_t ldq, uint32_t* kt, uint32_t* v) {
+  const int64_t keys = p.k.t, depth = p.q.d, depth_pairs = (depth + 1) / 2;
+  auto k_row = [&](int64_t j) {
+    return reinterpret_cast<const uint16_t*>(Element(p.k, item, h, j));
+  };
+  for (int64_t j = 0; j < keys; ++j) {
+    const uint16_t* k = k_row(j);
+    for (int64_t u = 0; u < depth_pairs; ++u) {
+      const uint32_t hi = 2 * u + 1 < depth ? k[2 * u + 1] : 0;
+      kt[u * ldk + j] = k[2 * u] | hi << 16;
+    }
+  }
+  for (int64_t u = 0; u < depth_pairs; ++u) std::fill(kt + u * ldk + keys, kt + (u + 1) * ldk, 0u);
+  uint32_t* out = v;
+  for (int64_t begin : {int64_t{0}, main_keys}) {
+    const int64_t end = begin == 0 ? main_keys : keys;
+    for (int64_t j = begin; j < end; j += 2, out += ldq) {
+      const uint16_t* a = reinterpret_cast<const uint16_t*>(Element(p.v, item, h, j));
+      const uint16_t* b =
+          j + 1 < end ? reinterpret_cast<const uint16_t*>(Element(p.v, item, h, j + 1)) : nullptr;
+      for (int64_t d = 0; d < depth; ++d)
+        out[d] = a[d] | (b != nullptr ? uint32_t{b[d]} << 16 : 0u);
+      std::fill(out + depth, out + ldq, 0u);
+    }
+  }
+}
+
+bool CpuHasAvx512Bf16() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
+  }();
+  return has;
 }
 
 bool CpuHasAvx512() {
@@ -225,45 +333,29 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
   const int64_t ldk = RoundUp16(keys), ldq = RoundUp16(depth);
   const int64_t planes = n * heads;
 
-  // K^T per item and head, (D, ldk) float32, once for every query tile; and V
-  // as dense (S', ldq) float32 rows (read in place, heads 3E apart map onto a
-  // handful of L1 sets and thrash). Zero-padded, plus one vector of slack for
-  // the score kernel's whole-vector reads.
-  Workspace kt_buffer(Workspace::kKernelKeys,
-                      static_cast<size_t>(planes * depth * ldk + 16) * sizeof(float));
-  Workspace v_buffer(Workspace::kKernelValues,
-                     static_cast<size_t>(planes * keys * ldq) * sizeof(float));
-  float* const kt = kt_buffer.as<float>();
-  float* const vf = v_buffer.as<float>();
+  // Packed once per call, for every query tile: K^T per item and head, and V
+  // as dense rows (read in place, heads 3E apart map onto a handful of L1 sets
+  // and thrash). Zero-padded, plus one vector of slack for the score kernel's
+  // whole-vector reads.
+  const bool bf16 = p.q.dtype == DType::kBFloat16 && p.k.dtype == DType::kBFloat16 &&
+                    p.v.dtype == DType::kBFloat16 && CpuHasAvx512Bf16();
+  const int64_t main_keys = plan.keys();
+  const int64_t main_pairs = (main_keys + 1) / 2,
+                pair_rows = main_pairs + (keys - main_keys + 1) / 2;
+  const int64_t k_rows = bf16 ? (depth + 1) / 2 : depth;  // Rows of K^T per plane.
+  const int64_t v_rows = bf16 ? pair_rows : keys;         // Rows of V per plane.
+  Workspace kt_buffer(Workspace::kKernelKeys, static_cast<size_t>(planes * k_rows * ldk + 16) * 4);
+  Workspace v_buffer(Workspace::kKernelValues, static_cast<size_t>(planes * v_rows * ldq) * 4);
 #pragma omp parallel for schedule(static) if (planes * depth * keys > (1 << 16))
   for (int64_t plane = 0; plane < planes; ++plane) {
-    const int64_t item = plane / heads, h = plane % heads;
-    float* dst = kt + plane * depth * ldk;
-    float row[16 * 256];  // 16 keys of up to 256 features.
-    const int64_t chunk = depth <= 256 ? 16 : 1;
-    for (int64_t j0 = 0; j0 < keys; j0 += chunk) {
-      const int64_t count = std::min(chunk, keys - j0);
-      for (int64_t j = 0; j < count; ++j) {
-        const char* src = Element(p.k, item, h, j0 + j);
-        if (depth <= 256) {
-          LoadRow(p.k.dtype, src, depth, 1.0f, row + j * depth);
-        } else {
-          for (int64_t d = 0; d < depth; ++d) {
-            dst[d * ldk + j0] = p.k.dtype == DType::kFloat32
-                                    ? reinterpret_cast<const float*>(src)[d]
-                                    : BFloat16ToFloat(reinterpret_cast<const uint16_t*>(src)[d]);
-          }
-        }
-      }
-      if (depth <= 256) {
-        for (int64_t d = 0; d < depth; ++d)
-          for (int64_t j = 0; j < count; ++j) dst[d * ldk + j0 + j] = row[j * depth + d];
-      }
-    }
-    for (int64_t d = 0; d < depth; ++d) std::fill(dst + d * ldk + keys, dst + (d + 1) * ldk, 0.0f);
-    float* v = vf + plane * keys * ldq;
-    for (int64_t j = 0; j < keys; ++j) {
-      LoadRow(p.v.dtype, Element(p.v, item, h, j), depth, 1.0f, v + j * ldq);
+    char* k_dst = kt_buffer.as<char>() + plane * k_rows * ldk * 4;
+    char* v_dst = v_buffer.as<char>() + plane * v_rows * ldq * 4;
+    if (bf16) {
+      PackBFloat16(p, plane / heads, plane % heads, main_keys, ldk, ldq,
+                   reinterpret_cast<uint32_t*>(k_dst), reinterpret_cast<uint32_t*>(v_dst));
+    } else {
+      PackFloat32(p, plane / heads, plane % heads, ldk, ldq, reinterpret_cast<float*>(k_dst),
+                  reinterpret_cast<float*>(v_dst));
     }
   }
 
@@ -289,10 +381,17 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
       }
       continue;
     }
-    t.kt = kt + plane * depth * ldk;
     t.ldk = ldk;
-    t.v = vf + plane * keys * ldq;
     t.ldv = ldq;
+    t.bf16 = bf16;
+    if (bf16) {
+      t.kt2 = kt_buffer.as<uint32_t>() + plane * k_rows * ldk;
+      t.v2 = v_buffer.as<uint32_t>() + plane * v_rows * ldq;
+      t.appended_pairs = main_pairs;
+    } else {
+      t.kt = kt_buffer.as<float>() + plane * k_rows * ldk;
+      t.v = v_buffer.as<float>() + plane * v_rows * ldq;
+    }
     RunTask(t);
   }
   return absl::OkStatus();
