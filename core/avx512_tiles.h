@@ -5,7 +5,7 @@
 // for up to 4 rows x 64 features at a time, in float32 FMAs and in bfloat16
 // dot products. Include only from translation units compiled with -mavx512f
 // -mavx512bw -mavx512vl -mavx512dq -mavx512bf16, and run them only after a
-// CPU check (the *Bf16 ones need AVX512_BF16 too). Stateless; safe from any
+// CPU check (the bfloat16-pair overloads need AVX512_BF16 too). Stateless; safe from any
 // thread.
 #ifndef ATTENTION_CORE_AVX512_TILES_H_
 #define ATTENTION_CORE_AVX512_TILES_H_
@@ -73,9 +73,42 @@ inline void ScoreBlock(const float* q, int64_t ldq, const float* kt, int64_t ldk
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + r * lds + 16 * v, acc[r][v]);
 }
 
+// bfloat16 dot products (vdpbf16ps, AVX512_BF16): operands are 32-bit words
+// holding two bfloat16 values each, the pair that one instruction multiplies
+// and adds into a float32 lane.
+
+// s[r][16v + i] = sum_p dot(q[r][p], kt[p][16v + i]) over `pairs` word rows:
+// q is (R, pairs) words with row stride ldq; kt is (pairs, keys) words.
+template <int R, int NV>
+inline void ScoreBlock(const uint32_t* q, int64_t ldq, const uint32_t* kt, int64_t ldk,
+                       int64_t pairs, float* s, int64_t lds) {
+  __m512 acc[R][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512i k[NV];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) k[v] = _mm512_loadu_si512(kt + p * ldk + 16 * v);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512i b = _mm512_set1_epi32(static_cast<int>(q[r * ldq + p]));
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) {
+        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)k[v], (__m512bh)b);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + r * lds + 16 * v, acc[r][v]);
+}
+
 // S = Q K^T for `rows` x `keys` (keys padded to whole vectors in kt and s).
-template <int R>
-inline void ScoreRows(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t depth,
+template <int R, typename T>
+inline void ScoreRows(const T* q, int64_t ldq, const T* kt, int64_t ldk, int64_t depth,
                       int64_t keys, float* s, int64_t lds) {
   int64_t c = 0;
   for (; c + 64 <= keys; c += 64) ScoreBlock<R, 4>(q, ldq, kt + c, ldk, depth, s + c, lds);
@@ -86,8 +119,11 @@ inline void ScoreRows(const float* q, int64_t ldq, const float* kt, int64_t ldk,
   if (left == 1) ScoreBlock<R, 1>(q, ldq, kt + c, ldk, depth, s + c, lds);
 }
 
-inline void Scores(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t depth,
-                   int64_t rows, int64_t keys, float* s, int64_t lds) {
+// S = Q K^T for `rows` queries and `keys` keys: T = float (depth features)
+// or uint32_t (depth feature pairs, bfloat16).
+template <typename T>
+inline void Scores(const T* q, int64_t ldq, const T* kt, int64_t ldk, int64_t depth, int64_t rows,
+                   int64_t keys, float* s, int64_t lds) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4)
     ScoreRows<4>(q + r * ldq, ldq, kt, ldk, depth, keys, s + r * lds, lds);
@@ -125,98 +161,13 @@ inline void ContextBlock(const float* p, int64_t ldp, const float* v, int64_t ld
     for (int w = 0; w < NV; ++w) _mm512_storeu_ps(o + r * ldo + 16 * w, acc[r][w]);
 }
 
-template <int R>
-inline void ContextRows(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t keys,
-                        int64_t depth, float* o, int64_t ldo) {
-  for (int64_t d0 = 0; d0 < depth; d0 += 64) {
-    const int64_t left = depth - d0;
-    const int64_t nv = (std::min<int64_t>(left, 64) + 15) / 16;
-    const __mmask16 last = TailMask(left - 16 * (nv - 1));
-    switch (nv) {
-      case 4:
-        ContextBlock<R, 4>(p, ldp, v + d0, ldv, keys, last, o + d0, ldo);
-        break;
-      case 3:
-        ContextBlock<R, 3>(p, ldp, v + d0, ldv, keys, last, o + d0, ldo);
-        break;
-      case 2:
-        ContextBlock<R, 2>(p, ldp, v + d0, ldv, keys, last, o + d0, ldo);
-        break;
-      default:
-        ContextBlock<R, 1>(p, ldp, v + d0, ldv, keys, last, o + d0, ldo);
-    }
-  }
-}
-
-// O += P V for `rows` x `keys` probabilities and `depth` features.
-inline void Context(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t rows,
-                    int64_t keys, int64_t depth, float* o, int64_t ldo) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4)
-    ContextRows<4>(p + r * ldp, ldp, v, ldv, keys, depth, o + r * ldo, ldo);
-  for (; r < rows; ++r) ContextRows<1>(p + r * ldp, ldp, v, ldv, keys, depth, o + r * ldo, ldo);
-}
-
-// bfloat16 dot products (vdpbf16ps, AVX512_BF16): operands are 32-bit words
-// holding two bfloat16 values each, the pair that one instruction multiplies
-// and adds into a float32 lane.
-
-// s[r][16v + i] = sum_p dot(q[r][p], kt[p][16v + i]) over `pairs` word rows:
-// q is (R, pairs) words with row stride ldq; kt is (pairs, keys) words.
-template <int R, int NV>
-inline void ScoreBlockBf16(const uint32_t* q, int64_t ldq, const uint32_t* kt, int64_t ldk,
-                           int64_t pairs, float* s, int64_t lds) {
-  __m512 acc[R][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512i k[NV];
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) k[v] = _mm512_loadu_si512(kt + p * ldk + 16 * v);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const __m512i b = _mm512_set1_epi32(static_cast<int>(q[r * ldq + p]));
-#pragma GCC unroll 16
-      for (int v = 0; v < NV; ++v) {
-        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)k[v], (__m512bh)b);
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + r * lds + 16 * v, acc[r][v]);
-}
-
-template <int R>
-inline void ScoreRowsBf16(const uint32_t* q, int64_t ldq, const uint32_t* kt, int64_t ldk,
-                          int64_t pairs, int64_t keys, float* s, int64_t lds) {
-  int64_t c = 0;
-  for (; c + 64 <= keys; c += 64) ScoreBlockBf16<R, 4>(q, ldq, kt + c, ldk, pairs, s + c, lds);
-  const int64_t left = (keys - c + 15) / 16;
-  if (left == 4) ScoreBlockBf16<R, 4>(q, ldq, kt + c, ldk, pairs, s + c, lds);
-  if (left == 3) ScoreBlockBf16<R, 3>(q, ldq, kt + c, ldk, pairs, s + c, lds);
-  if (left == 2) ScoreBlockBf16<R, 2>(q, ldq, kt + c, ldk, pairs, s + c, lds);
-  if (left == 1) ScoreBlockBf16<R, 1>(q, ldq, kt + c, ldk, pairs, s + c, lds);
-}
-
-inline void ScoresBf16(const uint32_t* q, int64_t ldq, const uint32_t* kt, int64_t ldk,
-                       int64_t pairs, int64_t rows, int64_t keys, float* s, int64_t lds) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    ScoreRowsBf16<4>(q + r * ldq, ldq, kt, ldk, pairs, keys, s + r * lds, lds);
-  }
-  for (; r < rows; ++r) ScoreRowsBf16<1>(q + r * ldq, ldq, kt, ldk, pairs, keys, s + r * lds, lds);
-}
-
 // o[r][d0 + 16w + i] += sum_t dot(p[r][t], v[t][16w + i]) over `pairs` key
 // pairs: p is (R, pairs) words of probabilities, v is (pairs, depth) words
 // (zero-padded to whole vectors), o float32 with whole vectors per row.
 template <int R, int NV>
-inline void ContextBlockBf16(const uint32_t* p, int64_t ldp, const uint32_t* v, int64_t ldv,
-                             int64_t pairs, float* o, int64_t ldo) {
+inline void ContextBlock(const uint32_t* p, int64_t ldp, const uint32_t* v, int64_t ldv,
+                         int64_t pairs, __mmask16 /*last: v is zero-padded*/, float* o,
+                         int64_t ldo) {
   __m512 acc[R][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -241,35 +192,38 @@ inline void ContextBlockBf16(const uint32_t* p, int64_t ldp, const uint32_t* v, 
     for (int w = 0; w < NV; ++w) _mm512_storeu_ps(o + r * ldo + 16 * w, acc[r][w]);
 }
 
-template <int R>
-inline void ContextRowsBf16(const uint32_t* p, int64_t ldp, const uint32_t* v, int64_t ldv,
-                            int64_t pairs, int64_t depth, float* o, int64_t ldo) {
+template <int R, typename T>
+inline void ContextRows(const T* p, int64_t ldp, const T* v, int64_t ldv, int64_t keys,
+                        int64_t depth, float* o, int64_t ldo) {
   for (int64_t d0 = 0; d0 < depth; d0 += 64) {
-    const int64_t nv = (std::min<int64_t>(depth - d0, 64) + 15) / 16;
+    const int64_t left = depth - d0;
+    const int64_t nv = (std::min<int64_t>(left, 64) + 15) / 16;
+    const __mmask16 last = TailMask(left - 16 * (nv - 1));
     switch (nv) {
       case 4:
-        ContextBlockBf16<R, 4>(p, ldp, v + d0, ldv, pairs, o + d0, ldo);
+        ContextBlock<R, 4>(p, ldp, v + d0, ldv, keys, last, o + d0, ldo);
         break;
       case 3:
-        ContextBlockBf16<R, 3>(p, ldp, v + d0, ldv, pairs, o + d0, ldo);
+        ContextBlock<R, 3>(p, ldp, v + d0, ldv, keys, last, o + d0, ldo);
         break;
       case 2:
-        ContextBlockBf16<R, 2>(p, ldp, v + d0, ldv, pairs, o + d0, ldo);
+        ContextBlock<R, 2>(p, ldp, v + d0, ldv, keys, last, o + d0, ldo);
         break;
       default:
-        ContextBlockBf16<R, 1>(p, ldp, v + d0, ldv, pairs, o + d0, ldo);
+        ContextBlock<R, 1>(p, ldp, v + d0, ldv, keys, last, o + d0, ldo);
     }
   }
 }
 
-inline void ContextBf16(const uint32_t* p, int64_t ldp, const uint32_t* v, int64_t ldv,
-                        int64_t rows, int64_t pairs, int64_t depth, float* o, int64_t ldo) {
+// O += P V for `rows` x `keys` probabilities and `depth` features: T = float
+// or uint32_t (`keys` key pairs, bfloat16).
+template <typename T>
+inline void Context(const T* p, int64_t ldp, const T* v, int64_t ldv, int64_t rows, int64_t keys,
+                    int64_t depth, float* o, int64_t ldo) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    ContextRowsBf16<4>(p + r * ldp, ldp, v, ldv, pairs, depth, o + r * ldo, ldo);
-  }
-  for (; r < rows; ++r)
-    ContextRowsBf16<1>(p + r * ldp, ldp, v, ldv, pairs, depth, o + r * ldo, ldo);
+  for (; r + 4 <= rows; r += 4)
+    ContextRows<4>(p + r * ldp, ldp, v, ldv, keys, depth, o + r * ldo, ldo);
+  for (; r < rows; ++r) ContextRows<1>(p + r * ldp, ldp, v, ldv, keys, depth, o + r * ldo, ldo);
 }
 
 // `count` float32 values rounded to bfloat16 (nearest even) as (count + 1) / 2

@@ -132,8 +132,7 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
   const int64_t depth_pairs = (depth + 1) / 2, key_pairs = (keys + 1) / 2;
   float* s = w.s.data();
   if (t.bf16) {
-    avx512::ScoresBf16(w.qw.data(), depth_pairs, t.kt2 + c0, t.ldk, depth_pairs, t.rows, keys, s,
-                       lds);
+    avx512::Scores(w.qw.data(), depth_pairs, t.kt2 + c0, t.ldk, depth_pairs, t.rows, keys, s, lds);
   } else {
     avx512::Scores(w.q.data(), ldq, t.kt + c0, t.ldk, depth, t.rows, keys, s, lds);
   }
@@ -176,8 +175,8 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
   for (int64_t r = 0; r < t.rows; ++r)
     avx512::ToBf16Pairs(s + r * lds, keys, w.pw.data() + r * ldp);
   const int64_t pair_row = appended ? t.appended_pairs : c0 / 2;
-  avx512::ContextBf16(w.pw.data(), ldp, t.v2 + pair_row * t.ldv, t.ldv, t.rows, key_pairs, depth,
-                      w.o.data(), ldq);
+  avx512::Context(w.pw.data(), ldp, t.v2 + pair_row * t.ldv, t.ldv, t.rows, key_pairs, depth,
+                  w.o.data(), ldq);
 }
 
 void RunTask(const Task& t) {

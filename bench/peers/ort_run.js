@@ -3,17 +3,19 @@
 // Driven by peer_bench.py; runs one configuration per process:
 //
 //   node ort_run.js --model m.onnx --input x.bin --shape N,L,E --threads 2 \
-//       --iterations 30 --warmup 3 [--output y.bin]
+//       --iterations 30 [--min_iterations 3 --budget_s 3] --warmup 3 [--output y.bin]
 //
 // x.bin / y.bin are raw little-endian float32 (N*L*E values). Session options: intraOpNumThreads
 // = --threads, interOpNumThreads 1, sequential execution, graph optimisation level "all". Only
-// session.run is timed (after the warmup runs). Prints one JSON line: median_ms, min_ms, ...
+// session.run is timed, after the warmup runs: --iterations calls, or fewer (at least
+// --min_iterations) once --budget_s seconds of timed calls have passed. Prints one JSON line:
+// median_ms, min_ms, iterations, ...
 'use strict';
 const fs = require('fs');
 const ort = require('onnxruntime-node');
 
 function parseArgs(argv) {
-  const args = { threads: 2, iterations: 30, warmup: 3 };
+  const args = { threads: 2, iterations: 30, warmup: 3, min_iterations: 0, budget_s: 0 };
   for (let i = 0; i < argv.length; i++) {
     const m = /^--([a-z_]+)(?:=(.*))?$/.exec(argv[i]);
     if (!m) throw new Error(`unexpected argument '${argv[i]}'`);
@@ -31,6 +33,8 @@ async function main() {
   const threads = Number(args.threads);
   const iterations = Number(args.iterations);
   const warmup = Number(args.warmup);
+  const minIterations = Number(args.min_iterations) || iterations;
+  const budgetMs = Number(args.budget_s) * 1e3;
   const buf = fs.readFileSync(args.input);
   const count = shape.reduce((a, b) => a * b, 1);
   if (buf.length !== 4 * count) throw new Error(`${args.input}: ${buf.length} bytes, want ${4 * count}`);
@@ -46,10 +50,13 @@ async function main() {
   let out;
   for (let i = 0; i < warmup; i++) out = await session.run(feeds);
   const times = [];
+  let spent = 0;
   for (let i = 0; i < iterations; i++) {
+    if (budgetMs > 0 && i >= minIterations && spent >= budgetMs) break;
     const t0 = process.hrtime.bigint();
     out = await session.run(feeds);
     times.push(Number(process.hrtime.bigint() - t0) / 1e6);
+    spent += times[times.length - 1];
   }
   if (args.output) {
     const y = out.y.data;
@@ -60,7 +67,7 @@ async function main() {
   const median = sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
   console.log(JSON.stringify({
     system: 'onnxruntime', version: ort.env.versions.node || ort.env.versions.common,
-    threads, iterations, warmup, median_ms: median, min_ms: sorted[0],
+    threads, iterations: times.length, warmup, median_ms: median, min_ms: sorted[0],
   }));
   await session.release();
 }
