@@ -287,8 +287,8 @@ def main():
                    help="NxLxExH,... self-attention; trailing 'c' = causal (default: %(default)s)")
     p.add_argument("--iterations", type=int, default=None,
                    help="at most this many timed calls per configuration (default 30; --quick 10)")
-    p.add_argument("--min_iterations", type=int, default=3,
-                   help="at least this many (default %(default)s)")
+    p.add_argument("--min_iterations", type=int, default=None,
+                   help="at least this many (default 3; --quick 2)")
     p.add_argument("--budget_s", type=float, default=None,
                    help="stop timing a configuration after this many seconds of calls, once "
                         "--min_iterations are done (default 3; --quick 1)")
@@ -332,6 +332,8 @@ def main():
         args.iterations = 10 if args.quick else 30
     if args.budget_s is None:
         args.budget_s = 1.0 if args.quick else 3.0
+    if args.min_iterations is None:
+        args.min_iterations = 2 if args.quick else 3
     args.min_iterations = max(1, min(args.min_iterations, args.iterations))
 
     if args.worker == "prepare":
