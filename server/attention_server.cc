@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/fused_attention.h"
 #include "core/status_macros.h"
 #include "prometheus/exposer.h"
 #include "server/process_metrics.h"
@@ -85,7 +86,8 @@ absl::Status AttentionServer::LoadModels() {
   const RepositoryOptions& r = options_.repository;
   std::cerr << "loading models from "
             << (r.path.empty() ? std::string("the built-in demo") : r.path) << " ("
-            << r.compute_threads << " compute threads)\n";
+            << r.compute_threads << " compute threads, attention kernel " << AttentionPathName()
+            << ")\n";
   ASSIGN_OR_RETURN(repository_, ModelRepository::Load(r, metrics_.get()));
   service_->SetRepository(repository_.get());
   SetHealth(true);
