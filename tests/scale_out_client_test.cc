@@ -4,6 +4,7 @@
 // re-resolve), and a replica draining (SIGTERM) or dying (SIGKILL) mid-load
 // costs no request, large ones included.
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <thread>
 
@@ -64,6 +65,29 @@ std::string Ipv4Targets(const testing::ServerProcess& a, const testing::ServerPr
   return absl::StrCat("ipv4:", a.target(), ",", b.target());
 }
 
+// Runs `attention-client load <flags>` over replicas a and b; once `a` has
+// answered `served` requests through `method` (or a minute has passed),
+// calls `disrupt(a)`, then waits for the load to end. `awaited` says whether
+// `a` served that many first.
+struct DisruptedLoad {
+  LoadResult result;
+  bool awaited = false;
+  std::string json;
+};
+DisruptedLoad LoadWhile(testing::ServerProcess& a, testing::ServerProcess& b,
+                        const std::string& flags, const std::string& name, double served,
+                        const std::string& method,
+                        const std::function<void(testing::ServerProcess&)>& disrupt) {
+  DisruptedLoad run;
+  run.json = ::testing::TempDir() + "/scale_out_" + name + ".json";
+  std::thread load(
+      [&] { run.result = RunLoad(LoadCommand(Ipv4Targets(a, b), flags, run.json), run.json); });
+  run.awaited = AwaitServed(a, served, method);
+  disrupt(a);
+  load.join();
+  return run;
+}
+
 TEST(ScaleOutClientTest, NewReplicaBehindTheNameGetsTrafficFromConnectedClients) {
   std::string output;
   if (testing::RunCommand("unshare -m true", &output) != 0) {
@@ -88,10 +112,11 @@ TEST(ScaleOutClientTest, NewReplicaBehindTheNameGetsTrafficFromConnectedClients)
   std::thread load([&] { result = RunLoad(command, json); });
   // Once the client is connected to the first replica, the name gains the
   // second (written in place: the bind mount keeps the inode).
-  ASSERT_TRUE(AwaitServed(first, 50));
+  const bool connected = AwaitServed(first, 50);
   std::ofstream(hosts, std::ios::trunc) << "127.0.0.1 localhost\n127.0.0.1 attn.test\n"
                                         << "127.0.0.2 attn.test\n";
   load.join();
+  ASSERT_TRUE(connected) << result.output;
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(result.errors, 0) << result.output;
   const double a = OkCount(first), b = OkCount(second);
@@ -106,17 +131,13 @@ TEST(ScaleOutClientTest, DefaultClientLosesNothingWhenAReplicaDrains) {
   testing::ServerProcess a(ATTENTION_SERVER_BINARY, {"--threads=1"});
   testing::ServerProcess b(ATTENTION_SERVER_BINARY, {"--threads=1"});
   ASSERT_TRUE(a.ok() && b.ok());
-  const std::string json = ::testing::TempDir() + "/scale_out_drain.json";
-  LoadResult result;
-  std::thread load([&] {
-    result = RunLoad(LoadCommand(Ipv4Targets(a, b), "--duration=4s --seq_len=16", json), json);
-  });
-  ASSERT_TRUE(AwaitServed(a, 50));
-  EXPECT_EQ(a.Stop(), 0);  // SIGTERM: NOT_SERVING, refuses, drains, exits.
-  load.join();
-  ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_EQ(result.errors, 0) << result.output;
-  EXPECT_GT(result.ok, 100);
+  const DisruptedLoad run = LoadWhile(a, b, "--duration=4s --seq_len=16", "drain", 50, "Infer",
+                                      // SIGTERM: NOT_SERVING, refuses, drains, exits 0.
+                                      [](testing::ServerProcess& s) { EXPECT_EQ(s.Stop(), 0); });
+  ASSERT_TRUE(run.awaited);
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.output;
+  EXPECT_EQ(run.result.errors, 0) << run.result.output;
+  EXPECT_GT(run.result.ok, 100);
 }
 
 TEST(ScaleOutClientTest, LargeRequestsAreRetriedWhenAReplicaDies) {
@@ -125,42 +146,32 @@ TEST(ScaleOutClientTest, LargeRequestsAreRetriedWhenAReplicaDies) {
   testing::ServerProcess a(ATTENTION_SERVER_BINARY, {"--threads=1"});
   testing::ServerProcess b(ATTENTION_SERVER_BINARY, {"--threads=1"});
   ASSERT_TRUE(a.ok() && b.ok());
-  const std::string json = ::testing::TempDir() + "/scale_out_kill.json";
-  LoadResult result;
-  std::thread load([&] {
-    result = RunLoad(LoadCommand(Ipv4Targets(a, b), "--duration=4s --seq_len=512", json), json);
-  });
-  ASSERT_TRUE(AwaitServed(a, 10));
-  a.Kill();
-  load.join();
-  ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_EQ(result.errors, 0) << result.output;
-  EXPECT_GT(result.ok, 20);
+  const DisruptedLoad run = LoadWhile(a, b, "--duration=4s --seq_len=512", "kill", 10, "Infer",
+                                      [](testing::ServerProcess& s) { s.Kill(); });
+  ASSERT_TRUE(run.awaited);
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.output;
+  EXPECT_EQ(run.result.errors, 0) << run.result.output;
+  EXPECT_GT(run.result.ok, 20);
 }
 
 TEST(ScaleOutClientTest, StreamLoadCountsABrokenStreamOnceAndKeepsItsConcurrency) {
   testing::ServerProcess a(ATTENTION_SERVER_BINARY, {"--threads=1"});
   testing::ServerProcess b(ATTENTION_SERVER_BINARY, {"--threads=1"});
   ASSERT_TRUE(a.ok() && b.ok());
-  const std::string json = ::testing::TempDir() + "/scale_out_stream.json";
-  LoadResult result;
-  std::thread load([&] {
-    result = RunLoad(
-        LoadCommand(Ipv4Targets(a, b), "--rpc=stream --duration=3s --seq_len=16", json), json);
-  });
-  ASSERT_TRUE(AwaitServed(a, 20, "InferStream"));
-  a.Kill();
-  load.join();
-  // (It exits 1: the level had errors.) Each of the 4 workers' streams on the killed replica breaks
-  // once: one error each (its status), never a second for the same failure.
-  EXPECT_LE(result.errors, 4) << result.output;
-  EXPECT_EQ(result.output.find("STREAM_BROKEN"), std::string::npos) << result.output;
+  const DisruptedLoad run = LoadWhile(a, b, "--rpc=stream --duration=3s --seq_len=16", "stream", 20,
+                                      "InferStream", [](testing::ServerProcess& s) { s.Kill(); });
+  ASSERT_TRUE(run.awaited);
+  // (It exits 1: the level had errors.) Each of the 4 workers' streams on the
+  // killed replica breaks once: one error each (its status), never a second
+  // for the same failure.
+  EXPECT_LE(run.result.errors, 4) << run.result.output;
+  EXPECT_EQ(run.result.output.find("STREAM_BROKEN"), std::string::npos) << run.result.output;
   // The workers reopened their streams on the survivor and ran the whole 3 s.
-  std::ifstream in(json);
+  std::ifstream in(run.json);
   const nlohmann::json levels = nlohmann::json::parse(in, nullptr, false);
   ASSERT_TRUE(levels.is_array() && !levels.empty());
-  EXPECT_GE(levels[0]["seconds"].get<double>(), 2.9) << result.output;
-  EXPECT_GT(result.ok, 100);
+  EXPECT_GE(levels[0]["seconds"].get<double>(), 2.9) << run.result.output;
+  EXPECT_GT(run.result.ok, 100);
 }
 
 }  // namespace
