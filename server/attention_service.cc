@@ -95,17 +95,17 @@ absl::Status AttentionServiceImpl::CheckResponseSize(const MhaSpec& spec, const 
   // Field tags and lengths, shapes, timings: well under this.
   constexpr int64_t kFramingBytes = 1024;
   *response_bytes = output_bytes + weights_bytes + kFramingBytes + static_cast<int64_t>(id_bytes);
-  if (*response_bytes > max_response_bytes_) {
+  if (*response_bytes > options_.max_response_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("response: would be about ", *response_bytes, " bytes (output ", output_bytes,
                      ", attn_weights ", weights_bytes, "), over the server's max_message_bytes ",
-                     max_response_bytes_));
+                     options_.max_response_bytes));
   }
   return absl::OkStatus();
 }
 
 AttentionServiceImpl::AttentionServiceImpl(Metrics* metrics, ServiceOptions options)
-    : metrics_(metrics), options_(options), max_response_bytes_(options.max_response_bytes) {}
+    : metrics_(metrics), options_(options) {}
 
 void AttentionServiceImpl::SetRepository(const ModelRepository* repository) {
   repository_.store(repository);
@@ -196,7 +196,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Infer(grpc::CallbackServerContex
     const ServedModel* model = prepared.model;
     prepared.pending->done = [this, reactor, response, received, model](RequestOutcome outcome) {
       absl::Status result = outcome.status;
-      if (result.ok()) result = EncodeOutcome(outcome, max_response_bytes_, response);
+      if (result.ok()) result = EncodeOutcome(outcome, options_.max_response_bytes, response);
       reactor->Finish(wire::ToGrpcStatus(result));
       Answered(model, Method::kInfer, result.code(), received);
     };

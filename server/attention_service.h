@@ -92,7 +92,6 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
 
   Metrics* const metrics_;
   const ServiceOptions options_;
-  const int64_t max_response_bytes_;
   std::atomic<const ModelRepository*> repository_{nullptr};
   std::atomic<bool> draining_{false};
   absl::Mutex mu_;

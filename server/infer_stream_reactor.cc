@@ -19,9 +19,7 @@ void SetError(const absl::Status& status, v1::InferResponse* response) {
 
 InferStreamReactor::InferStreamReactor(AttentionServiceImpl* service,
                                        grpc::CallbackServerContext* context)
-    : service_(service),
-      context_(context),
-      max_response_bytes_(service->options().max_response_bytes) {
+    : service_(service), context_(context) {
   {
     absl::MutexLock lock(&mu_);
     reading_ = true;
@@ -76,7 +74,7 @@ void InferStreamReactor::OnReadDone(bool ok) {
   const ServedModel* model = prepared.model;
   const std::string id = request->request_id();
   if (status.ok()) {
-    const int64_t max_bytes = max_response_bytes_;
+    const int64_t max_bytes = service_->options().max_response_bytes;
     prepared.pending->done = [this, id, received, model, charge,
                               max_bytes](RequestOutcome outcome) {
       v1::InferResponse response;

@@ -66,7 +66,6 @@ class InferStreamReactor : public grpc::ServerBidiReactor<v1::InferRequest, v1::
 
   AttentionServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
-  const int64_t max_response_bytes_;
   std::unique_ptr<v1::InferRequest> incoming_;  // Only the reaction thread touches it.
   absl::Mutex mu_;
   std::deque<Outgoing> writes_ ABSL_GUARDED_BY(mu_);  // Front is being written.
