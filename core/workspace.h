@@ -41,6 +41,12 @@ class Workspace {
     kScores,           // The primitive path's block of scores.
     kScoreMask,        // Its block of additive masks.
     kProbabilities16,  // Its bfloat16 probabilities.
+    // A caller's padded batch for ForwardBatch (the server's batcher thread):
+    kBatchQuery,    // Its queries,
+    kBatchKey,      // keys,
+    kBatchValue,    // values,
+    kBatchOutput,   // output
+    kBatchWeights,  // and attention weights.
     kSlotCount,
   };
   // Largest buffer a thread keeps per slot.

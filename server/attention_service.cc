@@ -17,9 +17,12 @@ namespace attention::server {
 absl::Status EncodeOutcome(RequestOutcome& outcome, int64_t max_bytes,
                            v1::InferResponse* response) {
   try {
-    wire::EncodeTensor(outcome.output, response->mutable_output());
+    OutputTensor& out = outcome.output;
+    wire::EncodeTensorBytes(out.dtype, out.shape, std::move(out.bytes), response->mutable_output());
     if (outcome.attn_weights) {
-      wire::EncodeTensor(*outcome.attn_weights, response->mutable_attn_weights());
+      OutputTensor& w = *outcome.attn_weights;
+      wire::EncodeTensorBytes(w.dtype, w.shape, std::move(w.bytes),
+                              response->mutable_attn_weights());
     }
   } catch (const std::bad_alloc&) {
     response->Clear();

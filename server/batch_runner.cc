@@ -2,18 +2,33 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
+
+#include "core/workspace.h"
 
 namespace attention::server {
 namespace {
 
-// Copies an item's (rows, features) block into a zero-padded float32 batch
-// buffer whose items hold `padded_rows` rows.
+// Copies an item's (rows, features) block into a float32 batch buffer whose
+// items hold `padded_rows` rows, and zeroes the padding rows: they are
+// masked or ignored, but stale bytes could hold NaN, and 0 x NaN is NaN.
 void CopyItem(const TensorView& src, int64_t item, int64_t rows, int64_t features, float* dst,
               int64_t dst_item, int64_t padded_rows) {
   const size_t esize = DTypeSize(src.dtype);
   const char* from = static_cast<const char*>(src.data) + item * rows * features * esize;
-  ConvertFloats(src.dtype, from, DType::kFloat32, dst + dst_item * padded_rows * features,
-                static_cast<size_t>(rows * features));
+  float* to = dst + dst_item * padded_rows * features;
+  ConvertFloats(src.dtype, from, DType::kFloat32, to, static_cast<size_t>(rows * features));
+  std::memset(to + rows * features, 0,
+              static_cast<size_t>((padded_rows - rows) * features) * sizeof(float));
+}
+
+// An uninitialised wire tensor of `shape` in `dtype`.
+OutputTensor MakeOutput(DType dtype, Shape shape) {
+  OutputTensor t;
+  t.dtype = dtype;
+  t.bytes.resize(static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype));
+  t.shape = std::move(shape);
+  return t;
 }
 
 }  // namespace
@@ -43,44 +58,44 @@ std::vector<RequestOutcome> RunBatch(const MhaEngine& engine,
   stats->padded_tokens = items * max_l;
   stats->flops = ForwardFlops(s, items, max_l, self_attention ? max_l : max_s);
 
-  // Padded inputs and per-item masks.
-  Tensor query(DType::kFloat32, {items, max_l, e});
-  Tensor key, value;
-  if (!self_attention) {
-    key = Tensor(DType::kFloat32, {items, max_s, s.kdim});
-    value = Tensor(DType::kFloat32, {items, max_s, s.vdim});
-  }
+  // Padded inputs and per-item masks, in this thread's reused buffers.
+  const int64_t keys = self_attention ? max_l : max_s;
+  const int64_t total_keys = keys + s.extra_keys();
+  auto floats = [](int64_t n) { return static_cast<size_t>(n) * sizeof(float); };
+  Workspace query(Workspace::kBatchQuery, floats(items * max_l * e));
+  Workspace key(Workspace::kBatchKey, self_attention ? 0 : floats(items * max_s * s.kdim));
+  Workspace value(Workspace::kBatchValue, self_attention ? 0 : floats(items * max_s * s.vdim));
+  Workspace output(Workspace::kBatchOutput, floats(items * max_l * e));
+  Workspace weights(Workspace::kBatchWeights,
+                    any_weights ? floats(items * heads * max_l * total_keys) : 0);
   std::vector<ItemMask> masks;
   masks.reserve(items);
   int64_t item = 0;
   for (const auto& r : batch) {
     const MhaCall& c = r->call;
     for (int64_t i = 0; i < c.batch; ++i, ++item) {
-      CopyItem(r->inputs.query, i, c.queries, e, query.mutable_as<float>(), item, max_l);
+      CopyItem(r->inputs.query, i, c.queries, e, query.as<float>(), item, max_l);
       if (!self_attention) {
         const TensorView& v = r->inputs.value ? *r->inputs.value : *r->inputs.key;
-        CopyItem(*r->inputs.key, i, c.keys, s.kdim, key.mutable_as<float>(), item, max_s);
-        CopyItem(v, i, c.keys, s.vdim, value.mutable_as<float>(), item, max_s);
+        CopyItem(*r->inputs.key, i, c.keys, s.kdim, key.as<float>(), item, max_s);
+        CopyItem(v, i, c.keys, s.vdim, value.as<float>(), item, max_s);
       }
       masks.push_back(c.items[i]);
     }
   }
 
-  const int64_t keys = self_attention ? max_l : max_s;
-  const int64_t total_keys = keys + s.extra_keys();
-  std::vector<float> output(static_cast<size_t>(items * max_l * e));
-  std::vector<float> weights(any_weights ? static_cast<size_t>(items * heads * max_l * total_keys)
-                                         : 0);
   std::optional<TensorView> key_view, value_view;
   if (!self_attention) {
-    key_view = key.view();
-    value_view = value.view();
+    key_view = TensorView{DType::kFloat32, {items, max_s, s.kdim}, key.data()};
+    value_view = TensorView{DType::kFloat32, {items, max_s, s.vdim}, value.data()};
   }
-  const absl::Status status =
-      engine.ForwardBatch(query.view(), key_view, value_view, masks, output.data(),
-                          any_weights ? weights.data() : nullptr);
+  const absl::Status status = engine.ForwardBatch(
+      TensorView{DType::kFloat32, {items, max_l, e}, query.data()}, key_view, value_view, masks,
+      output.as<float>(), any_weights ? weights.as<float>() : nullptr);
 
+  // Each request's rows, converted straight into its response bytes.
   std::vector<RequestOutcome> outcomes(batch.size());
+  std::vector<float> averaged;
   item = 0;
   for (size_t b = 0; b < batch.size(); ++b) {
     const PendingRequest& r = *batch[b];
@@ -90,42 +105,48 @@ std::vector<RequestOutcome> RunBatch(const MhaEngine& engine,
     out.batch_requests = static_cast<int>(batch.size());
     if (!status.ok()) continue;
     const DType out_dtype = r.inputs.output_dtype.value_or(r.inputs.query.dtype);
+    const size_t out_size = DTypeSize(out_dtype);
     const int64_t l = c.queries, own_keys = c.keys, own_total = own_keys + s.extra_keys();
-    Tensor out32(DType::kFloat32, {c.batch, l, e});
-    Tensor w32;
+    out.output = MakeOutput(out_dtype, r.inputs.query.shape);
     const bool per_head = !r.inputs.average_attn_weights;
     if (r.inputs.need_weights) {
-      w32 = per_head ? Tensor(DType::kFloat32, {c.batch, heads, l, own_total})
-                     : Tensor(DType::kFloat32, {c.batch, l, own_total});
+      Shape wshape = per_head ? Shape{c.batch, heads, l, own_total} : Shape{c.batch, l, own_total};
+      if (!c.batched) wshape.erase(wshape.begin());
+      out.attn_weights = MakeOutput(out_dtype, std::move(wshape));
+      averaged.resize(static_cast<size_t>(own_total));
     }
     for (int64_t i = 0; i < c.batch; ++i, ++item) {
-      std::memcpy(out32.mutable_as<float>() + i * l * e, output.data() + item * max_l * e,
-                  l * e * sizeof(float));
+      ConvertFloats(DType::kFloat32, output.as<float>() + item * max_l * e, out_dtype,
+                    out.output.bytes.data() + i * l * e * out_size, static_cast<size_t>(l * e));
       if (!r.inputs.need_weights) continue;
-      float* dst = w32.mutable_as<float>();
-      for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t q = 0; q < l; ++q) {
-          const float* row = weights.data() + ((item * heads + h) * max_l + q) * total_keys;
-          float* to = per_head ? dst + ((i * heads + h) * l + q) * own_total
-                               : dst + (i * l + q) * own_total;
-          // The item's own keys, then the appended ones (stored after padding).
+      char* dst = out.attn_weights->bytes.data();
+      // Row q of head h: the item's own keys, then the appended ones (stored
+      // after the padding).
+      auto row = [&](int64_t h, int64_t q) {
+        return weights.as<float>() + ((item * heads + h) * max_l + q) * total_keys;
+      };
+      auto own = [&](int64_t j) { return j < own_keys ? j : keys + (j - own_keys); };
+      for (int64_t q = 0; q < l; ++q) {
+        if (per_head) {
+          for (int64_t h = 0; h < heads; ++h) {
+            const float* from = row(h, q);
+            for (int64_t j = 0; j < own_total; ++j) averaged[j] = from[own(j)];
+            ConvertFloats(DType::kFloat32, averaged.data(), out_dtype,
+                          dst + ((i * heads + h) * l + q) * own_total * out_size,
+                          static_cast<size_t>(own_total));
+          }
+          continue;
+        }
+        std::fill(averaged.begin(), averaged.end(), 0.0f);
+        for (int64_t h = 0; h < heads; ++h) {
+          const float* from = row(h, q);
           for (int64_t j = 0; j < own_total; ++j) {
-            const float w = row[j < own_keys ? j : keys + (j - own_keys)];
-            to[j] = per_head ? w : to[j] + w / static_cast<float>(heads);
+            averaged[j] += from[own(j)] / static_cast<float>(heads);
           }
         }
+        ConvertFloats(DType::kFloat32, averaged.data(), out_dtype,
+                      dst + (i * l + q) * own_total * out_size, static_cast<size_t>(own_total));
       }
-    }
-    Shape out_shape = r.inputs.query.shape;
-    (void)out32.Reshape(out_shape);
-    out.output = out_dtype == DType::kFloat32 ? std::move(out32) : out32.ConvertTo(out_dtype);
-    if (r.inputs.need_weights) {
-      Shape wshape = w32.shape();
-      if (!c.batched) {
-        wshape.erase(wshape.begin());
-        (void)w32.Reshape(wshape);
-      }
-      out.attn_weights = out_dtype == DType::kFloat32 ? std::move(w32) : w32.ConvertTo(out_dtype);
     }
   }
   return outcomes;

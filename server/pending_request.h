@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -18,10 +19,18 @@
 
 namespace attention::server {
 
+// A result in its wire form: the encoder moves `bytes` into the response
+// message without copying them again.
+struct OutputTensor {
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  std::string bytes;  // product(shape) elements of dtype, row-major.
+};
+
 struct RequestOutcome {
-  absl::Status status;                 // OK, or why the request was not computed.
-  Tensor output;                       // The query's shape, in the output dtype.
-  std::optional<Tensor> attn_weights;  // When asked.
+  absl::Status status;                       // OK, or why the request was not computed.
+  OutputTensor output;                       // The query's shape, in the output dtype.
+  std::optional<OutputTensor> attn_weights;  // When asked.
   int64_t queue_us = 0;                // Enqueue to batch start.
   int64_t compute_us = 0;              // The batch's compute time.
   int batch_requests = 0;              // Requests in the executed batch.

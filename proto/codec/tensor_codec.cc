@@ -1,6 +1,8 @@
 #include "proto/codec/tensor_codec.h"
 
 #include "absl/strings/str_cat.h"
+#include <utility>
+
 #include "core/checked_math.h"
 
 namespace attention::wire {
@@ -92,6 +94,12 @@ void EncodeTensor(const Tensor& t, v1::Tensor* out) {
   out->set_dtype(ToProtoDType(t.dtype()));
   out->mutable_shape()->Assign(t.shape().begin(), t.shape().end());
   out->set_data(t.data(), t.num_bytes());
+}
+
+void EncodeTensorBytes(DType dtype, const Shape& shape, std::string bytes, v1::Tensor* out) {
+  out->set_dtype(ToProtoDType(dtype));
+  out->mutable_shape()->Assign(shape.begin(), shape.end());
+  out->set_data(std::move(bytes));
 }
 
 }  // namespace attention::wire

@@ -9,6 +9,7 @@
 #define ATTENTION_PROTO_CODEC_TENSOR_CODEC_H_
 
 #include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -37,6 +38,10 @@ absl::StatusOr<Tensor> DecodeTensorCopy(const v1::Tensor& tensor, absl::string_v
 
 // Writes `t` into `out` (dtype, shape, bytes).
 void EncodeTensor(const Tensor& t, v1::Tensor* out);
+
+// Writes a tensor already laid out as wire bytes into `out`, moving `bytes`
+// (product(shape) elements of `dtype`) in without a copy.
+void EncodeTensorBytes(DType dtype, const Shape& shape, std::string bytes, v1::Tensor* out);
 
 }  // namespace attention::wire
 
