@@ -268,6 +268,27 @@ absl::Status MhaEngine::ForwardBatch(const TensorView& query, const std::optiona
   });
 }
 
+absl::Status MhaEngine::Project(Part part, const TensorView& x, float* y) const {
+  return ResourceExhaustedOnBadAlloc("MhaEngine::Project", [&]() -> absl::Status {
+    const Projection& p = part == Part::kQuery   ? q_proj_
+                          : part == Part::kKey   ? k_proj_
+                          : part == Part::kValue ? v_proj_
+                                                 : out_proj_;
+    const int64_t rows = x.num_elements() / p.in;
+    std::unique_ptr<Workspace> converted;
+    const void* in = InDType(x, compute_, Workspace::kQueryInput, &converted);
+    // The in-projections were packed for outputs in the compute dtype.
+    if (part == Part::kOut || compute_ == DType::kFloat32) {
+      return Linear(p, in, 1, rows, y, DType::kFloat32, 0);
+    }
+    Workspace projected(Workspace::kProjected, rows * p.out * DTypeSize(compute_));
+    RETURN_IF_ERROR(Linear(p, in, 1, rows, projected.data(), compute_, 0));
+    ConvertFloats(compute_, projected.data(), DType::kFloat32, y,
+                  static_cast<size_t>(rows * p.out));
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<MhaCall> MhaEngine::Validate(const MhaInputs& in) const {
   const MhaSpec& s = model_->spec();
   const int64_t e = s.embed_dim, heads = s.num_heads;

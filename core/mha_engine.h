@@ -107,6 +107,12 @@ class MhaEngine {
                             const std::vector<ItemMask>& items, float* output,
                             float* weights) const;
 
+  // The layer's projections, for callers that keep keys and values
+  // themselves (sessions): y (rows, E) float32 = x (rows, in) W^T + b for
+  // dense x of any float dtype. kQuery has 1/sqrt(head_dim) folded in.
+  enum class Part { kQuery, kKey, kValue, kOut };
+  absl::Status Project(Part part, const TensorView& x, float* y) const;
+
   const MhaModel& model() const { return *model_; }
   const PrimitiveCache& cache() const { return cache_; }
 

@@ -47,6 +47,14 @@ class Workspace {
     kBatchValue,    // values,
     kBatchOutput,   // output
     kBatchWeights,  // and attention weights.
+    // A batch of session steps (SessionEngine):
+    kStepTokens,   // The appended tokens in float32,
+    kStepQuery,    // their projected queries,
+    kStepKey,      // keys,
+    kStepValue,    // values,
+    kStepContext,  // attention context,
+    kStepOutput,   // out-projection
+    kStepWeights,  // and per-head weights to average.
     kSlotCount,
   };
   // Largest buffer a thread keeps per slot.

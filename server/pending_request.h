@@ -31,9 +31,9 @@ struct RequestOutcome {
   absl::Status status;                       // OK, or why the request was not computed.
   OutputTensor output;                       // The query's shape, in the output dtype.
   std::optional<OutputTensor> attn_weights;  // When asked.
-  int64_t queue_us = 0;                // Enqueue to batch start.
-  int64_t compute_us = 0;              // The batch's compute time.
-  int batch_requests = 0;              // Requests in the executed batch.
+  int64_t queue_us = 0;                      // Enqueue to batch start.
+  int64_t compute_us = 0;                    // The batch's compute time.
+  int batch_requests = 0;                    // Requests in the executed batch.
 };
 
 struct PendingRequest {

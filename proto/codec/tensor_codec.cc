@@ -1,7 +1,7 @@
 #include "proto/codec/tensor_codec.h"
 
-#include "absl/strings/str_cat.h"
 #include <utility>
+#include "absl/strings/str_cat.h"
 
 #include "core/checked_math.h"
 

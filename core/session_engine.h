@@ -1,0 +1,105 @@
+// File: core/session_engine.h
+//
+// SessionEngine computes attention for sessions that keep their projected
+// keys and values in a KvCache, so that an autoregressive decoder sends each
+// new token once instead of the whole prefix every step.
+//
+// A self-attention step appends T tokens x (T, E): their keys and values are
+// stored, and token i of the chunk (position p = length + i) attends to every
+// stored token up to p that is a key, plus add_bias_kv's and add_zero_attn's
+// keys. Its output is exactly row p of
+//   MultiheadAttention(X, X, X, key_padding_mask=not_key, attn_mask=causal)
+// over the whole sequence X so far. A cross-attention session's keys and
+// values are fixed at InitCross (an encoder's output, projected once); a
+// step sends query tokens only.
+//
+// Every row is computed the same way however the sequence was chunked (the
+// keys are stored before any row of the step is scored), so token-by-token,
+// chunked and all-at-once appends agree to float rounding of the projections.
+// A row with no attendable key gets zero weights and a zero context, as the
+// stateless engine does.
+//
+// Run() computes a batch of steps of different sessions together: the
+// projections of all their tokens are one GEMM each, then attention runs per
+// row over each session's own blocks (OpenMP over token x head rows).
+//
+// Thread safety: const methods may run concurrently on different caches; the
+// caller serialises steps of one session. The engine is not owned and must
+// outlive this. No exception escapes.
+#ifndef ATTENTION_CORE_SESSION_ENGINE_H_
+#define ATTENTION_CORE_SESSION_ENGINE_H_
+
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/kv_cache.h"
+#include "core/mha_engine.h"
+#include "core/tensor.h"
+
+namespace attention {
+
+// One session's step in a batch.
+struct SessionStep {
+  KvCache* cache = nullptr;  // Reserved for the tokens (self sessions).
+  bool cross = false;        // Query-only step against InitCross's keys.
+  bool is_causal = false;    // Cross only: the query at position p sees keys <= p.
+  int64_t position = 0;      // Cross only: query tokens appended before this step.
+  TensorView tokens;         // (T, E), any float dtype.
+  // Self only, (T) bool: true = stored but never attended to.
+  std::optional<TensorView> not_key;
+  bool need_weights = false;
+  bool average_weights = true;  // (T, S') if true, else (H, T, S').
+  float* output = nullptr;      // (T, E) float32.
+  float* weights = nullptr;     // When need_weights.
+};
+
+// The fixed keys and values of a cross-attention session.
+struct CrossKeys {
+  TensorView key;                              // (S, kdim)
+  TensorView value;                            // (S, vdim)
+  std::optional<TensorView> key_padding_mask;  // (S): bool (true = ignore) or float (added).
+};
+
+class SessionEngine {
+ public:
+  // `cache_dtype`: float32, or bfloat16 (half the memory; approximate for a
+  // float32 model).
+  SessionEngine(const MhaEngine* engine, DType cache_dtype);
+
+  SessionEngine(const SessionEngine&) = delete;
+  SessionEngine& operator=(const SessionEngine&) = delete;
+
+  DType cache_dtype() const { return cache_dtype_; }
+  // A new, empty cache's block size in bytes.
+  size_t block_bytes() const;
+  const MhaSpec& spec() const { return engine_->model().spec(); }
+
+  // InvalidArgument naming the tensor when the step's tokens are not a
+  // (T, E) float tensor or `not_key` is not a (T) bool tensor (or is given
+  // for a cross session).
+  absl::Status ValidateStep(bool cross, const TensorView& tokens,
+                            const std::optional<TensorView>& not_key) const;
+  absl::Status ValidateCross(const CrossKeys& keys) const;
+
+  // Projects the fixed keys and values into the empty `cache`.
+  // ResourceExhausted when its blocks cannot be had.
+  absl::Status InitCross(const CrossKeys& keys, KvCache* cache) const;
+
+  // Columns of a step's weights rows: the keys it can see after the step
+  // (stored tokens, then the model's extra keys).
+  int64_t WeightColumns(const SessionStep& step) const;
+
+  // Computes `steps` (of distinct sessions) together and commits the self
+  // sessions' new tokens. On error no session changes.
+  absl::Status Run(const std::vector<SessionStep>& steps) const;
+
+ private:
+  const MhaEngine* const engine_;
+  const DType cache_dtype_;
+  std::vector<float> bias_k_, bias_v_;  // add_bias_kv's keys, projected space.
+};
+
+}  // namespace attention
+
+#endif  // ATTENTION_CORE_SESSION_ENGINE_H_

@@ -1,0 +1,37 @@
+// File: core/session_kernel.h
+//
+// The attention of one query row of one head against a session's cached
+// keys and values (KvCache's block layout): scores, softmax with the keys'
+// additive biases, and the weighted sum of values. Decoding is bound by
+// reading the cache, so the loops run over contiguous kBlockTokens-wide key
+// columns and head_dim-wide value rows; the function is compiled for
+// AVX-512 and for baseline x86-64 and picks one at load time.
+//
+// Pure function of its arguments; safe from any thread.
+#ifndef ATTENTION_CORE_SESSION_KERNEL_H_
+#define ATTENTION_CORE_SESSION_KERNEL_H_
+
+#include <cstdint>
+
+#include "core/kv_cache.h"
+
+namespace attention {
+
+struct SessionRow {
+  const KvCache* cache = nullptr;
+  int64_t head = 0;
+  int64_t keys = 0;               // Stored tokens this row may see: [0, keys).
+  int64_t stored = 0;             // Stored tokens the weights row spans (>= keys).
+  const float* q = nullptr;       // head_dim, with the 1/sqrt(head_dim) scale.
+  const float* bias_k = nullptr;  // add_bias_kv's key and value for this head, or null.
+  const float* bias_v = nullptr;
+  bool zero_attn = false;    // add_zero_attn's key (score 0, value 0).
+  float* context = nullptr;  // head_dim outputs.
+  float* weights = nullptr;  // Optional: stored + extra probabilities.
+};
+
+void AttendSessionRow(const SessionRow& row);
+
+}  // namespace attention
+
+#endif  // ATTENTION_CORE_SESSION_KERNEL_H_
