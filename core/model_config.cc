@@ -81,12 +81,26 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
       set_int(c.serving.max_queue_delay_us, 0);
     } else if (key == "max_queue_size") {
       set_int(c.serving.max_queue_size, 1);
+    } else if (key == "max_sessions") {
+      set_int(c.serving.max_sessions, 0);
+    } else if (key == "max_session_tokens") {
+      set_int(c.serving.max_session_tokens, 1);
+    } else if (key == "session_ttl_s") {
+      set_int(c.serving.session_ttl_s, 1);
+    } else if (key == "session_cache_dtype") {
+      if (!it.value().is_string() || (it.value() != "float32" && it.value() != "bfloat16")) {
+        status = KeyError(key, "\"float32\" or \"bfloat16\"", it.value());
+      } else {
+        c.serving.session_cache_dtype =
+            it.value() == "float32" ? DType::kFloat32 : DType::kBFloat16;
+      }
     } else {
       status = absl::InvalidArgumentError(absl::StrCat(
           "config.json: unknown key '", key,
           "': expected num_heads, embed_dim, kdim, vdim, bias, add_bias_kv, add_zero_attn, "
           "compute_dtype, max_batch_size, max_batch_tokens, max_queue_delay_us, "
-          "max_queue_size"));
+          "max_queue_size, max_sessions, max_session_tokens, session_ttl_s, "
+          "session_cache_dtype"));
     }
     if (!status.ok()) return status;
   }

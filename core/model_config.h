@@ -26,6 +26,11 @@ struct ServingConfig {
   std::optional<int64_t> max_batch_tokens;    // Padded query tokens per batch, >= 1.
   std::optional<int64_t> max_queue_delay_us;  // Longest wait of the oldest request, >= 0.
   std::optional<int64_t> max_queue_size;      // Queued requests before refusing, >= 1.
+  // Sessions (server-held keys and values):
+  std::optional<int64_t> max_sessions;        // Live sessions of this model, >= 0 (0: none).
+  std::optional<int64_t> max_session_tokens;  // Tokens one session may hold, >= 1.
+  std::optional<int64_t> session_ttl_s;       // Default idle time before expiry, >= 1.
+  std::optional<DType> session_cache_dtype;   // float32 or bfloat16 (approximate for float32).
 };
 
 // config.json as written. Every field but num_heads is optional; the model

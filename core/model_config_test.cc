@@ -19,7 +19,8 @@ TEST(ModelConfigTest, ParsesEveryKey) {
   auto c = ParseModelConfig(R"({"num_heads": 4, "embed_dim": 64, "kdim": 32, "vdim": 16,
       "bias": false, "add_bias_kv": true, "add_zero_attn": true, "compute_dtype": "bfloat16",
       "max_batch_size": 8, "max_batch_tokens": 4096, "max_queue_delay_us": 500,
-      "max_queue_size": 128})");
+      "max_queue_size": 128, "max_sessions": 10, "max_session_tokens": 2048,
+      "session_ttl_s": 60, "session_cache_dtype": "bfloat16"})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->num_heads, 4);
   EXPECT_EQ(*c->embed_dim, 64);
@@ -33,6 +34,10 @@ TEST(ModelConfigTest, ParsesEveryKey) {
   EXPECT_EQ(*c->serving.max_batch_tokens, 4096);
   EXPECT_EQ(*c->serving.max_queue_delay_us, 500);
   EXPECT_EQ(*c->serving.max_queue_size, 128);
+  EXPECT_EQ(*c->serving.max_sessions, 10);
+  EXPECT_EQ(*c->serving.max_session_tokens, 2048);
+  EXPECT_EQ(*c->serving.session_ttl_s, 60);
+  EXPECT_EQ(*c->serving.session_cache_dtype, DType::kBFloat16);
 }
 
 TEST(ModelConfigTest, OnlyNumHeadsIsRequired) {
@@ -55,6 +60,10 @@ TEST(ModelConfigTest, RejectsBadConfigs) {
   ExpectInvalid(R"({"num_heads": 2, "compute_dtype": "float16"})",
                 "'compute_dtype' must be \"float32\" or \"bfloat16\", got \"float16\"");
   ExpectInvalid(R"({"num_heads": 2, "dropout": 0.1})", "unknown key 'dropout'");
+  ExpectInvalid(R"({"num_heads": 2, "session_cache_dtype": "float16"})",
+                "'session_cache_dtype' must be \"float32\" or \"bfloat16\", got \"float16\"");
+  ExpectInvalid(R"({"num_heads": 2, "max_session_tokens": 0})",
+                "'max_session_tokens' must be an integer >= 1, got 0");
   ExpectInvalid(R"({"num_heads": 3, "embed_dim": 8})",
                 "embed_dim 8 is not divisible by num_heads 3");
   ExpectInvalid(R"({"num_heads": 2, "max_queue_delay_us": -1})",

@@ -21,6 +21,7 @@ namespace attention::server {
 namespace {
 
 constexpr char kServiceName[] = "attention.v1.AttentionService";
+constexpr char kSessionServiceName[] = "attention.v1.SessionService";
 
 }  // namespace
 
@@ -47,6 +48,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   service_options.max_stream_pending = options.max_stream_pending;
   service_options.max_stream_pending_bytes = options.max_stream_pending_bytes;
   s->service_ = std::make_unique<AttentionServiceImpl>(s->metrics_.get(), service_options);
+  s->session_service_ = std::make_unique<SessionServiceImpl>(s->service_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -63,6 +65,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(s->service_.get());
+  builder.RegisterService(s->session_service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
@@ -80,6 +83,7 @@ void AttentionServer::SetHealth(bool serving) {
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   health->SetServingStatus(serving);
   health->SetServingStatus(kServiceName, serving);
+  health->SetServingStatus(kSessionServiceName, serving);
 }
 
 absl::Status AttentionServer::LoadModels() {
@@ -89,6 +93,9 @@ absl::Status AttentionServer::LoadModels() {
             << r.compute_threads << " compute threads, attention kernel " << AttentionPathName()
             << ")\n";
   ASSIGN_OR_RETURN(repository_, ModelRepository::Load(r, metrics_.get()));
+  sessions_ =
+      std::make_unique<SessionManager>(repository_.get(), metrics_.get(), options_.sessions);
+  session_service_->SetManager(sessions_.get());
   service_->SetRepository(repository_.get());
   SetHealth(true);
   std::cerr << "ready: serving " << repository_->models().size() << " model(s), default '"
@@ -100,6 +107,7 @@ bool AttentionServer::Drain() {
   drained_ = true;
   SetHealth(false);
   service_->StartDraining();
+  if (sessions_ != nullptr) sessions_->StopAccepting();
   if (repository_ != nullptr) repository_->StopAccepting();
   const absl::Time start = absl::Now();
   const bool idle = service_->WaitIdle(options_.drain_timeout);
@@ -114,6 +122,7 @@ bool AttentionServer::Drain() {
   server_->Shutdown(absl::ToChronoTime(absl::Now() + left));
   server_->Wait();
   repository_.reset();
+  sessions_.reset();
   return idle;
 }
 

@@ -24,6 +24,8 @@
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/process_metrics.h"
+#include "server/session_manager.h"
+#include "server/session_service.h"
 
 namespace prometheus {
 class Exposer;
@@ -51,6 +53,7 @@ struct ServerOptions {
   // refused with UNAVAILABLE before the listener closes.
   absl::Duration drain_grace = absl::Milliseconds(500);
   RepositoryOptions repository;
+  SessionOptions sessions;
 };
 
 class AttentionServer {
@@ -77,6 +80,7 @@ class AttentionServer {
   AttentionServiceImpl& service() { return *service_; }
   // Null before LoadModels().
   ModelRepository* repository() { return repository_.get(); }
+  SessionManager* sessions() { return sessions_.get(); }
 
  private:
   explicit AttentionServer(const ServerOptions& options);
@@ -87,8 +91,10 @@ class AttentionServer {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::shared_ptr<ProcessMetrics> process_metrics_ = std::make_shared<ProcessMetrics>();
   std::unique_ptr<AttentionServiceImpl> service_;
+  std::unique_ptr<SessionServiceImpl> session_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ModelRepository> repository_;  // Outlives nothing that uses it after Drain.
+  std::unique_ptr<SessionManager> sessions_;     // Destroyed after the repository's batchers.
   int port_ = 0;
   bool drained_ = false;
 };

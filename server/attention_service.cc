@@ -10,7 +10,7 @@
 #include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
 #include "proto/codec/tensor_codec.h"
-#include "server/infer_stream_reactor.h"
+#include "server/stream_reactor.h"
 
 namespace attention::server {
 
@@ -132,7 +132,12 @@ void AttentionServiceImpl::Answered(const ServedModel* model, Method method, abs
                                     absl::Time received) {
   if (model != nullptr) {
     model->metrics->CountRequest(method, code);
-    model->metrics->request_duration->Observe(absl::ToDoubleSeconds(absl::Now() - received));
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - received);
+    if (method == Method::kInfer || method == Method::kInferStream) {
+      model->metrics->request_duration->Observe(seconds);
+    } else if (method == Method::kAppend || method == Method::kSessionStream) {
+      model->metrics->append_duration->Observe(seconds);
+    }
   }
   if (code != absl::StatusCode::kOk && code != absl::StatusCode::kInvalidArgument &&
       code != absl::StatusCode::kNotFound && code != absl::StatusCode::kCancelled) {
@@ -200,21 +205,41 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Infer(grpc::CallbackServerContex
     prepared.pending->done = [this, reactor, response, received, model](RequestOutcome outcome) {
       absl::Status result = outcome.status;
       if (result.ok()) result = EncodeOutcome(outcome, options_.max_response_bytes, response);
-      reactor->Finish(wire::ToGrpcStatus(result));
       Answered(model, Method::kInfer, result.code(), received);
+      reactor->Finish(wire::ToGrpcStatus(result));
     };
     status = model->batcher->Enqueue(std::move(prepared.pending));
   }
   if (!status.ok()) {
-    reactor->Finish(wire::ToGrpcStatus(status));
     Answered(prepared.model, Method::kInfer, status.code(), received);
+    reactor->Finish(wire::ToGrpcStatus(status));
   }
   return reactor;
 }
 
 grpc::ServerBidiReactor<v1::InferRequest, v1::InferResponse>* AttentionServiceImpl::InferStream(
     grpc::CallbackServerContext* context) {
-  return new InferStreamReactor(this, context);
+  using Reactor = StreamReactor<v1::InferRequest, v1::InferResponse>;
+  return new Reactor(
+      this, context, Method::kInferStream,
+      [this](std::shared_ptr<v1::InferRequest> request, grpc::CallbackServerContext* call) {
+        Reactor::Prepared out;
+        auto prepared = std::make_shared<Prepared>();
+        out.status = Prepare(*request, request, call, prepared.get());
+        out.model = prepared->model;
+        out.response_bytes = prepared->response_bytes;
+        out.submit = [this, prepared](Reactor::Reply reply) {
+          const int64_t max_bytes = options_.max_response_bytes;
+          prepared->pending->done = [reply, max_bytes](RequestOutcome outcome) {
+            v1::InferResponse response;
+            absl::Status result = outcome.status;
+            if (result.ok()) result = EncodeOutcome(outcome, max_bytes, &response);
+            reply(std::move(response), result);
+          };
+          return prepared->model->batcher->Enqueue(std::move(prepared->pending));
+        };
+        return out;
+      });
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::ListModels(grpc::CallbackServerContext* context,

@@ -75,13 +75,17 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
                        grpc::CallbackServerContext* context, Prepared* prepared);
 
   // Counts a request as answered: metrics by method and code, duration, and
-  // the in-flight gauge.
+  // the in-flight gauge. Unary handlers call it just before Finish(), so a
+  // client that has its response also sees it counted.
   void Answered(const ServedModel* model, Method method, absl::StatusCode code,
                 absl::Time received);
   // Counts a request as received (in flight).
   void Received();
 
   const ServiceOptions& options() const { return options_; }
+  // Null until SetRepository().
+  const ModelRepository* repository() const { return repository_.load(); }
+  bool draining() const { return draining_.load(); }
 
  private:
   // RESOURCE_EXHAUSTED, naming the sizes, when the response to `in` (output,

@@ -88,6 +88,7 @@ absl::Status DynamicBatcher::Enqueue(std::unique_ptr<PendingRequest> request) {
 
 std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
   const PendingRequest& first = *queue_.front();
+  if (first.session != nullptr) return PickSessionBatch(ready);
   const bool self_attention = first.call.self_attention;
   std::vector<size_t> picked = {0};
   int64_t items = first.call.batch, max_l = first.call.queries, real = first.tokens();
@@ -99,7 +100,7 @@ std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
   for (size_t i = 1; i < queue_.size() && !*ready; ++i) {
     if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) break;
     const PendingRequest& r = *queue_[i];
-    if (r.call.self_attention != self_attention) continue;
+    if (r.call.self_attention != self_attention || r.session != nullptr) continue;
     const int64_t l = std::max(max_l, r.call.queries);
     const int64_t padded = (items + r.call.batch) * l;
     if (padded > options_.max_batch_tokens) {
@@ -128,6 +129,28 @@ std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
     max_l = l;
     real += r.tokens();
     real_keys += r.key_tokens();
+  }
+  if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) *ready = true;
+  return picked;
+}
+
+std::vector<size_t> DynamicBatcher::PickSessionBatch(bool* ready) const {
+  // Steps are packed, not padded: only their tokens add up. A cross
+  // session's creation goes alone.
+  std::vector<size_t> picked = {0};
+  int64_t tokens = queue_.front()->tokens();
+  *ready = options_.max_batch_size == 1 ||
+           queue_.front()->session->kind == SessionWork::Kind::kInitCross;
+  for (size_t i = 1; i < queue_.size() && !*ready; ++i) {
+    if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) break;
+    const PendingRequest& r = *queue_[i];
+    if (r.session == nullptr || r.session->kind != SessionWork::Kind::kAppend) continue;
+    if (tokens + r.tokens() > options_.max_batch_tokens) {
+      *ready = true;
+      break;
+    }
+    tokens += r.tokens();
+    picked.push_back(i);
   }
   if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) *ready = true;
   return picked;
@@ -211,9 +234,11 @@ void DynamicBatcher::Execute(std::vector<std::unique_ptr<PendingRequest>> batch)
     start = absl::Now();
     // Small batches run on one thread: waking an OpenMP team for each of a
     // forward pass's primitives costs more than it saves below ~32 MFLOP.
-    omp_set_num_threads(EstimateFlops(batch) < kSmallBatchFlops ? 1 : compute_threads_);
+    const bool sessions = batch.front()->session != nullptr;
+    omp_set_num_threads(!sessions && EstimateFlops(batch) < kSmallBatchFlops ? 1
+                                                                             : compute_threads_);
     try {
-      outcomes = RunBatch(*engine_, batch, &stats);
+      outcomes = sessions ? session_runner_(batch, &stats) : RunBatch(*engine_, batch, &stats);
     } catch (const std::bad_alloc&) {
       // Admission bounds every batch's memory; this is the last line, so
       // that running out is every request's error and never a crash.

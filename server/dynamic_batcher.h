@@ -9,7 +9,9 @@
 // computed; padded key tokens (items x longest key) are bounded by
 // max_batch_tokens too, and a request whose own keys exceed it runs alone.
 // The oldest request always goes first. Self-attention requests and requests
-// with their own key/value are batched separately.
+// with their own key/value are batched separately, and session work (steps
+// of different sessions, packed without padding up to max_batch_tokens) only
+// with session work, run by the session runner.
 //
 // A request whose deadline passes while queued is answered
 // DEADLINE_EXCEEDED, and a cancelled one CANCELLED, without being computed.
@@ -22,6 +24,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -32,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/mha_engine.h"
+#include "server/batch_runner.h"
 #include "server/metrics.h"
 #include "server/pending_request.h"
 
@@ -70,6 +74,13 @@ class DynamicBatcher {
   // Refuses new requests from now on; queued ones are still computed.
   void Stop();
 
+  // Computes a batch of session work (PendingRequest::session set): one
+  // outcome per request, in order.
+  using SessionRunner = std::function<std::vector<RequestOutcome>(
+      const std::vector<std::unique_ptr<PendingRequest>>&, BatchStats*)>;
+  // Set once, before any session work is enqueued.
+  void SetSessionRunner(SessionRunner runner) { session_runner_ = std::move(runner); }
+
   // A batch needing attention weights keeps them all, (items, H, L, S')
   // float32: requests join it only while that stays under this, and a
   // request needing more by itself is refused before it is queued.
@@ -86,6 +97,7 @@ class DynamicBatcher {
   // Picks the next batch from the queue (oldest first). Sets *ready when it
   // must go now (full, or nothing more can join it).
   std::vector<size_t> PickBatch(bool* ready) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<size_t> PickSessionBatch(bool* ready) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes cancelled and expired requests into *dropped.
   void DropDead(absl::Time now,
                 std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>>* dropped)
@@ -101,6 +113,7 @@ class DynamicBatcher {
   const ModelMetrics* const metrics_;
   absl::Mutex* const compute_mutex_;
   const int compute_threads_;
+  SessionRunner session_runner_;
 
   mutable absl::Mutex mu_;
   absl::CondVar wake_;

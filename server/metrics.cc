@@ -41,9 +41,27 @@ Metrics::Metrics(const std::string& version)
                                "The model's max_queue_size: queued requests beyond it are "
                                "refused with RESOURCE_EXHAUSTED.",
                                *registry_)),
+      sessions_(Register(prometheus::BuildGauge(), "attention_sessions",
+                         "Live sessions (server-held keys and values).", *registry_)),
+      session_tokens_(Register(prometheus::BuildCounter(), "attention_session_tokens_total",
+                               "Tokens appended to sessions.", *registry_)),
+      append_duration_(
+          Register(prometheus::BuildHistogram(), "attention_session_append_duration_seconds",
+                   "Time from receiving an append to sending its response.", *registry_)),
+      session_ends_(Register(prometheus::BuildCounter(), "attention_session_ends_total",
+                             "Sessions ended, by reason: closed by the client, expired "
+                             "after their idle TTL, or evicted for memory or count.",
+                             *registry_)),
       inflight_(&Register(prometheus::BuildGauge(), "attention_inflight_requests",
                           "Requests received and not yet answered.", *registry_)
-                     .Add({})) {
+                     .Add({})),
+      session_memory_(&Register(prometheus::BuildGauge(), "attention_session_memory_bytes",
+                                "Session key/value cache memory held (mapped slabs).", *registry_)
+                           .Add({})),
+      session_capacity_(&Register(prometheus::BuildGauge(),
+                                  "attention_session_memory_capacity_bytes",
+                                  "The session memory budget (--session_memory_bytes).", *registry_)
+                             .Add({})) {
   Register(prometheus::BuildGauge(), "attention_build_info", "Build information; always 1.",
            *registry_)
       .Add({{"version", version}})
@@ -67,7 +85,15 @@ const ModelMetrics* Metrics::AddModel(const std::string& model) {
   m->flops = &flops_.Add(labels);
   m->queue_depth = &queue_depth_.Add(labels);
   m->queue_capacity = &queue_capacity_.Add(labels);
-  const char* methods[kNumMethods] = {"Infer", "InferStream"};
+  m->sessions = &sessions_.Add(labels);
+  m->session_tokens = &session_tokens_.Add(labels);
+  m->append_duration = &append_duration_.Add(labels, DurationBuckets());
+  const char* ends[kNumSessionEnds] = {"closed", "expired", "evicted"};
+  for (int i = 0; i < kNumSessionEnds; ++i) {
+    m->session_ends[i] = &session_ends_.Add({{"model", model}, {"reason", ends[i]}});
+  }
+  const char* methods[kNumMethods] = {"Infer",         "InferStream", "CreateSession", "Append",
+                                      "SessionStream", "GetSession",  "CloseSession"};
   for (int method = 0; method < kNumMethods; ++method) {
     for (int code = 0; code < wire::kNumStatusCodes; ++code) {
       m->requests[method][code] = &requests_.Add(

@@ -25,8 +25,20 @@
 
 namespace attention::server {
 
-enum class Method { kInfer = 0, kInferStream = 1 };
-inline constexpr int kNumMethods = 2;
+enum class Method {
+  kInfer = 0,
+  kInferStream = 1,
+  kCreateSession = 2,
+  kAppend = 3,
+  kSessionStream = 4,
+  kGetSession = 5,
+  kCloseSession = 6,
+};
+inline constexpr int kNumMethods = 7;
+
+// Why a session ended (attention_session_ends_total{reason}).
+enum class SessionEnd { kClosed = 0, kExpired = 1, kEvicted = 2 };
+inline constexpr int kNumSessionEnds = 3;
 
 // One model's series.
 struct ModelMetrics {
@@ -39,6 +51,10 @@ struct ModelMetrics {
   prometheus::Counter* flops = nullptr;               // FLOPs executed.
   prometheus::Gauge* queue_depth = nullptr;           // Requests waiting.
   prometheus::Gauge* queue_capacity = nullptr;        // max_queue_size in force.
+  prometheus::Gauge* sessions = nullptr;              // Live sessions.
+  prometheus::Counter* session_tokens = nullptr;      // Tokens appended to sessions.
+  prometheus::Histogram* append_duration = nullptr;   // Receipt to response, seconds.
+  std::array<prometheus::Counter*, kNumSessionEnds> session_ends{};
   // attention_requests_total by [method][status code].
   std::array<std::array<prometheus::Counter*, wire::kNumStatusCodes>, kNumMethods> requests{};
 
@@ -61,6 +77,9 @@ class Metrics {
   const ModelMetrics* AddModel(const std::string& model);
 
   prometheus::Gauge& inflight_requests() { return *inflight_; }
+  // Session cache memory held (mapped) and the budget, server-wide.
+  prometheus::Gauge& session_memory_bytes() { return *session_memory_; }
+  prometheus::Gauge& session_memory_capacity_bytes() { return *session_capacity_; }
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
   // Buckets of the duration histograms: 50 us to 10 s.
@@ -78,7 +97,13 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& flops_;
   prometheus::Family<prometheus::Gauge>& queue_depth_;
   prometheus::Family<prometheus::Gauge>& queue_capacity_;
+  prometheus::Family<prometheus::Gauge>& sessions_;
+  prometheus::Family<prometheus::Counter>& session_tokens_;
+  prometheus::Family<prometheus::Histogram>& append_duration_;
+  prometheus::Family<prometheus::Counter>& session_ends_;
   prometheus::Gauge* inflight_;
+  prometheus::Gauge* session_memory_;
+  prometheus::Gauge* session_capacity_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<ModelMetrics>> models_ ABSL_GUARDED_BY(mu_);
 };

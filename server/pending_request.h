@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "core/mha_engine.h"
+#include "core/session_engine.h"
 #include "core/tensor.h"
 
 namespace attention::server {
@@ -34,6 +35,21 @@ struct RequestOutcome {
   int64_t queue_us = 0;                      // Enqueue to batch start.
   int64_t compute_us = 0;                    // The batch's compute time.
   int batch_requests = 0;                    // Requests in the executed batch.
+  int64_t session_length = 0;                // Session work: the session's length after it.
+};
+
+struct Session;
+
+// A session's step, queued and batched like a request: an append, or a cross
+// session's creation (projecting its fixed keys and values).
+struct SessionWork {
+  enum class Kind { kAppend, kInitCross };
+  Kind kind = Kind::kAppend;
+  std::shared_ptr<Session> session;
+  TensorView tokens;                  // Append: (T, E).
+  std::optional<TensorView> not_key;  // Append, self sessions: (T) bool.
+  CrossKeys cross;                    // kInitCross.
+  int64_t key_count = 0;              // kInitCross: S.
 };
 
 struct PendingRequest {
@@ -44,6 +60,10 @@ struct PendingRequest {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> is_cancelled;  // Optional; polled while queued.
   std::function<void(RequestOutcome)> done;
+  // Set for session work, which is batched only with session work; `inputs`
+  // then carries need_weights, average_attn_weights and output_dtype, and
+  // `call` the token count (batch 1, queries T).
+  std::unique_ptr<SessionWork> session;
 
   // Real query tokens: items x query length.
   int64_t tokens() const { return call.batch * call.queries; }

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "server/attention_server.h"
+#include "server/memory_limit.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on for gRPC and metrics.");
 ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one and print it).");
@@ -57,6 +58,21 @@ ABSL_FLAG(double, max_connection_age_grace_s, 30,
           "How long calls in flight on a connection past its age may still take.");
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long accepted requests may take to finish.");
+ABSL_FLAG(int64_t, session_memory_bytes, 0,
+          "Budget of every session's key/value cache, in bytes; 0: a quarter of the cgroup "
+          "memory limit (or of the machine's memory when there is none).");
+ABSL_FLAG(int64_t, max_sessions, 4096,
+          "Default live sessions per model (config.json's max_sessions overrides); 0: none.");
+ABSL_FLAG(int64_t, max_session_tokens, 32768,
+          "Default tokens one session may hold (config.json's max_session_tokens overrides).");
+ABSL_FLAG(int64_t, session_ttl_s, 600,
+          "Default idle seconds before a session expires (config.json's session_ttl_s and "
+          "CreateSession's ttl_s override).");
+ABSL_FLAG(double, session_evict_grace_s, 2,
+          "Only sessions idle at least this long may be evicted to make room for others.");
+ABSL_FLAG(std::string, advertise_address, "",
+          "This replica's address as clients reach it (host:port); appended to session ids so "
+          "that clients send a session's calls to the replica holding it.");
 ABSL_FLAG(bool, warmup, true, "Create oneDNN primitives for common shapes before serving.");
 
 namespace attention::server {
@@ -91,6 +107,22 @@ int Run() {
                              ? absl::GetFlag(FLAGS_threads)
                              : static_cast<int>(std::thread::hardware_concurrency());
   repo.warmup = absl::GetFlag(FLAGS_warmup);
+  SessionOptions& sessions = options.sessions;
+  std::string memory_source;
+  const int64_t memory = MemoryLimitBytes(&memory_source);
+  sessions.memory_bytes = absl::GetFlag(FLAGS_session_memory_bytes) > 0
+                              ? absl::GetFlag(FLAGS_session_memory_bytes)
+                              : memory / 4;
+  sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  sessions.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
+  sessions.ttl = absl::Seconds(absl::GetFlag(FLAGS_session_ttl_s));
+  sessions.evict_grace = absl::Seconds(absl::GetFlag(FLAGS_session_evict_grace_s));
+  sessions.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  std::cerr << "session memory budget " << sessions.memory_bytes << " bytes ("
+            << (absl::GetFlag(FLAGS_session_memory_bytes) > 0
+                    ? std::string("--session_memory_bytes")
+                    : absl::StrCat("a quarter of ", memory, " bytes of ", memory_source))
+            << ")\n";
 
   auto server = AttentionServer::Listen(options);
   if (!server.ok()) {

@@ -1,0 +1,135 @@
+#include "server/session_batch_runner.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace attention::server {
+namespace {
+
+// One admitted append's buffers: float32 results, converted afterwards unless
+// the request wants float32 (then the engine writes the response bytes).
+struct Admitted {
+  size_t index = 0;
+  SessionStep step;
+  DType out_dtype = DType::kFloat32;
+  std::vector<float> output, weights;
+  Shape weights_shape;
+};
+
+OutputTensor MakeOutput(DType dtype, Shape shape) {
+  OutputTensor t;
+  t.dtype = dtype;
+  t.bytes.resize(static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype));
+  t.shape = std::move(shape);
+  return t;
+}
+
+}  // namespace
+
+std::vector<RequestOutcome> RunSessionBatch(
+    SessionManager& manager, SessionModel& model,
+    const std::vector<std::unique_ptr<PendingRequest>>& batch, BatchStats* stats) {
+  const SessionEngine& engine = *model.engine;
+  const MhaSpec& spec = engine.spec();
+  const int64_t e = spec.embed_dim, heads = spec.num_heads;
+  std::vector<RequestOutcome> outcomes(batch.size());
+  std::vector<Admitted> admitted;
+  admitted.reserve(batch.size());
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const PendingRequest& r = *batch[b];
+    SessionWork& work = *r.session;
+    Session& session = *work.session;
+    RequestOutcome& out = outcomes[b];
+    out.batch_requests = static_cast<int>(batch.size());
+    {
+      absl::MutexLock lock(&session.mu);
+      if (!session.ended.empty()) {
+        out.status = absl::NotFoundError(absl::StrCat("session_id: session '", session.id, "' ",
+                                                      session.ended, " before this append ran"));
+        continue;
+      }
+    }
+    if (work.kind == SessionWork::Kind::kInitCross) {
+      out.status = manager.Reserve(session, work.key_count);
+      if (out.status.ok()) out.status = engine.InitCross(work.cross, session.cache.get());
+      if (out.status.ok()) manager.Committed(session, 0);
+      continue;
+    }
+    const int64_t t = work.tokens.dim(0);
+    const int64_t length = session.cross ? session.position : session.cache->length();
+    if (length + t > model.max_session_tokens) {
+      out.status = absl::FailedPreconditionError(
+          absl::StrCat("tokens: appending ", t, " tokens to a session of ", length,
+                       " would pass the model's max_session_tokens ", model.max_session_tokens));
+      continue;
+    }
+    if (!session.cross) {
+      out.status = manager.Reserve(session, t);
+      if (!out.status.ok()) continue;
+    }
+    Admitted a;
+    a.index = b;
+    SessionStep& step = a.step;
+    step.cache = session.cache.get();
+    step.cross = session.cross;
+    step.is_causal = session.is_causal;
+    step.position = session.position;
+    step.tokens = work.tokens;
+    step.not_key = work.not_key;
+    step.need_weights = r.inputs.need_weights;
+    step.average_weights = r.inputs.average_attn_weights;
+    a.out_dtype = r.inputs.output_dtype.value_or(work.tokens.dtype);
+    out.output = MakeOutput(a.out_dtype, {t, e});
+    if (a.out_dtype == DType::kFloat32) {
+      step.output = reinterpret_cast<float*>(out.output.bytes.data());
+    } else {
+      a.output.resize(static_cast<size_t>(t * e));
+      step.output = a.output.data();
+    }
+    if (step.need_weights) {
+      const int64_t columns = engine.WeightColumns(step);
+      a.weights_shape = step.average_weights ? Shape{t, columns} : Shape{heads, t, columns};
+      a.weights.resize(static_cast<size_t>(NumElements(a.weights_shape)));
+      step.weights = a.weights.data();
+    }
+    stats->real_tokens += t;
+    stats->flops += 2.0 * t * e * e * (session.cross ? 2 : 4) +
+                    4.0 * t * (step.cross ? step.cache->length() : length + t) * e;
+    admitted.push_back(std::move(a));
+  }
+  stats->padded_tokens = stats->real_tokens;
+  if (admitted.empty()) return outcomes;
+
+  std::vector<SessionStep> steps;
+  steps.reserve(admitted.size());
+  for (const Admitted& a : admitted) steps.push_back(a.step);
+  const absl::Status status = engine.Run(steps);
+  for (Admitted& a : admitted) {
+    RequestOutcome& out = outcomes[a.index];
+    Session& session = *batch[a.index]->session->session;
+    out.status = status;
+    if (!status.ok()) {
+      out.output = OutputTensor();
+      continue;
+    }
+    const int64_t t = a.step.tokens.dim(0);
+    if (a.out_dtype != DType::kFloat32) {
+      ConvertFloats(DType::kFloat32, a.output.data(), a.out_dtype, out.output.bytes.data(),
+                    a.output.size());
+    }
+    if (a.step.need_weights) {
+      out.attn_weights = MakeOutput(a.out_dtype, a.weights_shape);
+      ConvertFloats(DType::kFloat32, a.weights.data(), a.out_dtype, out.attn_weights->bytes.data(),
+                    a.weights.size());
+    }
+    if (session.cross) session.position += t;
+    manager.Committed(session, t);
+    out.session_length = session.cross ? session.position : session.cache->length();
+    model.served->metrics->session_tokens->Increment(static_cast<double>(t));
+  }
+  return outcomes;
+}
+
+}  // namespace attention::server

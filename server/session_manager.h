@@ -1,0 +1,162 @@
+// File: server/session_manager.h
+//
+// SessionManager holds every session of the server: their ids, their
+// key/value caches (one KvBlockPool per model, all under one MemoryBudget),
+// the per-model limits, and their ends (closed, expired after their idle
+// TTL, evicted for memory or count).
+//
+// Appends to one session are serialised in arrival order: while one is
+// queued or computing (the session is "busy"), later ones wait in the
+// session's own queue and are passed to the model's batcher one at a time.
+// The batcher computes them with RunSessionBatch (session_batch_runner.h),
+// which asks Reserve() for cache memory; when the pool is full, Reserve
+// evicts whole idle sessions, least recently used first and only those idle
+// for at least `evict_grace`, and otherwise refuses. A busy session is never
+// evicted, and an append that fails leaves its session unchanged.
+//
+// Ended sessions are remembered (a bounded number of ids) so that NOT_FOUND
+// says whether a session was closed, expired or evicted. A reaper thread
+// expires idle sessions once a second.
+//
+// Thread-safe. The repository and metrics must outlive the manager; the
+// manager must outlive every batcher's use of it (destroy it after draining).
+#ifndef ATTENTION_SERVER_SESSION_MANAGER_H_
+#define ATTENTION_SERVER_SESSION_MANAGER_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/kv_block_pool.h"
+#include "core/memory_budget.h"
+#include "core/session_engine.h"
+#include "server/metrics.h"
+#include "server/model_repository.h"
+#include "server/session.h"
+
+namespace attention::server {
+
+struct SessionOptions {
+  int64_t memory_bytes = int64_t{1} << 30;  // Budget of every session cache.
+  // Defaults for models whose config.json leaves them out:
+  int64_t max_sessions = 4096;
+  int64_t max_session_tokens = 32768;
+  absl::Duration ttl = absl::Minutes(10);
+  // Only sessions idle this long may be evicted to make room.
+  absl::Duration evict_grace = absl::Seconds(2);
+  // Appended to session ids ("<hex>@<address>") so clients find the replica.
+  std::string advertise_address;
+  // Ended session ids remembered for NOT_FOUND messages.
+  int64_t remembered_ends = 100000;
+};
+
+// One model's session state.
+struct SessionModel {
+  const ServedModel* served = nullptr;
+  std::unique_ptr<SessionEngine> engine;
+  std::unique_ptr<KvBlockPool> pool;
+  int64_t max_sessions = 0;
+  int64_t max_session_tokens = 0;
+  absl::Duration ttl;
+  int64_t live = 0;  // Guarded by SessionManager::mu_.
+};
+
+// A snapshot of a session for GetSession.
+struct SessionSnapshot {
+  std::string id;
+  std::string model;
+  bool cross = false;
+  int64_t length = 0, keys = 0, bytes = 0, max_tokens = 0;
+  absl::Time created, last_used;
+  absl::Duration ttl;
+};
+
+class SessionManager {
+ public:
+  SessionManager(const ModelRepository* repository, Metrics* metrics, SessionOptions options);
+  ~SessionManager();
+
+  SessionManager(const SessionManager&) = delete;
+  SessionManager& operator=(const SessionManager&) = delete;
+
+  // A new session of `model`. RESOURCE_EXHAUSTED when the model is at its
+  // max_sessions and no idle session of it can be evicted;
+  // FAILED_PRECONDITION when the model allows none. A cross session's keys
+  // are then projected by its first work, SessionWork::kInitCross.
+  absl::StatusOr<std::shared_ptr<Session>> Create(const ServedModel* model, bool cross,
+                                                  bool is_causal, absl::Duration ttl);
+
+  // The live session `id`; NOT_FOUND naming why otherwise.
+  absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& id) const;
+
+  // Queues `request` (session work) behind the session's earlier appends.
+  // OK: its `done` will be called exactly once. NOT_FOUND if the session has
+  // ended; errors of DynamicBatcher::Enqueue when it could be queued at once.
+  absl::Status Submit(std::shared_ptr<Session> session, std::unique_ptr<PendingRequest> request);
+
+  // Ends a session: its memory is freed now, or after its computing append.
+  // Appends waiting for it get NOT_FOUND. Returns the bytes freed.
+  absl::StatusOr<int64_t> Close(const std::string& id);
+
+  // Batcher thread, session busy: room for `tokens` more tokens in its
+  // cache, evicting idle sessions if needed. RESOURCE_EXHAUSTED if none can go.
+  absl::Status Reserve(Session& session, int64_t tokens);
+  // After session work succeeds: records the new length and memory.
+  void Committed(Session& session, int64_t tokens);
+
+  SessionSnapshot Snapshot(Session& session) const;
+  SessionModel* model(const ServedModel* served) const;
+  int64_t live_sessions() const;
+  const SessionOptions& options() const { return options_; }
+
+  // Refuses new sessions and appends with UNAVAILABLE from now on.
+  void StopAccepting();
+
+ private:
+  // The work of `session` is done (or was not queued): queue its next
+  // waiting append, or mark it idle.
+  void Finished(const std::shared_ptr<Session>& session);
+  // Ends `session` (the caller holds a reference, mu_ and its mu): removes
+  // it, frees its cache unless an append is computing (Finished frees it
+  // then), and moves its waiting appends to *failed for the caller to answer
+  // NOT_FOUND after unlocking. `reason` is remembered for NOT_FOUND messages.
+  void EndLocked(Session& session, SessionEnd end, const std::string& reason,
+                 std::vector<std::unique_ptr<PendingRequest>>* failed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, session.mu);
+  // Evicts the least recently used session idle for evict_grace (of
+  // `prefer` first, then, unless `only_prefer`, of any model), never `keep`.
+  // False if there is none.
+  bool EvictOne(const SessionModel* prefer, bool only_prefer, const Session* keep);
+  // "session_id: ..." NOT_FOUND for an id not in the table.
+  absl::Status NotFoundLocked(const std::string& id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void Reap();
+  void UpdateMemoryMetrics();
+  std::string NewId() const;
+
+  const ModelRepository* const repository_;
+  Metrics* const metrics_;
+  const SessionOptions options_;
+  MemoryBudget budget_;
+  std::map<const ServedModel*, std::unique_ptr<SessionModel>> models_;  // Fixed after ctor.
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> ended_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);
+  bool accepting_ ABSL_GUARDED_BY(mu_) = true;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reaper_;
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_SESSION_MANAGER_H_

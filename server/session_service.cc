@@ -1,0 +1,327 @@
+#include "server/session_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "proto/codec/status_codes.h"
+#include "proto/codec/tensor_codec.h"
+#include "server/stream_reactor.h"
+
+namespace attention::server {
+namespace {
+
+// Field tags and lengths, ids, shapes, timings: well under this.
+constexpr int64_t kFramingBytes = 1024;
+
+// Deadline and cancellation of the call carrying a request.
+void BindCall(grpc::CallbackServerContext* context, PendingRequest* pending) {
+  const auto deadline = context->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) {
+    pending->deadline = absl::FromChrono(deadline);
+  }
+  pending->is_cancelled = [context] { return context->IsCancelled(); };
+}
+
+int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
+
+}  // namespace
+
+void DescribeSession(const SessionSnapshot& s, v1::SessionInfo* info) {
+  info->set_session_id(s.id);
+  info->set_model(s.model);
+  info->set_kind(s.cross ? v1::SESSION_KIND_CROSS : v1::SESSION_KIND_SELF);
+  info->set_length(s.length);
+  info->set_keys(s.keys);
+  info->set_bytes(s.bytes);
+  info->set_created_unix_ms(UnixMillis(s.created));
+  info->set_last_used_unix_ms(UnixMillis(s.last_used));
+  info->set_ttl_s(absl::ToInt64Seconds(s.ttl));
+  info->set_max_tokens(s.max_tokens);
+}
+
+SessionServiceImpl::SessionServiceImpl(AttentionServiceImpl* requests) : requests_(requests) {}
+
+SessionManager* SessionServiceImpl::ReadyManager(absl::Status* status) const {
+  SessionManager* manager = manager_.load();
+  if (manager == nullptr) *status = absl::UnavailableError("server is not ready yet");
+  return manager;
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServerContext* context,
+                                                            const v1::CreateSessionRequest* request,
+                                                            v1::SessionInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time received = absl::Now();
+  requests_->Received();
+  const ServedModel* served = nullptr;
+  absl::Status status;
+  auto finish = [this, reactor, received](const ServedModel* model, const absl::Status& s) {
+    requests_->Answered(model, Method::kCreateSession, s.code(), received);
+    reactor->Finish(wire::ToGrpcStatus(s));
+  };
+  SessionManager* manager = ReadyManager(&status);
+  if (manager != nullptr && requests_->draining()) {
+    status = absl::UnavailableError("server is shutting down");
+  }
+  if (status.ok()) {
+    served = requests_->repository()->Find(request->model());
+    if (served == nullptr) {
+      status = absl::NotFoundError(absl::StrCat("model: '", request->model(), "' is not served"));
+    }
+  }
+  const bool cross = request->kind() == v1::SESSION_KIND_CROSS;
+  if (status.ok() && request->kind() != v1::SESSION_KIND_SELF && !cross) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("kind: expected SESSION_KIND_SELF or SESSION_KIND_CROSS, got ",
+                     v1::SessionKind_Name(request->kind())));
+  }
+  if (status.ok() && request->ttl_s() < 0) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("ttl_s: expected >= 0 (0: the model's default), got ", request->ttl_s()));
+  }
+  auto work = std::make_unique<SessionWork>();
+  if (status.ok() && cross) {
+    status = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(work->cross.key, wire::DecodeTensor(request->key(), "key"));
+      ASSIGN_OR_RETURN(std::optional<TensorView> value,
+                       wire::DecodeOptionalTensor(request->value(), "value"));
+      work->cross.value = value ? *value : work->cross.key;
+      ASSIGN_OR_RETURN(work->cross.key_padding_mask,
+                       wire::DecodeOptionalTensor(request->key_padding_mask(), "key_padding_mask"));
+      SessionModel* m = manager->model(served);
+      RETURN_IF_ERROR(m->engine->ValidateCross(work->cross));
+      work->key_count = work->cross.key.dim(0);
+      if (work->key_count > m->max_session_tokens) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("key: ", work->key_count, " keys exceed the model's max_session_tokens ",
+                         m->max_session_tokens));
+      }
+      return absl::OkStatus();
+    }();
+  } else if (status.ok() &&
+             (request->has_key() || request->has_value() || request->has_key_padding_mask())) {
+    status = absl::InvalidArgumentError(
+        "key: a self-attention session takes no key, value or key_padding_mask; its appended "
+        "tokens are its keys");
+  }
+  std::shared_ptr<Session> session;
+  if (status.ok()) {
+    auto created =
+        manager->Create(served, cross, request->is_causal(), absl::Seconds(request->ttl_s()));
+    status = created.status();
+    if (created.ok()) session = *std::move(created);
+  }
+  if (!status.ok()) {
+    finish(served, status);
+    return reactor;
+  }
+  if (!cross) {
+    DescribeSession(manager->Snapshot(*session), response);
+    finish(served, absl::OkStatus());
+    return reactor;
+  }
+  // The keys are projected on the batcher; the request's bytes live until Finish.
+  auto pending = std::make_unique<PendingRequest>();
+  BindCall(context, pending.get());
+  work->kind = SessionWork::Kind::kInitCross;
+  work->session = session;
+  pending->session = std::move(work);
+  pending->done = [manager, session, response, finish, served](RequestOutcome outcome) {
+    if (outcome.status.ok()) {
+      DescribeSession(manager->Snapshot(*session), response);
+    } else {
+      (void)manager->Close(session->id);
+    }
+    finish(served, outcome.status);
+  };
+  status = manager->Submit(session, std::move(pending));
+  if (!status.ok()) {
+    (void)manager->Close(session->id);
+    finish(served, status);
+  }
+  return reactor;
+}
+
+absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
+                                               std::shared_ptr<const void> keep_alive,
+                                               grpc::CallbackServerContext* context,
+                                               PreparedAppend* prepared) {
+  absl::Status status;
+  SessionManager* manager = ReadyManager(&status);
+  if (manager == nullptr) return status;
+  if (requests_->draining()) return absl::UnavailableError("server is shutting down");
+  ASSIGN_OR_RETURN(prepared->session, manager->Find(request.session_id()));
+  const SessionModel& m = *prepared->session->model;
+  prepared->model = m.served;
+  auto work = std::make_unique<SessionWork>();
+  ASSIGN_OR_RETURN(work->tokens, wire::DecodeTensor(request.tokens(), "tokens"));
+  ASSIGN_OR_RETURN(work->not_key, wire::DecodeOptionalTensor(request.not_key(), "not_key"));
+  RETURN_IF_ERROR(m.engine->ValidateStep(prepared->session->cross, work->tokens, work->not_key));
+  const int64_t t = work->tokens.dim(0);
+  const int64_t max_tokens = m.served->batcher->options().max_batch_tokens;
+  if (t > max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens: ", t, " tokens in one append exceed the model's max_batch_tokens ",
+                     max_tokens, "; append them in chunks"));
+  }
+  auto pending = std::make_unique<PendingRequest>();
+  MhaInputs& in = pending->inputs;
+  in.need_weights = request.need_weights();
+  in.average_attn_weights = !request.per_head_weights();
+  if (request.output_dtype() != v1::DATA_TYPE_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(DType out, wire::FromProtoDType(request.output_dtype(), "output_dtype"));
+    if (out == DType::kBool) {
+      return absl::InvalidArgumentError(
+          "output_dtype: expected float32, bfloat16 or float16, got bool");
+    }
+    in.output_dtype = out;
+  }
+  // The response: output, and weights over every key held after the append.
+  const MhaSpec& spec = m.engine->spec();
+  const int64_t out_size =
+      static_cast<int64_t>(DTypeSize(in.output_dtype.value_or(work->tokens.dtype)));
+  const SessionSnapshot now = manager->Snapshot(*prepared->session);
+  const int64_t columns = (prepared->session->cross ? now.keys : now.keys + t) + spec.extra_keys();
+  prepared->response_bytes =
+      t * spec.embed_dim * out_size + kFramingBytes +
+      static_cast<int64_t>(request.request_id().size() + request.session_id().size());
+  if (in.need_weights) {
+    prepared->response_bytes +=
+        (in.average_attn_weights ? 1 : spec.num_heads) * t * columns * out_size;
+  }
+  if (prepared->response_bytes > requests_->options().max_response_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "response: would be about ", prepared->response_bytes,
+        " bytes, over the server's max_message_bytes ", requests_->options().max_response_bytes,
+        "; append fewer tokens or leave need_weights off"));
+  }
+  pending->call.batch = 1;
+  pending->call.queries = t;
+  pending->call.keys = t;
+  pending->keep_alive = std::move(keep_alive);
+  BindCall(context, pending.get());
+  work->kind = SessionWork::Kind::kAppend;
+  work->session = prepared->session;
+  pending->session = std::move(work);
+  prepared->pending = std::move(pending);
+  return absl::OkStatus();
+}
+
+absl::Status SessionServiceImpl::EncodeAppend(RequestOutcome& outcome,
+                                              v1::AppendResponse* response) const {
+  OutputTensor& out = outcome.output;
+  wire::EncodeTensorBytes(out.dtype, out.shape, std::move(out.bytes), response->mutable_output());
+  if (outcome.attn_weights) {
+    OutputTensor& w = *outcome.attn_weights;
+    wire::EncodeTensorBytes(w.dtype, w.shape, std::move(w.bytes), response->mutable_attn_weights());
+  }
+  response->set_length(outcome.session_length);
+  response->set_queue_us(outcome.queue_us);
+  response->set_compute_us(outcome.compute_us);
+  response->set_batch_requests(outcome.batch_requests);
+  const int64_t bytes = static_cast<int64_t>(response->ByteSizeLong());
+  if (bytes > requests_->options().max_response_bytes) {
+    response->Clear();
+    return absl::ResourceExhaustedError(absl::StrCat("response: ", bytes,
+                                                     " bytes, over the server's max_message_bytes ",
+                                                     requests_->options().max_response_bytes));
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext* context,
+                                                     const v1::AppendRequest* request,
+                                                     v1::AppendResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time received = absl::Now();
+  requests_->Received();
+  response->set_session_id(request->session_id());
+  response->set_request_id(request->request_id());
+  PreparedAppend prepared;
+  absl::Status status = PrepareAppend(*request, nullptr, context, &prepared);
+  const ServedModel* model = prepared.model;
+  if (status.ok()) {
+    prepared.pending->done = [this, reactor, response, received, model](RequestOutcome outcome) {
+      absl::Status result = outcome.status;
+      if (result.ok()) result = EncodeAppend(outcome, response);
+      requests_->Answered(model, Method::kAppend, result.code(), received);
+      reactor->Finish(wire::ToGrpcStatus(result));
+    };
+    status = manager_.load()->Submit(prepared.session, std::move(prepared.pending));
+  }
+  if (!status.ok()) {
+    requests_->Answered(model, Method::kAppend, status.code(), received);
+    reactor->Finish(wire::ToGrpcStatus(status));
+  }
+  return reactor;
+}
+
+grpc::ServerBidiReactor<v1::AppendRequest, v1::AppendResponse>* SessionServiceImpl::SessionStream(
+    grpc::CallbackServerContext* context) {
+  using Reactor = StreamReactor<v1::AppendRequest, v1::AppendResponse>;
+  return new Reactor(
+      requests_, context, Method::kSessionStream,
+      [this](std::shared_ptr<v1::AppendRequest> request, grpc::CallbackServerContext* call) {
+        Reactor::Prepared out;
+        auto prepared = std::make_shared<PreparedAppend>();
+        out.status = PrepareAppend(*request, request, call, prepared.get());
+        out.model = prepared->model;
+        out.response_bytes = prepared->response_bytes;
+        const std::string session_id = request->session_id();
+        out.submit = [this, prepared, session_id](Reactor::Reply reply) {
+          prepared->pending->done = [this, reply, session_id](RequestOutcome outcome) {
+            v1::AppendResponse response;
+            absl::Status result = outcome.status;
+            if (result.ok()) result = EncodeAppend(outcome, &response);
+            response.set_session_id(session_id);
+            reply(std::move(response), result);
+          };
+          return manager_.load()->Submit(prepared->session, std::move(prepared->pending));
+        };
+        return out;
+      });
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(grpc::CallbackServerContext* context,
+                                                         const v1::GetSessionRequest* request,
+                                                         v1::SessionInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time received = absl::Now();
+  requests_->Received();
+  absl::Status status;
+  const ServedModel* model = nullptr;
+  if (SessionManager* manager = ReadyManager(&status)) {
+    auto session = manager->Find(request->session_id());
+    status = session.status();
+    if (session.ok()) {
+      model = (*session)->model->served;
+      DescribeSession(manager->Snapshot(**session), response);
+    }
+  }
+  requests_->Answered(model, Method::kGetSession, status.code(), received);
+  reactor->Finish(wire::ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::CloseSession(grpc::CallbackServerContext* context,
+                                                           const v1::CloseSessionRequest* request,
+                                                           v1::CloseSessionResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time received = absl::Now();
+  requests_->Received();
+  absl::Status status;
+  const ServedModel* model = nullptr;
+  if (SessionManager* manager = ReadyManager(&status)) {
+    auto session = manager->Find(request->session_id());
+    if (session.ok()) model = (*session)->model->served;
+    auto freed = manager->Close(request->session_id());
+    status = freed.status();
+    if (freed.ok()) response->set_freed_bytes(*freed);
+  }
+  requests_->Answered(model, Method::kCloseSession, status.code(), received);
+  reactor->Finish(wire::ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace attention::server

@@ -1,0 +1,77 @@
+// File: server/session_service.h
+//
+// The attention.v1.SessionService implementation on gRPC's callback API:
+// CreateSession, Append, SessionStream, GetSession and CloseSession over the
+// SessionManager. Like AttentionService, a handler only decodes, validates
+// (once) and queues; an append's completion, on its model's batcher thread,
+// encodes the response and finishes the call. No reaction blocks: even a
+// cross session's creation projects its keys on the batcher.
+//
+// Requests are counted with AttentionServiceImpl's accounting (metrics by
+// method, the in-flight gauge, drain), so a drain waits for appends too.
+//
+// Thread-safe. `requests` must outlive the service; the manager, once set,
+// must outlive every call (the server drains before destroying it).
+#ifndef ATTENTION_SERVER_SESSION_SERVICE_H_
+#define ATTENTION_SERVER_SESSION_SERVICE_H_
+
+#include <atomic>
+#include <memory>
+
+#include "attention/v1/sessions.grpc.pb.h"
+#include "server/attention_service.h"
+#include "server/session_manager.h"
+
+namespace attention::server {
+
+class SessionServiceImpl final : public v1::SessionService::CallbackService {
+ public:
+  explicit SessionServiceImpl(AttentionServiceImpl* requests);
+
+  // Calls get UNAVAILABLE ("not ready") until the manager is set.
+  void SetManager(SessionManager* manager) { manager_.store(manager); }
+
+  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
+                                          const v1::CreateSessionRequest* request,
+                                          v1::SessionInfo* response) override;
+  grpc::ServerUnaryReactor* Append(grpc::CallbackServerContext* context,
+                                   const v1::AppendRequest* request,
+                                   v1::AppendResponse* response) override;
+  grpc::ServerBidiReactor<v1::AppendRequest, v1::AppendResponse>* SessionStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
+                                       const v1::GetSessionRequest* request,
+                                       v1::SessionInfo* response) override;
+  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
+                                         const v1::CloseSessionRequest* request,
+                                         v1::CloseSessionResponse* response) override;
+
+ private:
+  // A decoded, validated append.
+  struct PreparedAppend {
+    const ServedModel* model = nullptr;
+    std::shared_ptr<Session> session;
+    std::unique_ptr<PendingRequest> pending;
+    int64_t response_bytes = 0;
+  };
+  // Errors: UNAVAILABLE (not ready, draining), NOT_FOUND (session),
+  // INVALID_ARGUMENT (tokens, not_key, output_dtype), RESOURCE_EXHAUSTED
+  // (the response would be too large).
+  absl::Status PrepareAppend(const v1::AppendRequest& request,
+                             std::shared_ptr<const void> keep_alive,
+                             grpc::CallbackServerContext* context, PreparedAppend* prepared);
+  // Fills `response` from a computed append; RESOURCE_EXHAUSTED if it would
+  // exceed the response size limit.
+  absl::Status EncodeAppend(RequestOutcome& outcome, v1::AppendResponse* response) const;
+  SessionManager* ReadyManager(absl::Status* status) const;
+
+  AttentionServiceImpl* const requests_;
+  std::atomic<SessionManager*> manager_{nullptr};
+};
+
+// Fills a SessionInfo from a snapshot.
+void DescribeSession(const SessionSnapshot& snapshot, v1::SessionInfo* info);
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_SESSION_SERVICE_H_
