@@ -50,6 +50,23 @@ class ClientCliTest : public ::testing::Test {
 testing::ServerProcess* ClientCliTest::server_ = nullptr;
 std::string* ClientCliTest::dir_ = nullptr;
 
+// The session subcommand checks itself against a stateless Infer and the
+// decode load reports its numbers; both exit 0 only without a mismatch.
+TEST_F(ClientCliTest, SessionMatchesInferAndDecodeLoadRuns) {
+  std::string out;
+  ASSERT_EQ(Client("session --tokens=40 --chunk=3", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("40 tokens in 14 appends of up to 3"));
+  EXPECT_THAT(out, HasSubstr(": MATCH"));
+  ASSERT_EQ(Client("load --sessions=4 --context=20 --steps=5 --json=" + Path("decode.json"), &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("4 sessions x 5 steps after a 20-token context"));
+  std::ifstream f(Path("decode.json"));
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  EXPECT_EQ(j["errors"].get<int>(), 0);
+}
+
 TEST_F(ClientCliTest, InferFromNpyFilesMatchesTheEngine) {
   std::mt19937 rng(3);
   Tensor q = testing::RandomTensor({2, 5, 256}, rng);

@@ -74,6 +74,12 @@ std::string Summarize(const Tensor& t) {
                          n > 4 ? ", ..." : "");
 }
 
+double Percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const size_t i = std::min(sorted.size() - 1, static_cast<size_t>(q * (sorted.size() - 1) + 0.5));
+  return sorted[i];
+}
+
 std::string CodeName(grpc::StatusCode code) {
   return std::string(wire::StatusCodeName(static_cast<absl::StatusCode>(code)));
 }

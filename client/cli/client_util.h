@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "attention/v1/attention.grpc.pb.h"
@@ -42,6 +43,9 @@ Tensor RandomNormal(const Shape& shape, std::mt19937& rng);
 
 // "mean 0.01 std 0.98 min -3.2 max 3.1 first [0.12, -0.4, ...]".
 std::string Summarize(const Tensor& t);
+
+// The q-quantile (0..1) of ascending `sorted` (nearest rank); 0 if empty.
+double Percentile(const std::vector<double>& sorted, double q);
 
 // "OK", "INVALID_ARGUMENT", ... for a gRPC status code.
 std::string CodeName(grpc::StatusCode code);

@@ -86,12 +86,6 @@ void Record(const PooledRequest& p, const v1::InferResponse& response, double ms
       {ms, p.tokens, response.queue_us(), response.compute_us(), response.batch_requests()});
 }
 
-double Percentile(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0;
-  const size_t i = std::min(sorted.size() - 1, static_cast<size_t>(q * (sorted.size() - 1) + 0.5));
-  return sorted[i];
-}
-
 }  // namespace
 
 int64_t LevelResult::total_errors() const {

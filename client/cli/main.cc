@@ -5,6 +5,8 @@
 //   attention-client models
 //   attention-client health [--service NAME]      # exit 0 only when SERVING
 //   attention-client load   --concurrency 1,8,64 --duration 10s --seq_len 16:128
+//   attention-client load   --sessions 64 --context 512 --steps 32   # decode load
+//   attention-client session --tokens 64 [--chunk 4]   # check a session against Infer
 //
 // Every subcommand takes --server TARGET (any gRPC target, one address or
 // several, balanced round_robin by default) and --deadline_ms.
@@ -32,6 +34,7 @@
 #include "client/cli/client_util.h"
 #include "client/cli/load_generator.h"
 #include "client/cli/npy.h"
+#include "client/cli/session_commands.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "proto/codec/tensor_codec.h"
 
@@ -70,6 +73,13 @@ ABSL_FLAG(std::string, rpc, "unary", "load: unary or stream.");
 ABSL_FLAG(double, pad_share, 0.0, "load: share of each request's keys masked as padding.");
 ABSL_FLAG(std::string, csv, "", "load: also write the table as CSV to this file.");
 ABSL_FLAG(std::string, json, "", "load: also write the table as JSON to this file.");
+// session, load --sessions
+ABSL_FLAG(int64_t, tokens, 64, "session: tokens in the generated sequence.");
+ABSL_FLAG(int64_t, chunk, 1, "session: tokens per append.");
+ABSL_FLAG(int64_t, sessions, 0,
+          "load: run a decode load over this many concurrent sessions instead of Infer.");
+ABSL_FLAG(int64_t, steps, 32, "load --sessions: one-token steps per session.");
+ABSL_FLAG(int64_t, context, 0, "load --sessions: tokens each session prefills first.");
 
 namespace attention::client {
 namespace {
@@ -233,7 +243,24 @@ int Health() {
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 
+SessionCommandOptions SessionOptionsFromFlags() {
+  SessionCommandOptions o;
+  o.target = absl::GetFlag(FLAGS_server);
+  o.lb_policy = absl::GetFlag(FLAGS_lb_policy);
+  o.model = absl::GetFlag(FLAGS_model);
+  o.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.tokens = absl::GetFlag(FLAGS_tokens);
+  o.chunk = absl::GetFlag(FLAGS_chunk);
+  o.sessions = absl::GetFlag(FLAGS_sessions);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.context = absl::GetFlag(FLAGS_context);
+  o.json = absl::GetFlag(FLAGS_json);
+  return o;
+}
+
 int Load() {
+  if (absl::GetFlag(FLAGS_sessions) > 0) return RunDecodeLoad(SessionOptionsFromFlags());
   LoadOptions o;
   o.target = absl::GetFlag(FLAGS_server);
   o.lb_policy = absl::GetFlag(FLAGS_lb_policy);
@@ -283,11 +310,13 @@ int Load() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "attention-client {infer|models|health|load} [--flags]\n"
+      "attention-client {infer|models|health|load|session} [--flags]\n"
       "  infer   send one request (inputs from .npy files or random) and print the result\n"
       "  models  list the served models and their batching settings\n"
       "  health  check grpc.health.v1; exit 0 only when SERVING\n"
-      "  load    closed-loop load generator: throughput and latency per concurrency level");
+      "  load    closed-loop load generator: throughput and latency per concurrency level\n"
+      "          (--sessions N: a decode load of N sessions stepping one token at a time)\n"
+      "  session append a generated sequence to a session and check it against Infer");
   absl::FlagsUsageConfig usage;  // --help lists this binary's own flags.
   usage.contains_help_flags = [](absl::string_view path) {
     return absl::EndsWith(path, "cli/main.cc");
@@ -304,6 +333,9 @@ int main(int argc, char** argv) {
   if (command == "models") return attention::client::Models();
   if (command == "health") return attention::client::Health();
   if (command == "load") return attention::client::Load();
+  if (command == "session") {
+    return attention::client::RunSessionCheck(attention::client::SessionOptionsFromFlags());
+  }
   std::cerr << "unknown subcommand '" << command << "'\n" << absl::ProgramUsageMessage() << "\n";
   return 2;
 }
