@@ -13,7 +13,12 @@ std::string ServiceConfig(const std::string& lb_policy) {
   // computing attention has no side effects. With round_robin a retry goes to
   // the next replica, and client-side health checking skips replicas that
   // report NOT_SERVING (draining ones); pick_first retries the same replica.
-  std::string config = R"({"methodConfig": [{"name": [{"service": "attention.v1.AttentionService"}],
+  // Of the session calls only those without effect on a session's contents
+  // are retried; an Append is not (see ReplayingSession for recovery).
+  std::string config = R"({"methodConfig": [{"name": [{"service": "attention.v1.AttentionService"},
+      {"service": "attention.v1.SessionService", "method": "CreateSession"},
+      {"service": "attention.v1.SessionService", "method": "GetSession"},
+      {"service": "attention.v1.SessionService", "method": "CloseSession"}],
       "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.02s", "maxBackoff": "0.5s",
                       "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}])";
   if (!lb_policy.empty()) {
