@@ -21,15 +21,20 @@ const RETRY_POLICY = {
   maxAttempts: 4, initialBackoff: '0.02s', maxBackoff: '0.5s', backoffMultiplier: 2,
   retryableStatusCodes: ['UNAVAILABLE'],
 };
+const RETRIED_SESSION_METHODS = ['CreateSession', 'GetSession', 'CloseSession'];
 
-// The service config: retries of UNAVAILABLE (computing attention has no side effects) and
-// `lbPolicy` ('' for gRPC's default, pick_first, which retries on the same replica).
+// The service config: retries of UNAVAILABLE (computing attention has no side effects; of
+// the attention.v1.SessionService calls, those without effect on a session's contents, as in
+// the C++ client: never Append) and `lbPolicy` ('' for gRPC's default, pick_first, which
+// retries on the same replica).
 // round_robin gets client-side health checking (healthCheckConfig) as in the C++ client;
 // note that @grpc/grpc-js (1.14) ignores healthCheckConfig, so there a draining replica is
 // still picked, and its UNAVAILABLE answer retried on the next replica.
 function serviceConfig(lbPolicy = 'round_robin') {
+  const sessionMethods = RETRIED_SESSION_METHODS.map(
+      (method) => ({service: 'attention.v1.SessionService', method}));
   const config = {
-    methodConfig: [{name: [{service: 'attention.v1.AttentionService'}],
+    methodConfig: [{name: [{service: 'attention.v1.AttentionService'}, ...sessionMethods],
       retryPolicy: RETRY_POLICY}],
   };
   if (lbPolicy) config.loadBalancingConfig = [{[lbPolicy]: {}}];
@@ -110,7 +115,8 @@ async function main() {
 }
 
 module.exports = {
-  MAX_MESSAGE_BYTES, RETRY_POLICY, serviceConfig, channelOptions, loadAttention, makeClient, call,
+  MAX_MESSAGE_BYTES, RETRY_POLICY, RETRIED_SESSION_METHODS, serviceConfig, channelOptions,
+  loadAttention, makeClient, call,
 };
 
 if (require.main === module) {

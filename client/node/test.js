@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // Checks example.js's channel against in-process fake replicas (grpc-js servers), then runs
-// example.js against a live attention-server on a free loopback port and checks its output.
+// example.js and session_example.js against a live attention-server on a free loopback port
+// (with --advertise_address, so session ids name the replica) and checks their output.
 // Run by CTest as node_client_test (ATTENTION_SERVER_BINARY set there). Without
 // node_modules it skips with a message, except under CI (CI set), where that is a failure.
 const assert = require('assert');
@@ -74,6 +75,9 @@ async function channelTests() {
       maxAttempts: 4, initialBackoff: '0.02s', maxBackoff: '0.5s', backoffMultiplier: 2,
       retryableStatusCodes: ['UNAVAILABLE'],
     });
+    // Session calls without effect on a session's contents are retried; Append is not.
+    assert.deepStrictEqual(config.methodConfig[0].name.slice(1).map((n) => n.method),
+                           ['CreateSession', 'GetSession', 'CloseSession']);
     assert.deepStrictEqual(example.serviceConfig('pick_first').loadBalancingConfig,
                            [{pick_first: {}}]);
     const options = example.channelOptions();
@@ -128,7 +132,8 @@ async function main() {
   }
   const passed = await channelTests();
   const port = await freePort();
-  const server = spawn(SERVER, ['--host=127.0.0.1', `--port=${port}`, '--metrics_port=0'],
+  const server = spawn(SERVER, ['--host=127.0.0.1', `--port=${port}`, '--metrics_port=0',
+                                `--advertise_address=127.0.0.1:${port}`],
                        {stdio: ['ignore', 'ignore', 'inherit']});
   const exited = new Promise((resolve) => server.on('exit', (code) => resolve(code)));
   try {
@@ -146,11 +151,29 @@ async function main() {
     const bad = await run([path.join(__dirname, 'example.js'), `127.0.0.1:${await freePort()}`]);
     assert.notStrictEqual(bad.code, 0, 'an unreachable server must fail');
     assert.match(bad.stderr, /attention example failed/);
+    console.log('ok: example.js');
+
+    // A session: 8 tokens appended one at a time, then closed.
+    const session = await run([path.join(__dirname, 'session_example.js'), `127.0.0.1:${port}`]);
+    console.log(session.stdout.trim());
+    assert.strictEqual(session.code, 0, session.stderr);
+    assert.match(session.stdout,
+                 new RegExp(`session [0-9a-f]{32}@127\\.0\\.0\\.1:${port} \\(SESSION_KIND_SELF\\)`));
+    for (let i = 0; i < 8; ++i) {
+      assert.match(session.stdout, new RegExp(`append ${i}: length ${i + 1}, output \\[1, 256\\]`));
+    }
+    assert.match(session.stdout, /^final length 8, keys 8, [1-9]\d* bytes held$/m);
+    assert.match(session.stdout, /^closed: [1-9]\d* bytes freed$/m);
+    const unreachable = await run([path.join(__dirname, 'session_example.js'),
+                                   `127.0.0.1:${await freePort()}`]);
+    assert.notStrictEqual(unreachable.code, 0, 'an unreachable server must fail');
+    assert.match(unreachable.stderr, /attention session example failed/);
+    console.log('ok: session_example.js');
   } finally {
     server.kill('SIGTERM');
   }
   assert.strictEqual(await exited, 0, 'attention-server exits 0 on SIGTERM');
-  console.log(`${passed + 1} passed, 0 failed`);
+  console.log(`${passed + 2} passed, 0 failed`);
 }
 
 main().catch((err) => {

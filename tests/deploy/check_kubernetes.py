@@ -70,15 +70,25 @@ def main():
     # What the server may admit must fit the memory limit with a 20% margin:
     # queued requests (max_queue_size x max_message_bytes) three times over
     # (the messages, a batch's padded float32 copies, the encoded responses),
-    # one batch weights buffer (512 MiB), and the process (model, runtime).
+    # one batch weights buffer (512 MiB), the sessions' caches
+    # (--session_memory_bytes, a quarter of the limit by default), and the
+    # process (model, runtime).
     queue = int(flags.get("max_queue_size", 1024))
     message = int(flags.get("max_message_bytes", 64 << 20))
-    admitted = 3 * queue * message + (512 << 20) + (128 << 20)
     limit = memory_bytes(res.get("limits", {}).get("memory", "0"))
+    sessions = int(flags.get("session_memory_bytes", limit // 4))
+    admitted = 3 * queue * message + (512 << 20) + (128 << 20) + sessions
     check(admitted <= 0.8 * limit,
           f"the server admits ~{admitted >> 20} MiB (max_queue_size {queue} x max_message_bytes "
-          f"{message} x 3 + 640 MiB), over 80% of the memory limit {limit >> 20} MiB: "
-          "set --max_queue_size and --max_message_bytes")
+          f"{message} x 3 + 640 MiB + session memory {sessions >> 20} MiB), over 80% of the "
+          f"memory limit {limit >> 20} MiB: set --max_queue_size, --max_message_bytes and "
+          "--session_memory_bytes")
+    env = {e["name"]: e for e in container.get("env", [])}
+    check(flags.get("advertise_address", "").startswith("$(POD_IP):") and
+          env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") ==
+          "status.podIP",
+          "--advertise_address must be $(POD_IP):50051 with POD_IP from status.podIP, so that "
+          "session ids name the pod holding them")
     check(flags.get("max_connection_age_s", "60") not in ("0", "0.0"),
           "--max_connection_age_s must stay on: clients re-resolve the headless Service with it")
     check(pod.get("terminationGracePeriodSeconds", 30) > drain + 1,

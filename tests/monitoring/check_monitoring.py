@@ -9,7 +9,7 @@
    dashboards provider reads the folder docker/compose.yaml mounts the dashboards at.
 3. Live: starts attention-server (loopback, free ports) and Debian's prometheus scraping it
    every second with alerts.yml loaded; sends load (unary and streaming) and a few bad requests
-   with attention-client; waits, by bounded polling, until Prometheus has scraped it all. Then
+   with attention-client, and a session's appends; waits, by bounded polling, until Prometheus has scraped it all. Then
    every PromQL expression of the dashboard ($model -> demo, $__rate_interval/$__interval -> 1m)
    and of the alert rules is evaluated through /api/v1/query: each must parse; each dashboard
    expression must return data with a number in it. Alert conditions are false on a healthy
@@ -297,6 +297,10 @@ def live_check(args, work, procs, dashboard, alerts_file, failures):
                    "--seq_len=16:64", "--pad_share=0.25")
         if r.returncode != 0:
             raise Failure(f"attention-client load --rpc={rpc} failed:\n{r.stdout}{r.stderr}")
+    # Sessions: appends (for the append histogram) and ended sessions.
+    r = client("session", "--tokens=24", "--chunk=3")
+    if r.returncode != 0:
+        raise Failure(f"attention-client session failed:\n{r.stdout}{r.stderr}")
     bad = [("--model=nope", "NOT_FOUND"),   # unknown model: not counted under a model label
            ("--seq_len=0", "INVALID_ARGUMENT")]
     for _ in range(2):

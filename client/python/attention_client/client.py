@@ -1,7 +1,8 @@
-"""AttentionClient: infer(), models() and health() over one gRPC channel."""
+"""AttentionClient: infer(), models(), health() and sessions (session.py) over gRPC channels."""
 import json
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -14,6 +15,7 @@ if _GEN not in sys.path:
     sys.path.insert(0, _GEN)
 try:
     from attention.v1 import attention_pb2, attention_pb2_grpc  # noqa: E402
+    from attention.v1 import sessions_pb2, sessions_pb2_grpc  # noqa: E402
 except ImportError as e:  # pragma: no cover - a setup problem, reported clearly.
     raise ImportError(f"attention_client: generated stubs not found in {_GEN} (build the project "
                       f"with scripts/build.sh, or set ATTENTION_PY_GEN): {e}") from e
@@ -117,17 +119,25 @@ _RETRY_POLICY = {"maxAttempts": 4, "initialBackoff": "0.02s", "maxBackoff": "0.5
                  "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
 
 
+# Session calls without effect on a session's contents are retried like Infer; an Append
+# is not (ReplayingSession recovers a lost session), as in the C++ client.
+_RETRIED_SESSION_METHODS = ("CreateSession", "GetSession", "CloseSession")
+
+
 def service_config(load_balancing="round_robin"):
     """The service config of the client's channel for attention.v1 calls.
 
     UNAVAILABLE (a replica draining or gone) is retried: computing attention has no side
-    effects. load_balancing names the policy (None or "": gRPC's default, pick_first). With
+    effects; of the attention.v1.SessionService calls, CreateSession, GetSession and
+    CloseSession are too (never Append, whose retry could apply the tokens twice). load_balancing names the policy (None or "": gRPC's default, pick_first). With
     round_robin (the default) the channel also health-checks every backend (grpc.health.v1),
     so replicas reporting NOT_SERVING get no calls and a retry goes to the next healthy
     replica; with pick_first every attempt goes to the same one.
     """
-    config = {"methodConfig": [{"name": [{"service": "attention.v1.AttentionService"}],
-                                "retryPolicy": dict(_RETRY_POLICY)}]}
+    names = [{"service": "attention.v1.AttentionService"}]
+    names += [{"service": "attention.v1.SessionService", "method": method}
+              for method in _RETRIED_SESSION_METHODS]
+    config = {"methodConfig": [{"name": names, "retryPolicy": dict(_RETRY_POLICY)}]}
     if load_balancing:
         config["loadBalancingConfig"] = [{load_balancing: {}}]
     if load_balancing == "round_robin":
@@ -157,6 +167,12 @@ class AttentionClient:
     Calls that the server refuses with UNAVAILABLE (a replica draining or gone) are retried
     (up to 4 attempts, requests up to MAX_MESSAGE_BYTES); with round_robin a retry goes to
     the next healthy replica, with pick_first to the same one.
+
+    Sessions (attention.v1.SessionService, server-held keys and values for incremental
+    decoding): session() creates one (see attention_client.session). A session id
+    "<hex>@<address>" (a server run with --advertise_address) names the replica holding the
+    session: its calls go to a channel to that address (pick_first, one per address, kept
+    until close()); other ids, and CreateSession, use the target's channel.
     """
 
     def __init__(self, target, timeout=30.0, load_balancing="round_robin"):
@@ -169,6 +185,9 @@ class AttentionClient:
         self._channel = grpc.insecure_channel(target,
                                               options=_channel_options(self.service_config))
         self._stub = attention_pb2_grpc.AttentionServiceStub(self._channel)
+        self._session_stub = sessions_pb2_grpc.SessionServiceStub(self._channel)
+        self._replicas = {}  # address -> (channel, SessionServiceStub)
+        self._replicas_lock = threading.Lock()
         self._health_channel = grpc.insecure_channel(
             target, options=_channel_options(self.health_service_config))
         self._health_check = self._health_channel.unary_unary(
@@ -178,6 +197,10 @@ class AttentionClient:
     def close(self):
         self._channel.close()
         self._health_channel.close()
+        with self._replicas_lock:
+            replicas, self._replicas = self._replicas, {}
+        for channel, _ in replicas.values():
+            channel.close()
 
     def __enter__(self):
         return self
@@ -219,6 +242,53 @@ class AttentionClient:
                            queue_us=response.queue_us, compute_us=response.compute_us,
                            batch_requests=response.batch_requests,
                            request_id=response.request_id)
+
+    def session(self, model="", kind="self", ttl_s=0, key=None, value=None,
+                key_padding_mask=None, is_causal=False, bfloat16=False, replay=False):
+        """Creates a session (CreateSession) and returns it as a Session, a context manager
+        that closes it on exit; replay=True returns a ReplayingSession, which survives losing
+        the session (see attention_client.session). Raises AttentionError on failure."""
+        from .session import ReplayingSession, Session
+        cls = ReplayingSession if replay else Session
+        return cls(self, model=model, kind=kind, ttl_s=ttl_s, key=key, value=value,
+                   key_padding_mask=key_padding_mask, is_causal=is_causal, bfloat16=bfloat16)
+
+    def session_info(self, session_id):
+        """GetSession: a session's SessionInfo (length, memory, times), from its replica.
+        Raises AttentionError (NOT_FOUND: unknown, closed, expired or evicted)."""
+        from .session import SessionInfo
+        request = sessions_pb2.GetSessionRequest(session_id=session_id)
+        return SessionInfo.from_proto(self._session_call("GetSession", request))
+
+    def close_session(self, session_id):
+        """CloseSession: frees a session at once; returns the cache bytes freed. Raises
+        AttentionError (NOT_FOUND if unknown)."""
+        request = sessions_pb2.CloseSessionRequest(session_id=session_id)
+        return self._session_call("CloseSession", request).freed_bytes
+
+    def session_stub(self, session_id=""):
+        """The SessionService stub for `session_id`'s replica: the one in its id after '@',
+        else (and for "") the target's."""
+        at = session_id.find("@")
+        if at < 0:
+            return self._session_stub
+        address = session_id[at + 1:]
+        with self._replicas_lock:
+            replica = self._replicas.get(address)
+            if replica is None:
+                channel = grpc.insecure_channel(
+                    address, options=_channel_options(service_config("pick_first")))
+                replica = (channel, sessions_pb2_grpc.SessionServiceStub(channel))
+                self._replicas[address] = replica
+        return replica[1]
+
+    def _session_call(self, method, request):
+        """One SessionService call, sent to the replica of request.session_id."""
+        stub = self.session_stub(getattr(request, "session_id", ""))
+        try:
+            return getattr(stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise AttentionError(e.code(), e.details()) from None
 
     def models(self):
         """The served models: a list of dicts mirroring attention.v1.ModelInfo."""

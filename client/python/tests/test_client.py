@@ -1,5 +1,6 @@
-"""Tests of the Python client against a live attention-server (the demo model), of its
-encoding, and of its channel (retries, balancing, health) against fake grpcio replicas.
+"""Tests of the Python client against a live attention-server (the demo model; stateless
+calls, sessions and examples/decode_loop.py), of its encoding, and of its channel (retries,
+balancing, health, session routing) against fake grpcio replicas.
 
 Run by CTest as python_client_test (ATTENTION_SERVER_BINARY, ATTENTION_PY_GEN and PYTHONPATH
 set there); by hand: PYTHONPATH=client/python /usr/bin/python3 -m unittest discover -s
@@ -23,7 +24,7 @@ SERVER = os.environ.get("ATTENTION_SERVER_BINARY",
 try:
     import grpc  # noqa: F401
     import numpy as np
-    from attention_client import AttentionClient, AttentionError
+    from attention_client import AttentionClient, AttentionError, ReplayingSession, Session
     from attention_client import client as client_module
     MISSING = None
 except ImportError as e:  # Reported as a skip with the reason.
@@ -148,19 +149,173 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertIn("OK: attention-server matches torch.nn.MultiheadAttention", result.stdout)
 
+    # Sessions: every output row equals the one stateless Infer over the whole sequence gives.
+
+    def test_self_session_matches_causal_infer(self):
+        x = self.query(21, 256)
+        want = self.client.infer(x, is_causal=True).output
+        # Token by token, then in chunks crossing the server's 16-token cache blocks.
+        for chunks in ([1] * 21, [5, 12, 1, 3]):
+            with self.client.session() as session:
+                self.assertIsInstance(session, Session)
+                self.assertEqual((session.kind, session.model, session.length),
+                                 ("self", "demo", 0))
+                got, at = [], 0
+                for t in chunks:
+                    result = session.append(x[at:at + t])
+                    at += t
+                    self.assertEqual(result.output.shape, (t, 256))
+                    self.assertEqual(result.length, at)
+                    self.assertIsNone(result.attn_weights)
+                    self.assertGreaterEqual(result.batch_requests, 1)
+                    got.append(result.output)
+                np.testing.assert_allclose(np.concatenate(got), want, atol=1e-5, err_msg=chunks)
+                info = session.info()
+                self.assertEqual((info.session_id, info.kind, info.length, info.keys),
+                                 (session.session_id, "self", 21, 21))
+                self.assertGreater(info.bytes, 0)
+        # Weights over every key held, and not_key as key_padding_mask over the sequence.
+        not_key = np.zeros(8, bool)
+        not_key[3] = True
+        want = self.client.infer(x[None, :8], key_padding_mask=not_key[None], is_causal=True,
+                                 need_weights=True)
+        with self.client.session() as session:
+            first = session.append(x[:5], not_key=not_key[:5], need_weights=True)
+            second = session.append(x[5:8], not_key=not_key[5:8], need_weights=True,
+                                    per_head_weights=True, output_dtype="float16")
+        np.testing.assert_allclose(np.concatenate([first.output, second.output]),
+                                   want.output[0], atol=2e-3)
+        self.assertEqual(first.attn_weights.shape, (5, 5))
+        np.testing.assert_allclose(first.attn_weights, want.attn_weights[0, :5, :5], atol=1e-5)
+        self.assertEqual(second.output.dtype, np.float16)
+        self.assertEqual(second.attn_weights.shape, (8, 3, 8))
+        np.testing.assert_array_equal(second.attn_weights[:, :, 3], 0)
+
+    def test_cross_session_matches_infer(self):
+        key, value, q = self.query(12, 256), self.query(12, 256), self.query(9, 256)
+        mask = np.zeros(12, bool)
+        mask[10:] = True
+        got = {}
+        for is_causal in (False, True):
+            want = self.client.infer(q[None], key=key[None], value=value[None],
+                                     key_padding_mask=mask[None], is_causal=is_causal).output[0]
+            with self.client.session(kind="cross", key=key, value=value, key_padding_mask=mask,
+                                     is_causal=is_causal) as session:
+                self.assertEqual(session.kind, "cross")
+                got[is_causal] = np.concatenate([session.append(q[:4]).output,
+                                                 session.append(q[4:5]).output,
+                                                 session.append(q[5:]).output])
+                info = session.info()
+            np.testing.assert_allclose(got[is_causal], want, atol=1e-5,
+                                       err_msg=f"is_causal={is_causal}")
+            self.assertEqual((info.kind, info.length, info.keys), ("cross", 9, 12))
+        # The session applied the mask and is_causal: without them the rows differ.
+        unmasked = self.client.infer(q, key=key, value=value).output
+        self.assertGreater(np.abs(unmasked - got[False]).max(), 1e-3)
+        self.assertGreater(np.abs(got[True] - got[False]).max(), 1e-3)
+
+    def test_session_context_manager_closes(self):
+        with self.client.session(ttl_s=30) as session:
+            session.append(self.query(3, 256))
+            self.assertEqual(session.info().ttl_s, 30)
+            self.assertEqual(session.info().length, 3)
+        for call in (session.info, lambda: self.client.session_info(session.session_id),
+                     lambda: session.append(self.query(1, 256))):
+            with self.assertRaises(AttentionError) as ctx:
+                call()
+            self.assertEqual(ctx.exception.code, grpc.StatusCode.NOT_FOUND)
+            self.assertIn("closed", ctx.exception.details)
+        self.assertEqual(session.close(), 0)  # Closing again is a no-op.
+        # An exception in the block closes the session too, and propagates.
+        with self.assertRaises(ZeroDivisionError):
+            with self.client.session() as failed:
+                1 / 0
+        with self.assertRaises(AttentionError) as ctx:
+            self.client.session_info(failed.session_id)
+        self.assertEqual(ctx.exception.code, grpc.StatusCode.NOT_FOUND)
+
+    def test_replaying_session_recovers(self):
+        x = self.query(13, 256)
+        want = self.client.infer(x, is_causal=True).output
+        with self.client.session(replay=True) as session:
+            self.assertIsInstance(session, ReplayingSession)
+            plain = self.client.session()
+            got = [session.append(x[:6]).output, session.append(x[6:7]).output]
+            plain.append(x[:6])
+            lost = session.session_id
+            # Closed behind their backs (as an expired or evicted session, or a restart).
+            self.assertGreater(self.client.close_session(lost), 0)
+            self.client.close_session(plain.session_id)
+            with self.assertRaises(AttentionError) as ctx:
+                plain.append(x[6:7])
+            self.assertEqual(ctx.exception.code, grpc.StatusCode.NOT_FOUND)
+            got.append(session.append(x[7:10]).output)
+            self.assertEqual(session.recoveries, 1)
+            self.assertNotEqual(session.session_id, lost)
+            got.append(session.append(x[10:]).output)
+            self.assertEqual(session.recoveries, 1)
+            self.assertEqual(session.info().length, 13)
+        np.testing.assert_allclose(np.concatenate(got), want, atol=1e-5)
+        # Only a lost session is recovered: other errors are raised, the session unchanged.
+        with self.client.session(replay=True) as session:
+            session.append(x[:2])
+            with self.assertRaises(AttentionError) as ctx:
+                session.append(self.query(1, 100))
+            self.assertEqual(ctx.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertEqual((session.recoveries, len(session.history)), (0, 1))
+            self.assertEqual(session.info().length, 2)
+
+    def test_session_errors(self):
+        with self.assertRaises(AttentionError) as ctx:
+            self.client.session(model="nope")
+        self.assertEqual(ctx.exception.code, grpc.StatusCode.NOT_FOUND)
+        with self.assertRaises(AttentionError) as ctx:
+            self.client.session(key=self.query(4, 256))  # A self session takes no key.
+        self.assertEqual(ctx.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        with self.assertRaises(ValueError):
+            self.client.session(kind="both")
+        with self.client.session() as session:
+            with self.assertRaises(AttentionError) as ctx:
+                session.append(self.query(2, 100))
+            self.assertEqual(ctx.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("tokens", ctx.exception.details)
+            self.assertEqual(session.append(self.query(2, 256)).length, 2)
+
+    def test_decode_loop_example(self):
+        example = os.path.join(REPO, "client", "python", "examples", "decode_loop.py")
+        result = subprocess.run([sys.executable, example, "--server", f"127.0.0.1:{self.port}",
+                                 "--prompt", "20", "--steps", "6", "--check"],
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("prefill 20 tokens", result.stdout)
+        self.assertEqual(result.stdout.count("\nstep "), 6, result.stdout)
+        self.assertIn("step   6: length   26", result.stdout)
+        self.assertIn("final length 26, recoveries 0", result.stdout)
+        self.assertIn("over 26 tokens", result.stdout)
+        self.assertIn(": MATCH", result.stdout)
+        bad = subprocess.run([sys.executable, example, "--server", f"127.0.0.1:{self.port}",
+                              "--model", "nope"], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("not served", bad.stderr)
+
 
 HEALTH = "/grpc.health.v1.Health/"
 INFER = "/attention.v1.AttentionService/Infer"
+SESSIONS = "/attention.v1.SessionService/"
 SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # HealthCheckResponse{status}.
 
 
 class FakeBackend:
     """A grpcio server standing in for one replica: grpc.health.v1 Check and Watch report
     `health`; Infer counts its calls (attempts) and answers OK (an empty InferResponse) or
-    fails with `infer_code` (e.g. UNAVAILABLE, as a draining replica does)."""
+    fails with `infer_code` (e.g. UNAVAILABLE, as a draining replica does). SessionService
+    calls are recorded in `session_calls` as (method, session_id); CreateSession answers
+    the id `session_id`, Append, GetSession and CloseSession answer OK."""
 
-    def __init__(self, health=SERVING, infer_code=None):
+    def __init__(self, health=SERVING, infer_code=None, session_id=""):
         self.health, self.infer_code = health, infer_code
+        self.session_id = session_id
+        self.session_calls = []
         self.infer_calls = 0
         self.request_bytes = []
         self._lock = threading.Lock()
@@ -179,7 +334,32 @@ class FakeBackend:
             return grpc.unary_stream_rpc_method_handler(self._watch)
         if details.method == INFER:
             return grpc.unary_unary_rpc_method_handler(self._infer)
+        if details.method.startswith(SESSIONS):
+            method = details.method[len(SESSIONS):]
+            pb2 = client_module.sessions_pb2
+            request_type = {"CreateSession": pb2.CreateSessionRequest,
+                            "Append": pb2.AppendRequest, "GetSession": pb2.GetSessionRequest,
+                            "CloseSession": pb2.CloseSessionRequest}.get(method)
+            if request_type is None:
+                return None
+            return grpc.unary_unary_rpc_method_handler(
+                lambda request, context: self._session(method, request),
+                request_deserializer=request_type.FromString,
+                response_serializer=lambda response: response.SerializeToString())
         return None
+
+    def _session(self, method, request):
+        pb2 = client_module.sessions_pb2
+        session_id = getattr(request, "session_id", "")
+        with self._lock:
+            self.session_calls.append((method, session_id))
+        if method == "CreateSession":
+            return pb2.SessionInfo(session_id=self.session_id, kind=request.kind)
+        if method == "Append":
+            return pb2.AppendResponse(session_id=session_id, length=request.tokens.shape[0])
+        if method == "GetSession":
+            return pb2.SessionInfo(session_id=session_id, length=7)
+        return pb2.CloseSessionResponse(freed_bytes=4096)
 
     def _watch(self, request, context):
         yield self.health
@@ -265,6 +445,39 @@ class ChannelTest(unittest.TestCase):
                          self.client("127.0.0.1:1", load_balancing=None).service_config)
         # health() must not health-check its backend, or NOT_SERVING turns into UNAVAILABLE.
         self.assertNotIn("healthCheckConfig", self.client("127.0.0.1:1").health_service_config)
+
+    def test_session_calls_go_to_the_replica_in_the_id(self):
+        # The target's replica creates the session; its id names another replica, which gets
+        # every later call of the session over one cached channel.
+        holder = self.backend()
+        front = self.backend(session_id=f"{'ab' * 16}@{holder.address}")
+        client = self.client(front.address)
+        with client.session() as session:
+            self.assertEqual(session.session_id, f"{'ab' * 16}@{holder.address}")
+            self.assertEqual(session.append(np.ones((3, 8), np.float32)).length, 3)
+            self.assertEqual(session.info().length, 7)
+        self.assertEqual(client.close_session(session.session_id), 4096)
+        self.assertEqual(front.session_calls, [("CreateSession", "")])
+        self.assertEqual([m for m, _ in holder.session_calls],
+                         ["Append", "GetSession", "CloseSession", "CloseSession"])
+        self.assertTrue(all(i == session.session_id for _, i in holder.session_calls))
+        self.assertEqual(list(client._replicas), [holder.address])
+        # An id without '@' uses the target's channel.
+        self.assertEqual(client.session_info("cd" * 16).length, 7)
+        self.assertEqual(front.session_calls[-1], ("GetSession", "cd" * 16))
+        self.assertIs(client.session_stub("cd" * 16), client.session_stub())
+        self.assertIs(client.session_stub(session.session_id),
+                      client.session_stub(f"{'ef' * 16}@{holder.address}"))
+
+    def test_session_calls_retried_except_append(self):
+        names = self.client("127.0.0.1:1").service_config["methodConfig"][0]["name"]
+        retried = {n.get("method") for n in names if n["service"] == "attention.v1.SessionService"}
+        self.assertEqual(retried, {"CreateSession", "GetSession", "CloseSession"})
+        # A replica that is gone: the session's calls fail UNAVAILABLE (no wait for it).
+        client = self.client("127.0.0.1:1")
+        with self.assertRaises(AttentionError) as ctx:
+            client.session_info(f"{'ab' * 16}@127.0.0.1:{free_port()}")
+        self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
 
     def test_large_requests_are_retried(self):
         # gRPC's default per-call retry buffer (256 KiB) once committed larger requests at

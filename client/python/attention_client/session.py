@@ -1,0 +1,225 @@
+"""Sessions: server-held keys and values for incremental decoding (attention.v1.SessionService).
+
+An autoregressive decoder calls attention once per new token over every token so far. Through
+a session it sends each token once: the server keeps the projected keys and values and returns
+only the new tokens' output rows, the rows one stateless infer() over the whole sequence gives
+(with is_causal=True for a self-attention session).
+
+    with client.session() as s:                 # kind="self", the default model
+        prompt = s.append(prompt_tokens)        # (T, E): prefill
+        step = s.append(next_token)             # (1, E): one decode step
+        step.output, step.length, step.queue_us, step.compute_us
+
+    # Cross-attention: keys and values fixed at creation (an encoder's output), queries appended.
+    with client.session(kind="cross", key=memory, value=memory) as s:
+        s.append(queries)
+
+Sessions live in one server process: they do not survive a restart and are not shared between
+replicas, and the server may close an idle one (its ttl_s) or evict it (memory). Calls then fail
+with NOT_FOUND (UNAVAILABLE when its replica is gone); ReplayingSession (client.session(...,
+replay=True)) recovers by creating a new session and re-sending the tokens appended so far.
+
+A session id "<32 hex>@<address>" (a server run with --advertise_address) names the replica
+holding it: the client sends the session's calls to that address. One Session is used by one
+thread at a time; the client and its channels are shared.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import grpc
+import numpy as np
+
+from .client import (AttentionError, _OUTPUT_DTYPES, _decode, _encode, sessions_pb2)
+
+_KINDS = {"self": sessions_pb2.SESSION_KIND_SELF, "cross": sessions_pb2.SESSION_KIND_CROSS}
+_KIND_NAMES = {v: k for k, v in _KINDS.items()}
+
+
+@dataclass
+class AppendResult:
+    output: np.ndarray                   # (T, E): the new tokens' output rows.
+    attn_weights: Optional[np.ndarray]   # (T, S') averaged or (H, T, S') per head.
+    length: int                          # The session's length after this append.
+    queue_us: int                        # Server-side queue time.
+    compute_us: int                      # The executed batch's compute time.
+    batch_requests: int                  # Appends (of different sessions) in the batch.
+    request_id: str = ""
+
+
+@dataclass
+class SessionInfo:
+    session_id: str
+    model: str
+    kind: str               # "self" or "cross".
+    length: int             # Tokens appended so far.
+    keys: int               # Keys held: length (self) or S (cross).
+    bytes: int              # Cache memory held.
+    created_unix_ms: int
+    last_used_unix_ms: int
+    ttl_s: int              # Idle seconds before it expires.
+    max_tokens: int         # The model's max_session_tokens.
+
+    @classmethod
+    def from_proto(cls, info):
+        return cls(session_id=info.session_id, model=info.model,
+                   kind=_KIND_NAMES.get(info.kind, "unspecified"), length=info.length,
+                   keys=info.keys, bytes=info.bytes, created_unix_ms=info.created_unix_ms,
+                   last_used_unix_ms=info.last_used_unix_ms, ttl_s=info.ttl_s,
+                   max_tokens=info.max_tokens)
+
+
+class Session:
+    """One session on the server; created by AttentionClient.session().
+
+    model: model name ("" the server's default). kind: "self" (appended tokens are queries,
+    keys and values) or "cross" (key (S, kdim), value (S, vdim; absent: key) and optional
+    key_padding_mask (S) given here; appends send queries). is_causal (cross): query p sees
+    keys j <= p. ttl_s: idle seconds before the server expires it (0: the model's default).
+    bfloat16=True sends key/value as bfloat16.
+
+    Attributes: session_id, model (the served name), kind, length (after the last append),
+    max_tokens, created (the SessionInfo at creation). Methods raise AttentionError on failure.
+    A context manager: closes the session on exit.
+    """
+
+    def __init__(self, client, model="", kind="self", ttl_s=0, key=None, value=None,
+                 key_padding_mask=None, is_causal=False, bfloat16=False):
+        if kind not in _KINDS:
+            raise ValueError(f"kind: expected 'self' or 'cross', got {kind!r}")
+        self._client = client
+        request = sessions_pb2.CreateSessionRequest(model=model, kind=_KINDS[kind],
+                                                    is_causal=is_causal, ttl_s=ttl_s)
+        if key is not None:
+            _encode(key, request.key, bfloat16)
+        if value is not None:
+            _encode(value, request.value, bfloat16)
+        if key_padding_mask is not None:
+            _encode(key_padding_mask, request.key_padding_mask)
+        self._create_request = request
+        self._create()
+
+    def _create(self):
+        self.created = SessionInfo.from_proto(
+            self._client._session_call("CreateSession", self._create_request))
+        self.session_id = self.created.session_id
+        self.model = self.created.model
+        self.kind = self.created.kind
+        self.length = self.created.length
+        self.max_tokens = self.created.max_tokens
+        self._closed = False
+
+    def _append_request(self, tokens, not_key, need_weights, per_head_weights, output_dtype,
+                        bfloat16, request_id):
+        request = sessions_pb2.AppendRequest(session_id=self.session_id, request_id=request_id,
+                                             need_weights=need_weights,
+                                             per_head_weights=per_head_weights,
+                                             output_dtype=_OUTPUT_DTYPES[output_dtype])
+        _encode(tokens, request.tokens, bfloat16)
+        if not_key is not None:
+            _encode(not_key, request.not_key)
+        return request
+
+    def _send(self, request):
+        response = self._client._session_call("Append", request)
+        self.length = response.length
+        return AppendResult(output=_decode(response.output),
+                            attn_weights=_decode(response.attn_weights), length=response.length,
+                            queue_us=response.queue_us, compute_us=response.compute_us,
+                            batch_requests=response.batch_requests,
+                            request_id=response.request_id)
+
+    def append(self, tokens, not_key=None, need_weights=False, per_head_weights=False,
+               output_dtype=None, bfloat16=False, request_id=""):
+        """Appends tokens (T, E) (float32 or float16; bfloat16=True sends bfloat16) and returns
+        their output rows as an AppendResult.
+
+        not_key (self sessions, optional (T) bool): True stores the token but no token attends
+        to it (as key_padding_mask over the whole sequence). need_weights: also return the new
+        rows' attention probabilities over every key held, (T, S') averaged or, with
+        per_head_weights, (H, T, S'). output_dtype: "float32", "float16" or "bfloat16"
+        (returned as float32 values); default: the tokens'. An error leaves the session
+        unchanged (except UNAVAILABLE/DEADLINE_EXCEEDED, after which its state is unknown).
+        """
+        return self._send(self._append_request(tokens, not_key, need_weights, per_head_weights,
+                                               output_dtype, bfloat16, request_id))
+
+    def info(self):
+        """GetSession: the SessionInfo now (length, keys, bytes, times)."""
+        return self._client.session_info(self.session_id)
+
+    def close(self):
+        """Frees the session on the server; returns the bytes freed (0 if it was already gone:
+        closed, expired or evicted). The session's id is kept: info() then raises NOT_FOUND."""
+        if self._closed:
+            return 0
+        try:
+            freed = self._client.close_session(self.session_id)
+        except AttentionError as e:
+            if e.code != grpc.StatusCode.NOT_FOUND:
+                raise
+            freed = 0
+        self._closed = True
+        return freed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        try:
+            self.close()
+        except AttentionError:
+            if exc_type is None:  # Do not hide the exception that ended the block.
+                raise
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.session_id!r}, kind={self.kind!r}, length={self.length})"
+
+
+class ReplayingSession(Session):
+    """A Session that survives losing its server-side state.
+
+    It remembers every chunk appended (tokens and not_key, as sent). When an append fails with
+    NOT_FOUND (the session was closed, expired or evicted, or its replica restarted) or
+    UNAVAILABLE (its replica is gone or draining), it creates a new session with the same
+    parameters (through the client's target, so possibly on another replica), re-sends the
+    history chunk by chunk, and retries the append once; a second failure, or a failure while
+    recovering, raises AttentionError. The outputs returned are the new session's, which equal
+    the lost one's. session_id changes on recovery; `recoveries` counts them. Replay costs one
+    Append per chunk appended so far, and the client holds the history in memory. close() frees
+    the session; a later append re-creates it from the history.
+    """
+
+    _RECOVERABLE = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE)
+
+    def __init__(self, *args, **kwargs):
+        self.history = []  # AppendRequests (tokens, not_key) of every chunk appended, in order.
+        self.recoveries = 0
+        super().__init__(*args, **kwargs)
+
+    def _recreate(self):
+        self._create()
+        for chunk in self.history:
+            replayed = sessions_pb2.AppendRequest()
+            replayed.CopyFrom(chunk)
+            replayed.session_id = self.session_id
+            self._send(replayed)
+
+    def append(self, tokens, not_key=None, need_weights=False, per_head_weights=False,
+               output_dtype=None, bfloat16=False, request_id=""):
+        """As Session.append, recovering a lost session once (see the class)."""
+        request = self._append_request(tokens, not_key, need_weights, per_head_weights,
+                                       output_dtype, bfloat16, request_id)
+        try:
+            result = self._send(request)
+        except AttentionError as e:
+            if e.code not in self._RECOVERABLE:
+                raise
+            self.recoveries += 1
+            self._recreate()
+            request.session_id = self.session_id
+            result = self._send(request)
+        chunk = sessions_pb2.AppendRequest(tokens=request.tokens)
+        if request.HasField("not_key"):
+            chunk.not_key.CopyFrom(request.not_key)
+        self.history.append(chunk)
+        return result
