@@ -92,7 +92,7 @@ int64_t SessionEngine::WeightColumns(const SessionStep& step) const {
   return stored + spec().extra_keys();
 }
 
-absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps) const {
+absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps, bool commit) const {
   return ResourceExhaustedOnBadAlloc("SessionEngine::Run", [&]() -> absl::Status {
     const MhaSpec& s = spec();
     const int64_t e = s.embed_dim, heads = s.num_heads, d = s.head_dim();
@@ -221,7 +221,7 @@ absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps) const {
     for (size_t a = 0; a < steps.size(); ++a) {
       const SessionStep& st = steps[a];
       std::memcpy(st.output, out.as<float>() + first[a] * e, Floats(st.tokens.dim(0) * e));
-      if (!st.cross) st.cache->Commit(st.cache->length() + st.tokens.dim(0));
+      if (commit && !st.cross) st.cache->Commit(st.cache->length() + st.tokens.dim(0));
     }
     return absl::OkStatus();
   });

@@ -90,9 +90,11 @@ class SessionEngine {
   // (stored tokens, then the model's extra keys).
   int64_t WeightColumns(const SessionStep& step) const;
 
-  // Computes `steps` (of distinct sessions) together and commits the self
-  // sessions' new tokens. On error no session changes.
-  absl::Status Run(const std::vector<SessionStep>& steps) const;
+  // Computes `steps` (of distinct sessions) together. With `commit`, the
+  // self sessions' new tokens become part of them; without, the caller
+  // commits each step it keeps (KvCache::Commit(length + T)) or drops it
+  // (nothing to undo). On error no session changes.
+  absl::Status Run(const std::vector<SessionStep>& steps, bool commit = true) const;
 
  private:
   const MhaEngine* const engine_;

@@ -266,6 +266,33 @@ TEST(SessionEngineTest, BatchedStepsEqualSoloSteps) {
   EXPECT_EQ(pool.used_bytes(), 0u);
 }
 
+// A float32 model's cache kept in bfloat16 (session_cache_dtype): half the
+// memory, within bfloat16's rounding of PyTorch.
+TEST(SessionEngineTest, Bfloat16CacheOfAFloat32ModelIsApproximate) {
+  Case c("self_not_key");
+  MemoryBudget budget(size_t{16} << 20);
+  SessionEngine f32(c.engine.get(), DType::kFloat32), bf16(c.engine.get(), DType::kBFloat16);
+  EXPECT_EQ(bf16.block_bytes() * 2, f32.block_bytes());
+  KvBlockPool pool(bf16.block_bytes(), &budget);
+  KvCache cache(&pool, c.heads, c.e / c.heads, DType::kBFloat16);
+  const Tensor& x = *c.io->Find("tokens");
+  const Tensor& not_key = *c.io->Find("not_key");
+  SessionStep step;
+  step.cache = &cache;
+  step.tokens = x.view();
+  step.not_key = not_key.view();
+  std::vector<float> out(static_cast<size_t>(x.num_elements()));
+  step.output = out.data();
+  ASSERT_TRUE(cache.Reserve(c.tokens).ok());
+  ASSERT_TRUE(bf16.Run({step}).ok());
+  const float* want = c.io->Find("expected_output")->as<float>();
+  double worst = 0;
+  for (size_t i = 0; i < out.size(); ++i)
+    worst = std::max(worst, std::abs(double(out[i]) - want[i]));
+  EXPECT_LT(worst, 2e-2);
+  EXPECT_GT(worst, 1e-6);  // Really rounded: not the float32 path.
+}
+
 TEST(KvBlockPoolTest, BudgetIsAllOrNothingAndMemoryGoesBack) {
   const size_t block = KvCache::BlockBytes(8, 32, DType::kFloat32);  // 32 KiB.
   MemoryBudget budget(size_t{4} << 20);                              // 4 slabs of 1 MiB.

@@ -140,7 +140,8 @@ void AttentionServiceImpl::Answered(const ServedModel* model, Method method, abs
     }
   }
   if (code != absl::StatusCode::kOk && code != absl::StatusCode::kInvalidArgument &&
-      code != absl::StatusCode::kNotFound && code != absl::StatusCode::kCancelled) {
+      code != absl::StatusCode::kNotFound && code != absl::StatusCode::kCancelled &&
+      code != absl::StatusCode::kFailedPrecondition) {
     // Operational errors are logged; a client's bad input is its own business.
     static std::atomic<int64_t> logged{0};
     if (logged.fetch_add(1) < 100) {

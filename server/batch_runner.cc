@@ -22,15 +22,6 @@ void CopyItem(const TensorView& src, int64_t item, int64_t rows, int64_t feature
               static_cast<size_t>((padded_rows - rows) * features) * sizeof(float));
 }
 
-// An uninitialised wire tensor of `shape` in `dtype`.
-OutputTensor MakeOutput(DType dtype, Shape shape) {
-  OutputTensor t;
-  t.dtype = dtype;
-  t.bytes.resize(static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype));
-  t.shape = std::move(shape);
-  return t;
-}
-
 }  // namespace
 
 double ForwardFlops(const MhaSpec& s, int64_t items, int64_t queries, int64_t keys) {
@@ -107,12 +98,12 @@ std::vector<RequestOutcome> RunBatch(const MhaEngine& engine,
     const DType out_dtype = r.inputs.output_dtype.value_or(r.inputs.query.dtype);
     const size_t out_size = DTypeSize(out_dtype);
     const int64_t l = c.queries, own_keys = c.keys, own_total = own_keys + s.extra_keys();
-    out.output = MakeOutput(out_dtype, r.inputs.query.shape);
+    out.output = OutputTensor::Sized(out_dtype, r.inputs.query.shape);
     const bool per_head = !r.inputs.average_attn_weights;
     if (r.inputs.need_weights) {
       Shape wshape = per_head ? Shape{c.batch, heads, l, own_total} : Shape{c.batch, l, own_total};
       if (!c.batched) wshape.erase(wshape.begin());
-      out.attn_weights = MakeOutput(out_dtype, std::move(wshape));
+      out.attn_weights = OutputTensor::Sized(out_dtype, std::move(wshape));
       averaged.resize(static_cast<size_t>(own_total));
     }
     for (int64_t i = 0; i < c.batch; ++i, ++item) {

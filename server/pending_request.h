@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -26,6 +27,15 @@ struct OutputTensor {
   DType dtype = DType::kFloat32;
   Shape shape;
   std::string bytes;  // product(shape) elements of dtype, row-major.
+
+  // A tensor of `shape` in `dtype` whose bytes the caller fills.
+  static OutputTensor Sized(DType dtype, Shape shape) {
+    OutputTensor t;
+    t.dtype = dtype;
+    t.bytes.resize(static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype));
+    t.shape = std::move(shape);
+    return t;
+  }
 };
 
 struct RequestOutcome {

@@ -18,14 +18,6 @@ struct Admitted {
   Shape weights_shape;
 };
 
-OutputTensor MakeOutput(DType dtype, Shape shape) {
-  OutputTensor t;
-  t.dtype = dtype;
-  t.bytes.resize(static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype));
-  t.shape = std::move(shape);
-  return t;
-}
-
 }  // namespace
 
 std::vector<RequestOutcome> RunSessionBatch(
@@ -57,6 +49,11 @@ std::vector<RequestOutcome> RunSessionBatch(
       if (out.status.ok()) manager.Committed(session, 0);
       continue;
     }
+    if (absl::Now() >= r.deadline) {  // Expired while the batch waited to compute.
+      out.status = absl::DeadlineExceededError(
+          "deadline passed before the append computed; it was not applied");
+      continue;
+    }
     const int64_t t = work.tokens.dim(0);
     const int64_t length = session.cross ? session.position : session.cache->length();
     if (length + t > model.max_session_tokens) {
@@ -81,7 +78,7 @@ std::vector<RequestOutcome> RunSessionBatch(
     step.need_weights = r.inputs.need_weights;
     step.average_weights = r.inputs.average_attn_weights;
     a.out_dtype = r.inputs.output_dtype.value_or(work.tokens.dtype);
-    out.output = MakeOutput(a.out_dtype, {t, e});
+    out.output = OutputTensor::Sized(a.out_dtype, {t, e});
     if (a.out_dtype == DType::kFloat32) {
       step.output = reinterpret_cast<float*>(out.output.bytes.data());
     } else {
@@ -105,12 +102,22 @@ std::vector<RequestOutcome> RunSessionBatch(
   std::vector<SessionStep> steps;
   steps.reserve(admitted.size());
   for (const Admitted& a : admitted) steps.push_back(a.step);
-  const absl::Status status = engine.Run(steps);
+  const absl::Status status = engine.Run(steps, /*commit=*/false);
+  const absl::Time now = absl::Now();
   for (Admitted& a : admitted) {
     RequestOutcome& out = outcomes[a.index];
-    Session& session = *batch[a.index]->session->session;
+    const PendingRequest& r = *batch[a.index];
+    Session& session = *r.session->session;
     out.status = status;
-    if (!status.ok()) {
+    // An append whose caller has given up is not applied: it would change
+    // the session behind the back of a client told it failed.
+    if (out.status.ok() && now >= r.deadline) {
+      out.status = absl::DeadlineExceededError(
+          "deadline passed while the append computed; it was not applied");
+    } else if (out.status.ok() && r.is_cancelled && r.is_cancelled()) {
+      out.status = absl::CancelledError("append was cancelled; it was not applied");
+    }
+    if (!out.status.ok()) {
       out.output = OutputTensor();
       continue;
     }
@@ -120,11 +127,15 @@ std::vector<RequestOutcome> RunSessionBatch(
                     a.output.size());
     }
     if (a.step.need_weights) {
-      out.attn_weights = MakeOutput(a.out_dtype, a.weights_shape);
+      out.attn_weights = OutputTensor::Sized(a.out_dtype, a.weights_shape);
       ConvertFloats(DType::kFloat32, a.weights.data(), a.out_dtype, out.attn_weights->bytes.data(),
                     a.weights.size());
     }
-    if (session.cross) session.position += t;
+    if (session.cross) {
+      session.position += t;
+    } else {
+      session.cache->Commit(session.cache->length() + t);
+    }
     manager.Committed(session, t);
     out.session_length = session.cross ? session.position : session.cache->length();
     model.served->metrics->session_tokens->Increment(static_cast<double>(t));

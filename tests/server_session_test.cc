@@ -9,6 +9,8 @@
 #include <random>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
+
 #include "attention/v1/attention.grpc.pb.h"
 #include "attention/v1/sessions.grpc.pb.h"
 #include "gmock/gmock.h"
@@ -322,6 +324,9 @@ TEST_F(SessionTest, FailedAppendsLeaveTheSessionUnchanged) {
 }
 
 TEST_F(SessionTest, NotFoundSaysWhy) {
+  const server::ModelMetrics& metrics = *server_->repository()->Find("small")->metrics;
+  const double closed_before = metrics.session_ends[0]->Value();
+  const double expired_before = metrics.session_ends[1]->Value();
   auto stub = Sessions();
   v1::AppendResponse response;
   std::mt19937 rng(12);
@@ -361,6 +366,56 @@ TEST_F(SessionTest, NotFoundSaysWhy) {
   }
   EXPECT_EQ(get.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(get.error_message(), HasSubstr("expired after 1s idle"));
+  EXPECT_EQ(metrics.session_ends[0]->Value(), closed_before + 1);   // closed
+  EXPECT_EQ(metrics.session_ends[1]->Value(), expired_before + 1);  // expired
+}
+
+// An append whose deadline passes before its batch computes is answered
+// DEADLINE_EXCEEDED and never applied; then the session goes on.
+TEST_F(SessionTest, ExpiredAppendIsNotApplied) {
+  std::mt19937 rng(15);
+  const Tensor x = RandomTensor({3, kE}, rng);
+  const Tensor want = FromProto(Stateless(x, nullptr, false).output());
+  auto stub = Sessions();
+  const std::string id = Create(*stub);
+  v1::AppendResponse response;
+  ASSERT_TRUE(Append(*stub, id, Rows(x, 0, 1), &response).ok());
+  grpc::Status late;
+  {
+    absl::MutexLock hold(server_->repository()->compute_mutex());  // No batch computes.
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+    v1::AppendRequest request;
+    request.set_session_id(id);
+    ToProto(RandomTensor({1, kE}, rng), request.mutable_tokens());
+    late = stub->Append(&context, request, &response);
+  }
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The batcher drops or refuses it once it runs; either way the session
+  // still holds one token, and the next append is row 1 of the sequence.
+  ASSERT_TRUE(Append(*stub, id, Rows(x, 1, 2), &response).ok());
+  EXPECT_EQ(response.length(), 3);
+  ExpectRowsNear(FromProto(response.output()), want, 1, 1e-5);
+}
+
+TEST_F(SessionTest, LiveSessionsAndTokensAreCounted) {
+  const server::ModelMetrics& metrics = *server_->repository()->Find("small")->metrics;
+  auto stub = Sessions();
+  const double live = metrics.sessions->Value(), tokens = metrics.session_tokens->Value();
+  const std::string id = Create(*stub);
+  EXPECT_EQ(metrics.sessions->Value(), live + 1);
+  std::mt19937 rng(16);
+  v1::AppendResponse response;
+  ASSERT_TRUE(Append(*stub, id, RandomTensor({5, kE}, rng), &response).ok());
+  EXPECT_EQ(metrics.session_tokens->Value(), tokens + 5);
+  EXPECT_GT(server_->metrics().session_memory_bytes().Value(), 0);
+  EXPECT_EQ(server_->metrics().session_memory_capacity_bytes().Value(), 64 << 20);
+  grpc::ClientContext context;
+  v1::CloseSessionRequest close;
+  close.set_session_id(id);
+  v1::CloseSessionResponse closed;
+  ASSERT_TRUE(stub->CloseSession(&context, close, &closed).ok());
+  EXPECT_EQ(metrics.sessions->Value(), live);
 }
 
 TEST_F(SessionTest, MemoryIsExactlyAccountedOverManyCycles) {
@@ -386,6 +441,56 @@ TEST_F(SessionTest, MemoryIsExactlyAccountedOverManyCycles) {
   // Back to what the other tests' sessions hold.
   EXPECT_EQ(small.pool->used_bytes(), used_before);
   EXPECT_EQ(server_->metrics().session_memory_bytes().Value(), mapped_before);
+}
+
+// SIGTERM-style drain: an append already queued completes, new appends and
+// sessions are refused UNAVAILABLE, and Drain reports every request answered.
+TEST(SessionDrainTest, QueuedAppendsFinishAndNewOnesAreRefused) {
+  AttentionServer* server = StartServer("session_drain", 16 << 20, absl::Hours(1));
+  auto stub = v1::SessionService::NewStub(server->InProcessChannel());
+  std::mt19937 rng(17);
+  v1::SessionInfo info;
+  {
+    grpc::ClientContext context;
+    v1::CreateSessionRequest request;
+    request.set_kind(v1::SESSION_KIND_SELF);
+    ASSERT_TRUE(stub->CreateSession(&context, request, &info).ok());
+  }
+  grpc::Status queued;
+  bool drained = false;
+  std::thread append, drain;
+  {
+    absl::MutexLock hold(server->repository()->compute_mutex());
+    append = std::thread([&] {
+      grpc::ClientContext context;
+      v1::AppendRequest request;
+      request.set_session_id(info.session_id());
+      ToProto(RandomTensor({4, kE}, rng), request.mutable_tokens());
+      v1::AppendResponse response;
+      queued = stub->Append(&context, request, &response);
+    });
+    // Wait (bounded) until the append is queued, then start draining.
+    for (int i = 0; i < 500 && server->metrics().inflight_requests().Value() < 1; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_GE(server->metrics().inflight_requests().Value(), 1);
+    drain = std::thread([&] { drained = server->Drain(); });
+    for (int i = 0; i < 500 && !server->service().draining(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    grpc::ClientContext context;
+    v1::AppendRequest request;
+    request.set_session_id(info.session_id());
+    ToProto(RandomTensor({1, kE}, rng), request.mutable_tokens());
+    v1::AppendResponse response;
+    const grpc::Status refused = stub->Append(&context, request, &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  }
+  append.join();
+  drain.join();
+  EXPECT_TRUE(queued.ok()) << queued.error_message();
+  EXPECT_TRUE(drained);
+  delete server;
 }
 
 // A 1 MiB budget: one slab of 256 blocks of 4 KiB ("small" in float32: 16

@@ -74,10 +74,10 @@ async function main() {
       if (values.length !== e || values.some((v) => !Number.isFinite(v))) {
         throw new Error(`unexpected output: ${values.length} values`);
       }
-      console.log(`append ${i}: length ${response.length}, output [${response.output.shape.join(', ')}], ` +
-                  `first values ${Array.from(values.slice(0, 4)).map((v) => v.toFixed(5))
-                      .join(' ')} (queue_us ${response.queue_us}, ` +
-                  `compute_us ${response.compute_us})`);
+      const first = Array.from(values.slice(0, 4)).map((v) => v.toFixed(5)).join(' ');
+      console.log(`append ${i}: length ${response.length}, ` +
+                  `output [${response.output.shape.join(', ')}], first values ${first} ` +
+                  `(queue_us ${response.queue_us}, compute_us ${response.compute_us})`);
     }
     const final = await call(clientFor(sessionId), 'GetSession', {session_id: sessionId});
     console.log(`final length ${final.length}, keys ${final.keys}, ${final.bytes} bytes held`);

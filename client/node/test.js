@@ -157,8 +157,8 @@ async function main() {
     const session = await run([path.join(__dirname, 'session_example.js'), `127.0.0.1:${port}`]);
     console.log(session.stdout.trim());
     assert.strictEqual(session.code, 0, session.stderr);
-    assert.match(session.stdout,
-                 new RegExp(`session [0-9a-f]{32}@127\\.0\\.0\\.1:${port} \\(SESSION_KIND_SELF\\)`));
+    const id = `[0-9a-f]{32}@127\\.0\\.0\\.1:${port}`;  // --advertise_address: routed there.
+    assert.match(session.stdout, new RegExp(`session ${id} \\(SESSION_KIND_SELF\\)`));
     for (let i = 0; i < 8; ++i) {
       assert.match(session.stdout, new RegExp(`append ${i}: length ${i + 1}, output \\[1, 256\\]`));
     }

@@ -129,7 +129,8 @@ def service_config(load_balancing="round_robin"):
 
     UNAVAILABLE (a replica draining or gone) is retried: computing attention has no side
     effects; of the attention.v1.SessionService calls, CreateSession, GetSession and
-    CloseSession are too (never Append, whose retry could apply the tokens twice). load_balancing names the policy (None or "": gRPC's default, pick_first). With
+    CloseSession are too (never Append, whose retry could apply the tokens twice).
+    load_balancing names the policy (None or "": gRPC's default, pick_first). With
     round_robin (the default) the channel also health-checks every backend (grpc.health.v1),
     so replicas reporting NOT_SERVING get no calls and a retry goes to the next healthy
     replica; with pick_first every attempt goes to the same one.

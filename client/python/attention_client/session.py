@@ -172,7 +172,8 @@ class Session:
                 raise
 
     def __repr__(self):
-        return f"{type(self).__name__}({self.session_id!r}, kind={self.kind!r}, length={self.length})"
+        return (f"{type(self).__name__}({self.session_id!r}, kind={self.kind!r}, "
+                f"length={self.length})")
 
 
 class ReplayingSession(Session):
@@ -183,10 +184,11 @@ class ReplayingSession(Session):
     UNAVAILABLE (its replica is gone or draining), it creates a new session with the same
     parameters (through the client's target, so possibly on another replica), re-sends the
     history chunk by chunk, and retries the append once; a second failure, or a failure while
-    recovering, raises AttentionError. The outputs returned are the new session's, which equal
-    the lost one's. session_id changes on recovery; `recoveries` counts them. Replay costs one
-    Append per chunk appended so far, and the client holds the history in memory. close() frees
-    the session; a later append re-creates it from the history.
+    recovering, raises AttentionError (after a failed recovery the next append starts a new
+    one, never appending to a partly replayed session). The outputs returned are the new
+    session's, which equal the lost one's. session_id changes on recovery; `recoveries` counts
+    them. Replay costs one Append per chunk appended so far, and the client holds the history
+    in memory. close() frees the session; a later append re-creates it from the history.
     """
 
     _RECOVERABLE = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE)
@@ -194,19 +196,32 @@ class ReplayingSession(Session):
     def __init__(self, *args, **kwargs):
         self.history = []  # AppendRequests (tokens, not_key) of every chunk appended, in order.
         self.recoveries = 0
+        self._replayed = True  # False while the server's session may lack part of history.
         super().__init__(*args, **kwargs)
 
     def _recreate(self):
+        self.recoveries += 1
+        self._replayed = False
         self._create()
-        for chunk in self.history:
-            replayed = sessions_pb2.AppendRequest()
-            replayed.CopyFrom(chunk)
-            replayed.session_id = self.session_id
-            self._send(replayed)
+        try:
+            for chunk in self.history:
+                replayed = sessions_pb2.AppendRequest()
+                replayed.CopyFrom(chunk)
+                replayed.session_id = self.session_id
+                self._send(replayed)
+        except AttentionError:
+            try:  # Free the partly replayed session (best effort).
+                self._client.close_session(self.session_id)
+            except AttentionError:
+                pass
+            raise
+        self._replayed = True
 
     def append(self, tokens, not_key=None, need_weights=False, per_head_weights=False,
                output_dtype=None, bfloat16=False, request_id=""):
         """As Session.append, recovering a lost session once (see the class)."""
+        if not self._replayed:  # The last recovery failed midway.
+            self._recreate()
         request = self._append_request(tokens, not_key, need_weights, per_head_weights,
                                        output_dtype, bfloat16, request_id)
         try:
@@ -214,7 +229,6 @@ class ReplayingSession(Session):
         except AttentionError as e:
             if e.code not in self._RECOVERABLE:
                 raise
-            self.recoveries += 1
             self._recreate()
             request.session_id = self.session_id
             result = self._send(request)

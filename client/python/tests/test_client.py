@@ -310,12 +310,15 @@ class FakeBackend:
     `health`; Infer counts its calls (attempts) and answers OK (an empty InferResponse) or
     fails with `infer_code` (e.g. UNAVAILABLE, as a draining replica does). SessionService
     calls are recorded in `session_calls` as (method, session_id); CreateSession answers
-    the id `session_id`, Append, GetSession and CloseSession answer OK."""
+    the id `session_id` (its '#' replaced by a count), Append fails with the next code of
+    `append_codes` (None: OK), GetSession and CloseSession answer OK."""
 
     def __init__(self, health=SERVING, infer_code=None, session_id=""):
         self.health, self.infer_code = health, infer_code
         self.session_id = session_id
         self.session_calls = []
+        self.append_codes = []
+        self.created = 0
         self.infer_calls = 0
         self.request_bytes = []
         self._lock = threading.Lock()
@@ -343,19 +346,25 @@ class FakeBackend:
             if request_type is None:
                 return None
             return grpc.unary_unary_rpc_method_handler(
-                lambda request, context: self._session(method, request),
+                lambda request, context: self._session(method, request, context),
                 request_deserializer=request_type.FromString,
                 response_serializer=lambda response: response.SerializeToString())
         return None
 
-    def _session(self, method, request):
+    def _session(self, method, request, context):
         pb2 = client_module.sessions_pb2
         session_id = getattr(request, "session_id", "")
         with self._lock:
             self.session_calls.append((method, session_id))
         if method == "CreateSession":
-            return pb2.SessionInfo(session_id=self.session_id, kind=request.kind)
+            with self._lock:
+                self.created += 1
+                new_id = self.session_id.replace("#", str(self.created))
+            return pb2.SessionInfo(session_id=new_id, kind=request.kind)
         if method == "Append":
+            code = self.append_codes.pop(0) if self.append_codes else None
+            if code is not None:
+                context.abort(code, "session lost")
             return pb2.AppendResponse(session_id=session_id, length=request.tokens.shape[0])
         if method == "GetSession":
             return pb2.SessionInfo(session_id=session_id, length=7)
@@ -478,6 +487,33 @@ class ChannelTest(unittest.TestCase):
         with self.assertRaises(AttentionError) as ctx:
             client.session_info(f"{'ab' * 16}@127.0.0.1:{free_port()}")
         self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
+
+    def test_failed_recovery_is_not_appended_to(self):
+        # A recovery that fails midway (its replay got UNAVAILABLE) frees the partly replayed
+        # session and raises; the next append starts a new recovery rather than appending to it.
+        backend = self.backend(session_id="s#")
+        client = self.client(backend.address)
+        session = client.session(replay=True)
+        token = np.ones((1, 8), np.float32)
+        session.append(token)
+        session.append(token)
+        NOT_FOUND, UNAVAILABLE = grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE
+        backend.append_codes = [NOT_FOUND, None, UNAVAILABLE]
+        with self.assertRaises(AttentionError) as ctx:
+            session.append(token)
+        self.assertEqual(ctx.exception.code, UNAVAILABLE)
+        self.assertEqual(session.recoveries, 1)
+        del backend.session_calls[:3]
+        self.assertEqual(backend.session_calls, [
+            ("Append", "s1"), ("CreateSession", ""), ("Append", "s2"), ("Append", "s2"),
+            ("CloseSession", "s2")])
+        backend.session_calls.clear()
+        session.append(token)
+        self.assertEqual(session.recoveries, 2)
+        self.assertEqual(session.session_id, "s3")
+        self.assertEqual(backend.session_calls, [
+            ("CreateSession", ""), ("Append", "s3"), ("Append", "s3"), ("Append", "s3")])
+        self.assertEqual(len(session.history), 3)
 
     def test_large_requests_are_retried(self):
         # gRPC's default per-call retry buffer (256 KiB) once committed larger requests at
