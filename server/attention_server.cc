@@ -54,6 +54,10 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  // gRPC sets SO_REUSEPORT by default, so a second server on the same port
+  // would start and silently take half the connections (and half of every
+  // client's sessions). Refuse to start instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (options.max_connection_age > absl::ZeroDuration()) {
     builder.AddChannelArgument(
         GRPC_ARG_MAX_CONNECTION_AGE_MS,
@@ -105,6 +109,7 @@ absl::Status AttentionServer::LoadModels() {
 
 bool AttentionServer::Drain() {
   drained_ = true;
+  if (server_ == nullptr) return true;  // Listen failed: nothing started.
   SetHealth(false);
   service_->StartDraining();
   if (sessions_ != nullptr) sessions_->StopAccepting();

@@ -129,7 +129,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(const ServedMode
 absl::Status SessionManager::NotFoundLocked(const std::string& id) const {
   auto it = ended_.find(id);
   if (it != ended_.end()) {
-    return absl::NotFoundError(absl::StrCat("session_id: session '", id, "' ", it->second,
+    return absl::NotFoundError(absl::StrCat("session_id: session '", id, "' ",
+                                            EndReason(it->second),
                                             "; create a new session and re-send its prefix"));
   }
   return absl::NotFoundError(absl::StrCat(
@@ -201,11 +202,25 @@ void SessionManager::Finished(const std::shared_ptr<Session>& session) {
   UpdateMemoryMetrics();
 }
 
-void SessionManager::EndLocked(Session& session, SessionEnd end, const std::string& reason,
+std::string SessionManager::EndReason(Ended ended) {
+  switch (ended.end) {
+    case SessionEnd::kClosed:
+      return "was closed";
+    case SessionEnd::kExpired:
+      return absl::StrCat("expired after ", ended.idle_s, "s idle");
+    case SessionEnd::kEvicted:
+      return absl::StrCat("was evicted after ", ended.idle_s,
+                          "s idle to free memory for other sessions");
+  }
+  return "ended";
+}
+
+void SessionManager::EndLocked(Session& session, SessionEnd end, absl::Duration idle,
                                std::vector<std::unique_ptr<PendingRequest>>* failed) {
-  session.ended = reason;
+  const Ended ended{end, absl::ToInt64Seconds(idle)};
+  session.ended = EndReason(ended);
   sessions_.erase(session.id);
-  ended_[session.id] = reason;
+  ended_[session.id] = ended;
   ended_order_.push_back(session.id);
   while (static_cast<int64_t>(ended_order_.size()) > options_.remembered_ends) {
     ended_.erase(ended_order_.front());
@@ -231,7 +246,7 @@ absl::StatusOr<int64_t> SessionManager::Close(const std::string& id) {
     session = it->second;
     absl::MutexLock session_lock(&session->mu);
     bytes = session->bytes;
-    EndLocked(*session, SessionEnd::kClosed, "was closed", &failed);
+    EndLocked(*session, SessionEnd::kClosed, absl::ZeroDuration(), &failed);
   }
   for (auto& r : failed) {
     RequestOutcome outcome;
@@ -267,11 +282,7 @@ bool SessionManager::EvictOne(const SessionModel* prefer, bool only_prefer, cons
     }
     if (victim == nullptr) return false;
     absl::MutexLock session_lock(&victim->mu);
-    EndLocked(*victim, SessionEnd::kEvicted,
-              absl::StrCat("was evicted after ",
-                           absl::FormatDuration(absl::Trunc(now - victim_used, absl::Seconds(1))),
-                           " idle to free memory for other sessions"),
-              &failed);
+    EndLocked(*victim, SessionEnd::kEvicted, now - victim_used, &failed);
   }
   UpdateMemoryMetrics();
   return true;
@@ -336,9 +347,7 @@ void SessionManager::Reap() {
     std::vector<std::unique_ptr<PendingRequest>> failed;  // Idle: none.
     for (const auto& session : expired) {
       absl::MutexLock session_lock(&session->mu);
-      EndLocked(*session, SessionEnd::kExpired,
-                absl::StrCat("expired after ", absl::FormatDuration(session->ttl), " idle"),
-                &failed);
+      EndLocked(*session, SessionEnd::kExpired, session->ttl, &failed);
     }
     if (!expired.empty()) {
       mu_.Unlock();

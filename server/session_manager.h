@@ -55,8 +55,8 @@ struct SessionOptions {
   absl::Duration evict_grace = absl::Seconds(2);
   // Appended to session ids ("<hex>@<address>") so clients find the replica.
   std::string advertise_address;
-  // Ended session ids remembered for NOT_FOUND messages.
-  int64_t remembered_ends = 100000;
+  // Ended session ids remembered for NOT_FOUND messages (about 100 bytes each).
+  int64_t remembered_ends = 10000;
 };
 
 // One model's session state.
@@ -128,10 +128,18 @@ class SessionManager {
   // Ends `session` (the caller holds a reference, mu_ and its mu): removes
   // it, frees its cache unless an append is computing (Finished frees it
   // then), and moves its waiting appends to *failed for the caller to answer
-  // NOT_FOUND after unlocking. `reason` is remembered for NOT_FOUND messages.
-  void EndLocked(Session& session, SessionEnd end, const std::string& reason,
+  // NOT_FOUND after unlocking. Why (and after how long idle) is remembered
+  // for NOT_FOUND messages.
+  void EndLocked(Session& session, SessionEnd end, absl::Duration idle,
                  std::vector<std::unique_ptr<PendingRequest>>* failed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, session.mu);
+  // How an ended session is remembered.
+  struct Ended {
+    SessionEnd end;
+    int64_t idle_s;
+  };
+  // "was closed", "expired after 10s idle", ...
+  static std::string EndReason(Ended ended);
   // Evicts the least recently used session idle for evict_grace (of
   // `prefer` first, then, unless `only_prefer`, of any model), never `keep`.
   // False if there is none.
@@ -150,7 +158,7 @@ class SessionManager {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::string> ended_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Ended> ended_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -493,6 +493,21 @@ TEST(SessionDrainTest, QueuedAppendsFinishAndNewOnesAreRefused) {
   delete server;
 }
 
+// A second server on a port in use fails to start instead of sharing it
+// (gRPC's default SO_REUSEPORT would split the clients, and their sessions,
+// between the two).
+TEST(ServerPortTest, ASecondServerOnTheSamePortFailsToStart) {
+  ServerOptions options;
+  options.host = "127.0.0.1";
+  options.port = testing::FreePort();
+  options.metrics_port = 0;
+  auto first = AttentionServer::Listen(options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = AttentionServer::Listen(options);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("cannot listen"));
+}
+
 // A 1 MiB budget: one slab of 256 blocks of 4 KiB ("small" in float32: 16
 // tokens x K and V x 32 features x 4 bytes), i.e. 64 sessions of 64 tokens.
 TEST(SessionEvictionTest, IdleSessionsAreEvictedOnlyAfterTheGrace) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/barrier.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/cli/client_util.h"
 #include "client/cli/session_client.h"
@@ -134,6 +135,13 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
   std::vector<std::vector<double>> step_ms(o.sessions);
   std::vector<double> batch_sum(o.sessions, 0);
   std::atomic<int64_t> errors{0};
+  absl::Mutex error_mu;
+  std::string first_error;
+  auto failed = [&](const absl::Status& status) {
+    ++errors;
+    absl::MutexLock lock(&error_mu);
+    if (first_error.empty()) first_error = status.ToString();
+  };
   std::vector<std::thread> threads;
   for (int64_t s = 0; s < o.sessions; ++s) {
     threads.emplace_back([&, s] {
@@ -145,18 +153,19 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
       auto info = client.Create(create);
       std::string id = info.ok() ? info->session_id() : "";
       for (int64_t at = 0; info.ok() && at < o.context; at += chunk) {
-        if (!client.Append(AppendOf(id, Rows(x, at, std::min(chunk, o.context - at)))).ok()) {
-          ++errors;
+        auto prefill = client.Append(AppendOf(id, Rows(x, at, std::min(chunk, o.context - at))));
+        if (!prefill.ok()) {
+          failed(prefill.status());
           break;
         }
       }
-      if (!info.ok()) ++errors;
+      if (!info.ok()) failed(info.status());
       if (prefilled->Block()) delete prefilled;
       for (int64_t i = 0; info.ok() && i < o.steps; ++i) {
         const absl::Time start = absl::Now();
         auto response = client.Append(AppendOf(id, Rows(x, o.context + i, 1)));
         if (!response.ok()) {
-          ++errors;
+          failed(response.status());
           break;
         }
         step_ms[s].push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
@@ -171,6 +180,7 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
   if (finished->Block()) delete finished;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   for (auto& t : threads) t.join();
+  if (!first_error.empty()) std::fprintf(stderr, "first error: %s\n", first_error.c_str());
   std::vector<double> all;
   double batches = 0;
   for (int64_t s = 0; s < o.sessions; ++s) {
