@@ -270,10 +270,14 @@ absl::Status MhaEngine::ForwardBatch(const TensorView& query, const std::optiona
 
 absl::Status MhaEngine::Project(Part part, const TensorView& x, float* y) const {
   return ResourceExhaustedOnBadAlloc("MhaEngine::Project", [&]() -> absl::Status {
-    const Projection& p = part == Part::kQuery   ? q_proj_
-                          : part == Part::kKey   ? k_proj_
-                          : part == Part::kValue ? v_proj_
-                                                 : out_proj_;
+    if (part == Part::kQueryKeyValue && qkv_proj_.weight == nullptr) {
+      return absl::FailedPreconditionError("Project: the model has no fused q/k/v projection");
+    }
+    const Projection& p = part == Part::kQuery           ? q_proj_
+                          : part == Part::kKey           ? k_proj_
+                          : part == Part::kValue         ? v_proj_
+                          : part == Part::kQueryKeyValue ? qkv_proj_
+                                                         : out_proj_;
     const int64_t rows = x.num_elements() / p.in;
     std::unique_ptr<Workspace> converted;
     const void* in = InDType(x, compute_, Workspace::kQueryInput, &converted);

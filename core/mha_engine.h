@@ -110,7 +110,9 @@ class MhaEngine {
   // The layer's projections, for callers that keep keys and values
   // themselves (sessions): y (rows, E) float32 = x (rows, in) W^T + b for
   // dense x of any float dtype. kQuery has 1/sqrt(head_dim) folded in.
-  enum class Part { kQuery, kKey, kValue, kOut };
+  // kQueryKeyValue (only when spec().packed_in_proj()) is all three in one
+  // GEMM: y (rows, 3E), each row q, k, v.
+  enum class Part { kQuery, kKey, kValue, kOut, kQueryKeyValue };
   absl::Status Project(Part part, const TensorView& x, float* y) const;
 
   const MhaModel& model() const { return *model_; }

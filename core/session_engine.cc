@@ -121,10 +121,16 @@ absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps, bool comm
                     tokens.as<float>() + first[a] * e,
                     static_cast<size_t>(st.tokens.num_elements()));
     }
-    Workspace q(Workspace::kStepQuery, Floats(total * e));
-    RETURN_IF_ERROR(engine_->Project(MhaEngine::Part::kQuery,
-                                     TensorView{DType::kFloat32, {total, e}, tokens.data()},
-                                     q.as<float>()));
+    // Queries of every token; keys and values of the self steps' tokens.
+    // When every step is a self step and the layer has a fused in-projection,
+    // one GEMM gives all three (rows q | k | v); otherwise one GEMM each.
+    const bool fused = self_total == total && s.packed_in_proj();
+    const int64_t q_stride = fused ? 3 * e : e;
+    Workspace q(Workspace::kStepQuery, Floats(total * q_stride));
+    const TensorView all_tokens{DType::kFloat32, {total, e}, tokens.data()};
+    RETURN_IF_ERROR(
+        engine_->Project(fused ? MhaEngine::Part::kQueryKeyValue : MhaEngine::Part::kQuery,
+                         all_tokens, q.as<float>()));
     if (self_total > 0) {
       // The self steps' tokens (all of them, in the usual batch of one kind).
       Workspace self_tokens(Workspace::kStepOutput,
@@ -137,10 +143,15 @@ absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps, bool comm
       const TensorView x{DType::kFloat32,
                          {self_total, e},
                          self_total < total ? self_tokens.data() : tokens.data()};
-      Workspace k(Workspace::kStepKey, Floats(self_total * e));
-      Workspace v(Workspace::kStepValue, Floats(self_total * e));
-      RETURN_IF_ERROR(engine_->Project(MhaEngine::Part::kKey, x, k.as<float>()));
-      RETURN_IF_ERROR(engine_->Project(MhaEngine::Part::kValue, x, v.as<float>()));
+      Workspace k(Workspace::kStepKey, Floats(fused ? 0 : self_total * e));
+      Workspace v(Workspace::kStepValue, Floats(fused ? 0 : self_total * e));
+      if (!fused) {
+        RETURN_IF_ERROR(engine_->Project(MhaEngine::Part::kKey, x, k.as<float>()));
+        RETURN_IF_ERROR(engine_->Project(MhaEngine::Part::kValue, x, v.as<float>()));
+      }
+      const float* k_rows = fused ? q.as<float>() + e : k.as<float>();
+      const float* v_rows = fused ? q.as<float>() + 2 * e : v.as<float>();
+      const int64_t kv_stride = fused ? 3 * e : e;
       // Stored past each session's length: not part of it until Commit.
       for (size_t a = 0; a < steps.size(); ++a) {
         const SessionStep& st = steps[a];
@@ -148,9 +159,8 @@ absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps, bool comm
         const int64_t length = st.cache->length();
         for (int64_t i = 0; i < st.tokens.dim(0); ++i) {
           const bool skip = st.not_key && LoadAsFloat(DType::kBool, st.not_key->data, i) != 0;
-          const int64_t row = (first_self[a] + i) * e;
-          st.cache->Store(length + i, k.as<float>() + row, v.as<float>() + row,
-                          skip ? kNegInf : 0.0f);
+          const int64_t row = (first_self[a] + i) * kv_stride;
+          st.cache->Store(length + i, k_rows + row, v_rows + row, skip ? kNegInf : 0.0f);
         }
       }
     }
@@ -186,7 +196,7 @@ absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps, bool comm
         row.stored = st.cache->length() + t;
         row.keys = st.cache->length() + i + 1;
       }
-      row.q = q.as<float>() + g * e + h * d;
+      row.q = q.as<float>() + g * q_stride + h * d;
       if (!bias_k_.empty()) {
         row.bias_k = bias_k_.data() + h * d;
         row.bias_v = bias_v_.data() + h * d;
