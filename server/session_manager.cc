@@ -160,9 +160,13 @@ absl::Status SessionManager::Submit(std::shared_ptr<Session> session,
     session->busy = true;
   }
   auto done = std::move(request->done);
+  // The session is released (its next append queued) before the response
+  // goes out, so a client that has its answer finds the session idle: a
+  // CloseSession right after frees the memory at once. Order holds: the next
+  // append computes on this same batcher thread, after this returns.
   request->done = [this, session, done](RequestOutcome outcome) {
-    done(std::move(outcome));
     Finished(session);
+    done(std::move(outcome));
   };
   absl::Status status = session->model->served->batcher->Enqueue(std::move(request));
   if (!status.ok()) Finished(session);  // Not queued: the caller answers it.
@@ -190,8 +194,8 @@ void SessionManager::Finished(const std::shared_ptr<Session>& session) {
     }
     auto done = next->done;
     next->done = [this, session, done](RequestOutcome outcome) {
-      done(std::move(outcome));
       Finished(session);
+      done(std::move(outcome));
     };
     const absl::Status status = session->model->served->batcher->Enqueue(std::move(next));
     if (status.ok()) return;

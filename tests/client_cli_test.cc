@@ -2,6 +2,8 @@
 // loopback ports: infer from .npy files (checked against the engine), random
 // inputs, models, health, load with --json, a file of the wrong shape, a
 // missing file, and an unreachable server (a clear error within the deadline).
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -24,7 +26,7 @@ class ClientCliTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     server_ = new testing::ServerProcess(ATTENTION_SERVER_BINARY, {});
-    dir_ = new std::string(::testing::TempDir() + "/client_cli_test");
+    dir_ = new std::string(::testing::TempDir() + "/client_cli_test_" + std::to_string(getpid()));
     std::filesystem::create_directories(*dir_);
   }
   static void TearDownTestSuite() {

@@ -2,6 +2,8 @@
 // heads) with its default limits: requests that could crash the server or
 // grow its memory without bound are batched apart, refused before compute,
 // or slowed down, and everything accepted is still answered.
+#include <unistd.h>
+
 #include <grpcpp/grpcpp.h>
 
 #include <filesystem>
@@ -34,7 +36,8 @@ class ServerAdmissionTest : public ::testing::Test {
     // The demo layer twice: "demo" with the server's defaults, and "patient"
     // whose oldest request waits a whole second for company, so that
     // requests sent together are certainly queued together.
-    const std::string dir = ::testing::TempDir() + "/server_admission_models";
+    const std::string dir =
+        ::testing::TempDir() + "/server_admission_models_" + std::to_string(getpid());
     std::filesystem::remove_all(dir);
     testing::WriteModelDir(*MhaModel::Demo(), dir + "/demo", "");
     testing::WriteModelDir(*MhaModel::Demo(), dir + "/patient", "\"max_queue_delay_us\": 1000000");

@@ -7,6 +7,8 @@
 #ifndef ATTENTION_TESTS_SERVER_FIXTURE_H_
 #define ATTENTION_TESTS_SERVER_FIXTURE_H_
 
+#include <unistd.h>
+
 #include <grpcpp/grpcpp.h>
 
 #include <filesystem>
@@ -31,7 +33,8 @@ using ::attention::testing::ToProto;
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string dir = ::testing::TempDir() + "/server_test_models";
+    const std::string dir =
+        ::testing::TempDir() + "/server_test_models_" + std::to_string(getpid());
     std::filesystem::remove_all(dir);
     // "small": batches generously so concurrent requests share batches.
     testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(32, 4), 1), dir + "/small",

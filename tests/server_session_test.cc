@@ -2,6 +2,8 @@
 // appends against one stateless Infer over the whole sequence, cross
 // sessions, ordering on a stream, batching, errors that leave a session
 // unchanged, eviction, expiry, metrics and memory accounting.
+#include <unistd.h>
+
 #include <grpcpp/grpcpp.h>
 
 #include <filesystem>
@@ -36,7 +38,7 @@ constexpr int64_t kE = 32;  // "small": E=32, H=4.
 // and "cross" (kdim 12, vdim 10, add_bias_kv, add_zero_attn).
 AttentionServer* StartServer(const std::string& name, int64_t memory_bytes,
                              absl::Duration evict_grace) {
-  const std::string dir = ::testing::TempDir() + "/" + name;
+  const std::string dir = ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(kE, 4), 1), dir + "/small",
                          "\"max_batch_size\": 16, \"max_queue_delay_us\": 2000, "
