@@ -146,13 +146,15 @@ int Run() {
   } else {
     std::printf("%lld sessions x %lld tokens (E=%lld, H=%lld, %s cache, %d threads)\n",
                 static_cast<long long>(n), static_cast<long long>(c), static_cast<long long>(e),
-                static_cast<long long>(h), std::string(DTypeName(dtype)).c_str(), omp_get_max_threads());
+                static_cast<long long>(h), std::string(DTypeName(dtype)).c_str(),
+                omp_get_max_threads());
     std::printf("attention phase of a step: %.3f ms, reading %.1f MB of cache: %.2f GB/s\n",
                 attention * 1e3, bytes_read / 1e6, rate / 1e9);
     std::printf("whole step (projections + attention + out-projection): %.3f ms, %.0f tokens/s\n",
                 step * 1e3, static_cast<double>(n) / step);
-    std::printf("single-thread copy bandwidth: %.2f GB/s; the attention phase reads at %.0f%% of it\n",
-                copy / 1e9, 100 * rate / copy);
+    std::printf(
+        "single-thread copy bandwidth: %.2f GB/s; the attention phase reads at %.0f%% of it\n",
+        copy / 1e9, 100 * rate / copy);
   }
   return 0;
 }

@@ -1,7 +1,8 @@
 // attention.v1.SessionService end to end (in process, over loopback gRPC):
 // appends against one stateless Infer over the whole sequence, cross
 // sessions, ordering on a stream, batching, errors that leave a session
-// unchanged, eviction, expiry, metrics and memory accounting.
+// unchanged, expiry, metrics and memory accounting. Eviction, drain and the
+// port: server_session_lifecycle_test.cc.
 #include <unistd.h>
 
 #include <grpcpp/grpcpp.h>
@@ -19,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
 #include "tests/server_test_util.h"
+#include "tests/session_test_server.h"
 #include "tests/test_util.h"
 
 namespace attention {
@@ -31,39 +33,6 @@ using ::attention::testing::RandomMask;
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
 using ::testing::HasSubstr;
-
-constexpr int64_t kE = 32;  // "small": E=32, H=4.
-
-// A server with two models: "small" (self sessions, max_session_tokens 64)
-// and "cross" (kdim 12, vdim 10, add_bias_kv, add_zero_attn).
-AttentionServer* StartServer(const std::string& name, int64_t memory_bytes,
-                             absl::Duration evict_grace) {
-  const std::string dir = ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(kE, 4), 1), dir + "/small",
-                         "\"max_batch_size\": 16, \"max_queue_delay_us\": 2000, "
-                         "\"max_session_tokens\": 64");
-  MhaSpec cross = testing::SelfAttentionSpec(16, 2);
-  cross.kdim = 12;
-  cross.vdim = 10;
-  cross.add_bias_kv = true;
-  cross.add_zero_attn = true;
-  testing::WriteModelDir(**MhaModel::Random(cross, 2), dir + "/cross");
-  ServerOptions options;
-  options.host = "127.0.0.1";
-  options.port = 0;
-  options.metrics_port = 0;
-  options.repository.path = dir;
-  options.repository.default_model = "small";
-  options.repository.compute_threads = 2;
-  options.repository.warmup = false;
-  options.sessions.memory_bytes = memory_bytes;
-  options.sessions.evict_grace = evict_grace;
-  auto server = AttentionServer::Listen(options);
-  EXPECT_TRUE(server.ok()) << server.status();
-  EXPECT_TRUE((*server)->LoadModels().ok());
-  return server->release();
-}
 
 class SessionTest : public ::testing::Test {
  protected:
@@ -443,123 +412,6 @@ TEST_F(SessionTest, MemoryIsExactlyAccountedOverManyCycles) {
   // Back to what the other tests' sessions hold.
   EXPECT_EQ(small.pool->used_bytes(), used_before);
   EXPECT_EQ(server_->metrics().session_memory_bytes().Value(), mapped_before);
-}
-
-// SIGTERM-style drain: an append already queued completes, new appends and
-// sessions are refused UNAVAILABLE, and Drain reports every request answered.
-TEST(SessionDrainTest, QueuedAppendsFinishAndNewOnesAreRefused) {
-  AttentionServer* server = StartServer("session_drain", 16 << 20, absl::Hours(1));
-  auto stub = v1::SessionService::NewStub(server->InProcessChannel());
-  std::mt19937 rng(17);
-  v1::SessionInfo info;
-  {
-    grpc::ClientContext context;
-    v1::CreateSessionRequest request;
-    request.set_kind(v1::SESSION_KIND_SELF);
-    ASSERT_TRUE(stub->CreateSession(&context, request, &info).ok());
-  }
-  grpc::Status queued;
-  bool drained = false;
-  std::thread append, drain;
-  {
-    absl::MutexLock hold(server->repository()->compute_mutex());
-    append = std::thread([&] {
-      grpc::ClientContext context;
-      v1::AppendRequest request;
-      request.set_session_id(info.session_id());
-      ToProto(RandomTensor({4, kE}, rng), request.mutable_tokens());
-      v1::AppendResponse response;
-      queued = stub->Append(&context, request, &response);
-    });
-    // Wait (bounded) until the append is queued, then start draining.
-    for (int i = 0; i < 500 && server->metrics().inflight_requests().Value() < 1; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    ASSERT_GE(server->metrics().inflight_requests().Value(), 1);
-    drain = std::thread([&] { drained = server->Drain(); });
-    for (int i = 0; i < 500 && !server->service().draining(); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    grpc::ClientContext context;
-    v1::AppendRequest request;
-    request.set_session_id(info.session_id());
-    ToProto(RandomTensor({1, kE}, rng), request.mutable_tokens());
-    v1::AppendResponse response;
-    const grpc::Status refused = stub->Append(&context, request, &response);
-    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
-  }
-  append.join();
-  drain.join();
-  EXPECT_TRUE(queued.ok()) << queued.error_message();
-  EXPECT_TRUE(drained);
-  delete server;
-}
-
-// A second server on a port in use fails to start instead of sharing it
-// (gRPC's default SO_REUSEPORT would split the clients, and their sessions,
-// between the two).
-TEST(ServerPortTest, ASecondServerOnTheSamePortFailsToStart) {
-  ServerOptions options;
-  options.host = "127.0.0.1";
-  options.port = testing::FreePort();
-  options.metrics_port = 0;
-  auto first = AttentionServer::Listen(options);
-  ASSERT_TRUE(first.ok()) << first.status();
-  auto second = AttentionServer::Listen(options);
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(second.status().message()), HasSubstr("cannot listen"));
-}
-
-// A 1 MiB budget: one slab of 256 blocks of 4 KiB ("small" in float32: 16
-// tokens x K and V x 32 features x 4 bytes), i.e. 64 sessions of 64 tokens.
-TEST(SessionEvictionTest, IdleSessionsAreEvictedOnlyAfterTheGrace) {
-  for (const bool evictable : {true, false}) {
-    AttentionServer* server = StartServer(evictable ? "evict_now" : "evict_never", 1 << 20,
-                                          evictable ? absl::ZeroDuration() : absl::Hours(1));
-    auto stub = v1::SessionService::NewStub(server->InProcessChannel());
-    std::mt19937 rng(14);
-    std::vector<std::string> ids;
-    grpc::Status status;
-    // 64-token sessions until the budget is full.
-    for (int i = 0; i < 80 && status.ok(); ++i) {
-      grpc::ClientContext context;
-      v1::CreateSessionRequest request;
-      request.set_kind(v1::SESSION_KIND_SELF);
-      v1::SessionInfo info;
-      ASSERT_TRUE(stub->CreateSession(&context, request, &info).ok());
-      grpc::ClientContext append_context;
-      v1::AppendRequest append;
-      append.set_session_id(info.session_id());
-      ToProto(RandomTensor({64, kE}, rng), append.mutable_tokens());
-      v1::AppendResponse response;
-      status = stub->Append(&append_context, append, &response);
-      ids.push_back(info.session_id());
-    }
-    if (evictable) {
-      // Every append found room by evicting the oldest idle session.
-      EXPECT_TRUE(status.ok()) << status.error_message();
-      grpc::ClientContext context;
-      v1::GetSessionRequest get;
-      get.set_session_id(ids.front());
-      v1::SessionInfo info;
-      const grpc::Status first = stub->GetSession(&context, get, &info);
-      EXPECT_EQ(first.error_code(), grpc::StatusCode::NOT_FOUND);
-      EXPECT_THAT(first.error_message(), HasSubstr("evicted"));
-    } else {
-      EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-      EXPECT_THAT(status.error_message(), HasSubstr("no other session has been idle"));
-      // The sessions that fit are intact.
-      grpc::ClientContext context;
-      v1::GetSessionRequest get;
-      get.set_session_id(ids.front());
-      v1::SessionInfo info;
-      EXPECT_TRUE(stub->GetSession(&context, get, &info).ok());
-      EXPECT_EQ(info.length(), 64);
-    }
-    EXPECT_LE(server->metrics().session_memory_bytes().Value(), 1 << 20);
-    EXPECT_TRUE(server->Drain());
-    delete server;
-  }
 }
 
 }  // namespace
