@@ -14,6 +14,14 @@
 
 namespace attention::server {
 
+void BindCall(grpc::CallbackServerContext* context, PendingRequest* pending) {
+  const auto deadline = context->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) {
+    pending->deadline = absl::FromChrono(deadline);
+  }
+  pending->is_cancelled = [context] { return context->IsCancelled(); };
+}
+
 absl::Status EncodeOutcome(RequestOutcome& outcome, int64_t max_bytes,
                            v1::InferResponse* response) {
   try {
@@ -183,11 +191,7 @@ absl::Status AttentionServiceImpl::Prepare(const v1::InferRequest& request,
   RETURN_IF_ERROR(CheckResponseSize(prepared->model->model->spec(), in, pending->call,
                                     request.request_id().size(), &prepared->response_bytes));
   pending->keep_alive = std::move(keep_alive);
-  const auto deadline = context->deadline();
-  if (deadline != std::chrono::system_clock::time_point::max()) {
-    pending->deadline = absl::FromChrono(deadline);
-  }
-  pending->is_cancelled = [context] { return context->IsCancelled(); };
+  BindCall(context, pending.get());
   prepared->pending = std::move(pending);
   return absl::OkStatus();
 }

@@ -102,6 +102,10 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   int64_t inflight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Gives `pending` the deadline and the cancellation of the call carrying it,
+// which the batcher checks while it is queued.
+void BindCall(grpc::CallbackServerContext* context, PendingRequest* pending);
+
 // Fills `response` from a computed outcome (output, weights, timing).
 // RESOURCE_EXHAUSTED (and `response` cleared) when it would exceed
 // `max_bytes` or memory runs out.

@@ -14,15 +14,6 @@ namespace {
 // Field tags and lengths, ids, shapes, timings: well under this.
 constexpr int64_t kFramingBytes = 1024;
 
-// Deadline and cancellation of the call carrying a request.
-void BindCall(grpc::CallbackServerContext* context, PendingRequest* pending) {
-  const auto deadline = context->deadline();
-  if (deadline != std::chrono::system_clock::time_point::max()) {
-    pending->deadline = absl::FromChrono(deadline);
-  }
-  pending->is_cancelled = [context] { return context->IsCancelled(); };
-}
-
 int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 
 }  // namespace
