@@ -1,7 +1,6 @@
 #include "server/attention_server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
 #include <iostream>
@@ -43,17 +42,41 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
     s->exposer_->RegisterCollectable(s->process_metrics_);
     std::cerr << "metrics on http://" << address << "/metrics\n";
   }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   MakeServerCredentials(options.tls));
   ServiceOptions service_options;
   service_options.max_response_bytes = options.max_message_bytes;
   service_options.max_stream_pending = options.max_stream_pending;
   service_options.max_stream_pending_bytes = options.max_stream_pending_bytes;
+  service_options.max_inflight_bytes = options.max_inflight_bytes;
+  if (!options.auth_tokens_file.empty()) {
+    ASSIGN_OR_RETURN(
+        service_options.authenticator,
+        TokenAuthenticator::Open(options.auth_tokens_file, options.auth_reload_interval));
+    std::cerr << "authentication: " << service_options.authenticator->size()
+              << " bearer token(s) from " << options.auth_tokens_file
+              << (options.auth_probes ? " (health checks too; reflection off)"
+                                      : " (health and reflection open)")
+              << "\n";
+  } else if (options.auth_probes) {
+    return absl::InvalidArgumentError("--auth_probes: needs --auth_tokens_file");
+  }
+  s->metrics_->inflight_bytes_limit().Set(static_cast<double>(options.max_inflight_bytes));
   s->service_ = std::make_unique<AttentionServiceImpl>(s->metrics_.get(), service_options);
   s->session_service_ = std::make_unique<SessionServiceImpl>(s->service_.get());
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  HealthServiceImpl::Authenticate health_auth;
+  if (options.auth_probes) {
+    health_auth = [service = s->service_.get()](const grpc::CallbackServerContext* context) {
+      return service->Authenticate(context).status();
+    };
+  }
+  s->health_service_ = std::make_unique<HealthServiceImpl>(
+      std::set<std::string>{kServiceName, kSessionServiceName}, std::move(health_auth));
+  grpc::EnableDefaultHealthCheckService(false);
+  if (!options.auth_probes) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(address, credentials, &s->port_);
   // gRPC sets SO_REUSEPORT by default, so a second server on the same port
   // would start and silently take half the connections (and half of every
   // client's sessions). Refuse to start instead.
@@ -70,12 +93,14 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(s->service_.get());
   builder.RegisterService(s->session_service_.get());
+  builder.RegisterService(s->health_service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
   }
   s->SetHealth(false);
-  std::cerr << "listening on port " << s->port_ << " (health NOT_SERVING until models are ready)\n";
+  std::cerr << "listening on port " << s->port_ << " (" << DescribeTransport(options.tls)
+            << "; health NOT_SERVING until models are ready)\n";
   return s;
 }
 
@@ -83,12 +108,7 @@ AttentionServer::~AttentionServer() {
   if (!drained_) Drain();
 }
 
-void AttentionServer::SetHealth(bool serving) {
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  health->SetServingStatus(serving);
-  health->SetServingStatus(kServiceName, serving);
-  health->SetServingStatus(kSessionServiceName, serving);
-}
+void AttentionServer::SetHealth(bool serving) { health_service_->SetServing(serving); }
 
 absl::Status AttentionServer::LoadModels() {
   const RepositoryOptions& r = options_.repository;

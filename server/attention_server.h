@@ -21,11 +21,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/attention_service.h"
+#include "server/health_service.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/process_metrics.h"
 #include "server/session_manager.h"
 #include "server/session_service.h"
+#include "server/tls_credentials.h"
 
 namespace prometheus {
 class Exposer;
@@ -54,6 +56,16 @@ struct ServerOptions {
   absl::Duration drain_grace = absl::Milliseconds(500);
   RepositoryOptions repository;
   SessionOptions sessions;
+  TlsOptions tls;  // Plaintext unless a certificate and key are given.
+  // A file of SHA-256 token hashes and their models (TokenAuthenticator);
+  // empty: no authentication.
+  std::string auth_tokens_file;
+  absl::Duration auth_reload_interval = absl::Seconds(2);
+  // With tokens: health checks need one too (reflection is then off).
+  bool auth_probes = false;
+  // Bytes of accepted, unanswered requests and their responses (see
+  // ServiceOptions::max_inflight_bytes).
+  int64_t max_inflight_bytes = int64_t{1} << 30;
 };
 
 class AttentionServer {
@@ -92,6 +104,7 @@ class AttentionServer {
   std::shared_ptr<ProcessMetrics> process_metrics_ = std::make_shared<ProcessMetrics>();
   std::unique_ptr<AttentionServiceImpl> service_;
   std::unique_ptr<SessionServiceImpl> session_service_;
+  std::unique_ptr<HealthServiceImpl> health_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ModelRepository> repository_;  // Outlives nothing that uses it after Drain.
   std::unique_ptr<SessionManager> sessions_;     // Destroyed after the repository's batchers.

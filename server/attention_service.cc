@@ -161,17 +161,72 @@ void AttentionServiceImpl::Answered(const ServedModel* model, Method method, abs
   --inflight_;
 }
 
+absl::StatusOr<std::shared_ptr<const Principal>> AttentionServiceImpl::Authenticate(
+    const grpc::CallbackServerContext* context) const {
+  if (options_.authenticator == nullptr) return nullptr;
+  const auto& metadata = context->client_metadata();
+  const auto it = metadata.find("authorization");
+  absl::string_view value;
+  if (it != metadata.end()) value = absl::string_view(it->second.data(), it->second.size());
+  auto principal = options_.authenticator->Authenticate(it == metadata.end() ? nullptr : &value);
+  if (!principal.ok()) metrics_->CountRefusal(principal.status().code());
+  return principal;
+}
+
+absl::StatusOr<const ServedModel*> AttentionServiceImpl::FindModel(const Principal* principal,
+                                                                   const std::string& name) const {
+  const ModelRepository* repository = repository_.load();
+  if (repository == nullptr) return absl::UnavailableError("server is not ready yet");
+  const ServedModel* model = repository->Find(name);
+  const std::string& shown = model != nullptr ? model->name : name;
+  if (principal != nullptr && !principal->MayUse(shown) &&
+      (model != nullptr || !principal->all_models)) {
+    metrics_->CountRefusal(absl::StatusCode::kPermissionDenied);
+    return absl::PermissionDeniedError(
+        absl::StrCat("model: caller '", principal->name, "' may not use model '", shown, "'"));
+  }
+  if (model == nullptr) {
+    return absl::NotFoundError(absl::StrCat("model: '", name, "' is not served"));
+  }
+  return model;
+}
+
+absl::Status AttentionServiceImpl::Admit(int64_t bytes) {
+  const int64_t limit = options_.max_inflight_bytes;
+  int64_t current = inflight_bytes_.load();
+  do {
+    if (bytes > limit - current) {
+      metrics_->CountRefusal(absl::StatusCode::kResourceExhausted);
+      if (bytes > limit) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("request: needs ", bytes,
+                         " bytes with its response, more than the server's whole "
+                         "--max_inflight_bytes ",
+                         limit));
+      }
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "request: needs ", bytes, " bytes with its response; ", current, " of the server's ",
+          "--max_inflight_bytes ", limit, " are in flight; retry later"));
+    }
+  } while (!inflight_bytes_.compare_exchange_weak(current, current + bytes));
+  metrics_->inflight_bytes().Increment(static_cast<double>(bytes));
+  return absl::OkStatus();
+}
+
+void AttentionServiceImpl::Release(int64_t bytes) {
+  if (bytes == 0) return;
+  inflight_bytes_.fetch_sub(bytes);
+  metrics_->inflight_bytes().Decrement(static_cast<double>(bytes));
+}
+
 absl::Status AttentionServiceImpl::Prepare(const v1::InferRequest& request,
                                            std::shared_ptr<const void> keep_alive,
                                            grpc::CallbackServerContext* context,
                                            Prepared* prepared) {
-  const ModelRepository* repository = repository_.load();
-  if (repository == nullptr) return absl::UnavailableError("server is not ready yet");
+  if (repository_.load() == nullptr) return absl::UnavailableError("server is not ready yet");
   if (draining_.load()) return absl::UnavailableError("server is shutting down");
-  prepared->model = repository->Find(request.model());
-  if (prepared->model == nullptr) {
-    return absl::NotFoundError(absl::StrCat("model: '", request.model(), "' is not served"));
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, Authenticate(context));
+  ASSIGN_OR_RETURN(prepared->model, FindModel(principal.get(), request.model()));
   auto pending = std::make_unique<PendingRequest>();
   MhaInputs& in = pending->inputs;
   ASSIGN_OR_RETURN(in.query, wire::DecodeTensor(request.query(), "query"));
@@ -205,15 +260,21 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Infer(grpc::CallbackServerContex
   response->set_request_id(request->request_id());
   Prepared prepared;
   absl::Status status = Prepare(*request, nullptr, context, &prepared);
+  const int64_t admitted =
+      status.ok() ? static_cast<int64_t>(request->ByteSizeLong()) + prepared.response_bytes : 0;
+  if (status.ok()) status = Admit(admitted);
   if (status.ok()) {
     const ServedModel* model = prepared.model;
-    prepared.pending->done = [this, reactor, response, received, model](RequestOutcome outcome) {
+    prepared.pending->done = [this, reactor, response, received, model,
+                              admitted](RequestOutcome outcome) {
       absl::Status result = outcome.status;
       if (result.ok()) result = EncodeOutcome(outcome, options_.max_response_bytes, response);
+      Release(admitted);
       Answered(model, Method::kInfer, result.code(), received);
       reactor->Finish(wire::ToGrpcStatus(result));
     };
     status = model->batcher->Enqueue(std::move(prepared.pending));
+    if (!status.ok()) Release(admitted);
   }
   if (!status.ok()) {
     Answered(prepared.model, Method::kInfer, status.code(), received);
@@ -256,7 +317,14 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ListModels(grpc::CallbackServerC
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is not ready yet"));
     return reactor;
   }
+  auto principal = Authenticate(context);
+  if (!principal.ok()) {
+    reactor->Finish(wire::ToGrpcStatus(principal.status()));
+    return reactor;
+  }
+  // A caller sees only the models it may use.
   for (const ServedModel* m : repository->models()) {
+    if (*principal != nullptr && !(*principal)->MayUse(m->name)) continue;
     DescribeModel(*m, m->name == repository->default_model(), response->add_models());
   }
   reactor->Finish(grpc::Status::OK);
@@ -272,13 +340,15 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetModel(grpc::CallbackServerCon
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is not ready yet"));
     return reactor;
   }
-  const ServedModel* m = repository->Find(request->name());
-  if (m == nullptr) {
-    reactor->Finish(wire::ToGrpcStatus(
-        absl::NotFoundError(absl::StrCat("name: model '", request->name(), "' is not served"))));
+  auto principal = Authenticate(context);
+  absl::StatusOr<const ServedModel*> m =
+      principal.ok() ? FindModel(principal->get(), request->name())
+                     : absl::StatusOr<const ServedModel*>(principal.status());
+  if (!m.ok()) {
+    reactor->Finish(wire::ToGrpcStatus(m.status()));
     return reactor;
   }
-  DescribeModel(*m, m->name == repository->default_model(), response);
+  DescribeModel(**m, (*m)->name == repository->default_model(), response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

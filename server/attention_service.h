@@ -19,6 +19,7 @@
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/pending_request.h"
+#include "server/token_authenticator.h"
 
 namespace attention::server {
 
@@ -32,6 +33,16 @@ struct ServiceOptions {
   // that never reads holds at most this much server memory.
   int64_t max_stream_pending = 64;
   int64_t max_stream_pending_bytes = int64_t{256} << 20;
+  // Bytes of every request accepted and not yet answered, counting its
+  // message and the response (output and weights) it will produce. A request
+  // that would pass it is refused with RESOURCE_EXHAUSTED before anything
+  // large is allocated; an admitted one is never dropped for memory.
+  int64_t max_inflight_bytes = int64_t{1} << 40;
+  // Null: no authentication, every caller may use every model. Else every
+  // call must carry a known bearer token, and use only the token's models.
+  std::shared_ptr<const TokenAuthenticator> authenticator;
+  // Health checks need a token too (when `authenticator` is set).
+  bool authenticate_health = false;
 };
 
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
@@ -66,11 +77,13 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
     int64_t response_bytes = 0;  // Estimated size of the encoded response.
   };
 
-  // Decodes and validates `request` (kept alive by `keep_alive`) into
-  // *prepared, ready for its model's batcher once `done` is set. Errors:
-  // UNAVAILABLE when not ready or draining, NOT_FOUND for an unknown model,
-  // INVALID_ARGUMENT for bad tensors or options, RESOURCE_EXHAUSTED when the
-  // response (or the weights buffer computing it) would be too large.
+  // Authenticates the caller, then decodes and validates `request` (kept
+  // alive by `keep_alive`) into *prepared, ready for its model's batcher once
+  // `done` is set. Errors: UNAVAILABLE when not ready or draining,
+  // UNAUTHENTICATED or PERMISSION_DENIED (see Authenticate and FindModel),
+  // NOT_FOUND for an unknown model, INVALID_ARGUMENT for bad tensors or
+  // options, RESOURCE_EXHAUSTED when the response (or the weights buffer
+  // computing it) would be too large.
   absl::Status Prepare(const v1::InferRequest& request, std::shared_ptr<const void> keep_alive,
                        grpc::CallbackServerContext* context, Prepared* prepared);
 
@@ -81,6 +94,24 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
                 absl::Time received);
   // Counts a request as received (in flight).
   void Received();
+
+  // The caller of `context`: null when authentication is off (every model
+  // allowed), else its principal; UNAUTHENTICATED (counted) when the call
+  // carries no known token.
+  absl::StatusOr<std::shared_ptr<const Principal>> Authenticate(
+      const grpc::CallbackServerContext* context) const;
+  // The served model `name` names for `principal` (null: authentication
+  // off): PERMISSION_DENIED (counted) when the caller may not use it, which
+  // for a caller limited to some models also hides whether it exists;
+  // NOT_FOUND when it is not served.
+  absl::StatusOr<const ServedModel*> FindModel(const Principal* principal,
+                                               const std::string& name) const;
+
+  // Reserves `bytes` of the in-flight byte budget, or RESOURCE_EXHAUSTED
+  // naming the limit. Every admitted byte is released with Release().
+  absl::Status Admit(int64_t bytes);
+  void Release(int64_t bytes);
+  int64_t inflight_bytes() const { return inflight_bytes_.load(); }
 
   const ServiceOptions& options() const { return options_; }
   // Null until SetRepository().
@@ -98,6 +129,7 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   const ServiceOptions options_;
   std::atomic<const ModelRepository*> repository_{nullptr};
   std::atomic<bool> draining_{false};
+  std::atomic<int64_t> inflight_bytes_{0};
   absl::Mutex mu_;
   int64_t inflight_ ABSL_GUARDED_BY(mu_) = 0;
 };

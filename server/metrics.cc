@@ -61,7 +61,26 @@ Metrics::Metrics(const std::string& version)
       session_capacity_(&Register(prometheus::BuildGauge(),
                                   "attention_session_memory_capacity_bytes",
                                   "The session memory budget (--session_memory_bytes).", *registry_)
-                             .Add({})) {
+                             .Add({})),
+      inflight_bytes_(&Register(prometheus::BuildGauge(), "attention_inflight_bytes",
+                                "Bytes of requests accepted and not yet answered, with the "
+                                "responses they will produce.",
+                                *registry_)
+                           .Add({})),
+      inflight_bytes_limit_(&Register(prometheus::BuildGauge(), "attention_inflight_bytes_limit",
+                                      "The in-flight byte budget (--max_inflight_bytes).",
+                                      *registry_)
+                                 .Add({})) {
+  auto& refusals = Register(prometheus::BuildCounter(), "attention_refusals_total",
+                            "Calls refused before reaching a model, by code: UNAUTHENTICATED, "
+                            "PERMISSION_DENIED, RESOURCE_EXHAUSTED (in-flight bytes).",
+                            *registry_);
+  for (absl::StatusCode code :
+       {absl::StatusCode::kUnauthenticated, absl::StatusCode::kPermissionDenied,
+        absl::StatusCode::kResourceExhausted}) {
+    refusals_[static_cast<int>(code)] =
+        &refusals.Add({{"code", std::string(wire::StatusCodeName(code))}});
+  }
   Register(prometheus::BuildGauge(), "attention_build_info", "Build information; always 1.",
            *registry_)
       .Add({{"version", version}})

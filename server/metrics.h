@@ -80,6 +80,16 @@ class Metrics {
   // Session cache memory held (mapped) and the budget, server-wide.
   prometheus::Gauge& session_memory_bytes() { return *session_memory_; }
   prometheus::Gauge& session_memory_capacity_bytes() { return *session_capacity_; }
+  // Bytes of requests accepted and not yet answered (with the responses they
+  // will produce), and --max_inflight_bytes.
+  prometheus::Gauge& inflight_bytes() { return *inflight_bytes_; }
+  prometheus::Gauge& inflight_bytes_limit() { return *inflight_bytes_limit_; }
+  // Calls refused before reaching a model: UNAUTHENTICATED, PERMISSION_DENIED
+  // or RESOURCE_EXHAUSTED (the in-flight byte budget), by code.
+  void CountRefusal(absl::StatusCode code) {
+    prometheus::Counter* c = refusals_[static_cast<int>(code)];
+    if (c != nullptr) c->Increment();
+  }
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
   // Buckets of the duration histograms: 50 us to 10 s.
@@ -104,6 +114,9 @@ class Metrics {
   prometheus::Gauge* inflight_;
   prometheus::Gauge* session_memory_;
   prometheus::Gauge* session_capacity_;
+  prometheus::Gauge* inflight_bytes_;
+  prometheus::Gauge* inflight_bytes_limit_;
+  std::array<prometheus::Counter*, wire::kNumStatusCodes> refusals_{};
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<ModelMetrics>> models_ ABSL_GUARDED_BY(mu_);
 };

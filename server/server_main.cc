@@ -73,6 +73,25 @@ ABSL_FLAG(double, session_evict_grace_s, 2,
 ABSL_FLAG(std::string, advertise_address, "",
           "This replica's address as clients reach it (host:port); appended to session ids so "
           "that clients send a session's calls to the replica holding it.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain of the gRPC port; with --tls_key_file turns TLS on (the files "
+          "are re-read when they change). Empty: plaintext.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle; set: mutual TLS, every client must present a certificate it signed.");
+ABSL_FLAG(int, tls_reload_interval_s, 10,
+          "How often the TLS files are checked for a new certificate, key or CA.");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "File of bearer tokens as SHA-256 hashes with the models each may call "
+          "('<sha256 hex> <name> <model,model|*>' per line), re-read when it changes. Empty: no "
+          "authentication.");
+ABSL_FLAG(bool, auth_probes, false,
+          "With --auth_tokens_file: health checks need a token too, and reflection is off. "
+          "Default: health and reflection stay open for Kubernetes probes and tools.");
+ABSL_FLAG(int64_t, max_inflight_bytes, 0,
+          "Bytes of requests accepted and not yet answered, with the outputs and weights they "
+          "will produce; past it requests get RESOURCE_EXHAUSTED. 0: a quarter of the cgroup "
+          "memory limit (or of the machine's memory when there is none).");
 ABSL_FLAG(bool, warmup, true, "Create oneDNN primitives for common shapes before serving.");
 
 namespace attention::server {
@@ -123,6 +142,21 @@ int Run() {
                     ? std::string("--session_memory_bytes")
                     : absl::StrCat("a quarter of ", memory, " bytes of ", memory_source))
             << ")\n";
+
+  options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes) > 0
+                                   ? absl::GetFlag(FLAGS_max_inflight_bytes)
+                                   : memory / 4;
+  std::cerr << "in-flight byte budget " << options.max_inflight_bytes << " bytes ("
+            << (absl::GetFlag(FLAGS_max_inflight_bytes) > 0
+                    ? std::string("--max_inflight_bytes")
+                    : absl::StrCat("a quarter of ", memory, " bytes of ", memory_source))
+            << ")\n";
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  options.tls.reload_interval_s = absl::GetFlag(FLAGS_tls_reload_interval_s);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.auth_probes = absl::GetFlag(FLAGS_auth_probes);
 
   auto server = AttentionServer::Listen(options);
   if (!server.ok()) {

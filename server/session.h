@@ -31,6 +31,7 @@ struct Session {
   SessionModel* model = nullptr;  // Owned by SessionManager; outlives the session.
   bool cross = false;
   bool is_causal = false;  // Cross sessions.
+  std::string owner;       // The creating caller's principal name; empty without auth.
   absl::Time created;
   absl::Duration ttl;
   std::unique_ptr<KvCache> cache;  // Null once ended.

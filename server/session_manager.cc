@@ -85,7 +85,8 @@ std::string SessionManager::NewId() const {
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(const ServedModel* served,
                                                                 bool cross, bool is_causal,
-                                                                absl::Duration ttl) {
+                                                                absl::Duration ttl,
+                                                                const std::string& owner) {
   SessionModel* m = model(served);
   if (m == nullptr) return absl::InternalError("model has no session state");
   if (m->max_sessions == 0) {
@@ -102,6 +103,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(const ServedMode
         s->model = m;
         s->cross = cross;
         s->is_causal = is_causal;
+        s->owner = owner;
         s->created = absl::Now();
         s->ttl = ttl > absl::ZeroDuration() ? ttl : m->ttl;
         const MhaSpec& spec = served->model->spec();

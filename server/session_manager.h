@@ -92,8 +92,10 @@ class SessionManager {
   // max_sessions and no idle session of it can be evicted;
   // FAILED_PRECONDITION when the model allows none. A cross session's keys
   // are then projected by its first work, SessionWork::kInitCross.
+  // `owner` names the creating caller (empty without authentication).
   absl::StatusOr<std::shared_ptr<Session>> Create(const ServedModel* model, bool cross,
-                                                  bool is_causal, absl::Duration ttl);
+                                                  bool is_causal, absl::Duration ttl,
+                                                  const std::string& owner = "");
 
   // The live session `id`; NOT_FOUND naming why otherwise.
   absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& id) const;

@@ -33,6 +33,20 @@ void DescribeSession(const SessionSnapshot& s, v1::SessionInfo* info) {
 
 SessionServiceImpl::SessionServiceImpl(AttentionServiceImpl* requests) : requests_(requests) {}
 
+absl::StatusOr<std::shared_ptr<Session>> SessionServiceImpl::FindForCaller(
+    SessionManager* manager, grpc::CallbackServerContext* context, const std::string& id) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, requests_->Authenticate(context));
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, manager->Find(id));
+  if (principal != nullptr) {
+    if (session->owner != principal->name) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "session_id: the session belongs to another caller than '", principal->name, "'"));
+    }
+    RETURN_IF_ERROR(requests_->FindModel(principal.get(), session->model->served->name).status());
+  }
+  return session;
+}
+
 SessionManager* SessionServiceImpl::ReadyManager(absl::Status* status) const {
   SessionManager* manager = manager_.load();
   if (manager == nullptr) *status = absl::UnavailableError("server is not ready yet");
@@ -55,11 +69,15 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   if (manager != nullptr && requests_->draining()) {
     status = absl::UnavailableError("server is shutting down");
   }
+  std::string owner;
   if (status.ok()) {
-    served = requests_->repository()->Find(request->model());
-    if (served == nullptr) {
-      status = absl::NotFoundError(absl::StrCat("model: '", request->model(), "' is not served"));
-    }
+    auto principal = requests_->Authenticate(context);
+    absl::StatusOr<const ServedModel*> found =
+        principal.ok() ? requests_->FindModel(principal->get(), request->model())
+                       : absl::StatusOr<const ServedModel*>(principal.status());
+    status = found.status();
+    if (found.ok()) served = *found;
+    if (principal.ok() && *principal != nullptr) owner = (*principal)->name;
   }
   const bool cross = request->kind() == v1::SESSION_KIND_CROSS;
   if (status.ok() && request->kind() != v1::SESSION_KIND_SELF && !cross) {
@@ -98,8 +116,8 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   }
   std::shared_ptr<Session> session;
   if (status.ok()) {
-    auto created =
-        manager->Create(served, cross, request->is_causal(), absl::Seconds(request->ttl_s()));
+    auto created = manager->Create(served, cross, request->is_causal(),
+                                   absl::Seconds(request->ttl_s()), owner);
     status = created.status();
     if (created.ok()) session = *std::move(created);
   }
@@ -142,7 +160,7 @@ absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
   SessionManager* manager = ReadyManager(&status);
   if (manager == nullptr) return status;
   if (requests_->draining()) return absl::UnavailableError("server is shutting down");
-  ASSIGN_OR_RETURN(prepared->session, manager->Find(request.session_id()));
+  ASSIGN_OR_RETURN(prepared->session, FindForCaller(manager, context, request.session_id()));
   const SessionModel& m = *prepared->session->model;
   prepared->model = m.served;
   auto work = std::make_unique<SessionWork>();
@@ -232,14 +250,20 @@ grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext
   PreparedAppend prepared;
   absl::Status status = PrepareAppend(*request, nullptr, context, &prepared);
   const ServedModel* model = prepared.model;
+  const int64_t admitted =
+      status.ok() ? static_cast<int64_t>(request->ByteSizeLong()) + prepared.response_bytes : 0;
+  if (status.ok()) status = requests_->Admit(admitted);
   if (status.ok()) {
-    prepared.pending->done = [this, reactor, response, received, model](RequestOutcome outcome) {
+    prepared.pending->done = [this, reactor, response, received, model,
+                              admitted](RequestOutcome outcome) {
       absl::Status result = outcome.status;
       if (result.ok()) result = EncodeAppend(outcome, response);
+      requests_->Release(admitted);
       requests_->Answered(model, Method::kAppend, result.code(), received);
       reactor->Finish(wire::ToGrpcStatus(result));
     };
     status = manager_.load()->Submit(prepared.session, std::move(prepared.pending));
+    if (!status.ok()) requests_->Release(admitted);
   }
   if (!status.ok()) {
     requests_->Answered(model, Method::kAppend, status.code(), received);
@@ -283,7 +307,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(grpc::CallbackServerCon
   absl::Status status;
   const ServedModel* model = nullptr;
   if (SessionManager* manager = ReadyManager(&status)) {
-    auto session = manager->Find(request->session_id());
+    auto session = FindForCaller(manager, context, request->session_id());
     status = session.status();
     if (session.ok()) {
       model = (*session)->model->served;
@@ -304,11 +328,14 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CloseSession(grpc::CallbackServerC
   absl::Status status;
   const ServedModel* model = nullptr;
   if (SessionManager* manager = ReadyManager(&status)) {
-    auto session = manager->Find(request->session_id());
-    if (session.ok()) model = (*session)->model->served;
-    auto freed = manager->Close(request->session_id());
-    status = freed.status();
-    if (freed.ok()) response->set_freed_bytes(*freed);
+    auto session = FindForCaller(manager, context, request->session_id());
+    status = session.status();
+    if (session.ok()) {
+      model = (*session)->model->served;
+      auto freed = manager->Close(request->session_id());
+      status = freed.status();
+      if (freed.ok()) response->set_freed_bytes(*freed);
+    }
   }
   requests_->Answered(model, Method::kCloseSession, status.code(), received);
   reactor->Finish(wire::ToGrpcStatus(status));

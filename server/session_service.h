@@ -64,6 +64,12 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
   // exceed the response size limit.
   absl::Status EncodeAppend(RequestOutcome& outcome, v1::AppendResponse* response) const;
   SessionManager* ReadyManager(absl::Status* status) const;
+  // The live session `id` if the caller of `context` may use it: it must be
+  // the session's creator (with authentication on) and may still use its
+  // model. UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<Session>> FindForCaller(SessionManager* manager,
+                                                         grpc::CallbackServerContext* context,
+                                                         const std::string& id) const;
 
   AttentionServiceImpl* const requests_;
   std::atomic<SessionManager*> manager_{nullptr};

@@ -86,7 +86,8 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
     const ServedModel* model = nullptr;
     absl::StatusCode code = absl::StatusCode::kOk;
     absl::Time received;
-    int64_t charge = 0;  // Bytes counted against max_stream_pending_bytes.
+    int64_t charge = 0;    // Bytes counted against max_stream_pending_bytes.
+    int64_t admitted = 0;  // Bytes of the service's in-flight budget.
   };
 
   void StartNextRead() {
@@ -94,8 +95,10 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
     this->StartRead(incoming_.get());
   }
   // Queues the response to a request charged `charge` bytes.
+  // `admitted` bytes of the service's in-flight budget are released once the
+  // response is written or dropped.
   void Respond(Response response, const ServedModel* model, absl::StatusCode code,
-               absl::Time received, int64_t charge);
+               absl::Time received, int64_t charge, int64_t admitted);
   // True when another request may be read now.
   bool MayReadLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const ServiceOptions& o = service_->options();
@@ -147,8 +150,14 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
   auto request = std::shared_ptr<Request>(incoming_.release());
   const std::string id = request->request_id();
   Prepared prepared = start_(request, context_);
-  const int64_t charge = static_cast<int64_t>(request->ByteSizeLong()) +
-                         (prepared.status.ok() ? prepared.response_bytes : kErrorResponseBytes);
+  const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
+  int64_t admitted = 0;  // Of the server-wide in-flight byte budget.
+  if (prepared.status.ok()) {
+    prepared.status = service_->Admit(request_bytes + prepared.response_bytes);
+    if (prepared.status.ok()) admitted = request_bytes + prepared.response_bytes;
+  }
+  const int64_t charge =
+      request_bytes + (prepared.status.ok() ? prepared.response_bytes : kErrorResponseBytes);
   {
     absl::MutexLock lock(&mu_);
     ++unanswered_;
@@ -156,7 +165,8 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
     pending_bytes_ += charge;
   }
   const ServedModel* model = prepared.model;
-  Reply reply = [this, id, received, model, charge](Response response, const absl::Status& status) {
+  Reply reply = [this, id, received, model, charge, admitted](Response response,
+                                                              const absl::Status& status) {
     // A failure (an oversized response included) is this request's own
     // error; the stream goes on.
     if (!status.ok()) {
@@ -164,7 +174,7 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
       response.mutable_error()->set_message(std::string(status.message()));
     }
     response.set_request_id(id);
-    Respond(std::move(response), model, status.code(), received, charge);
+    Respond(std::move(response), model, status.code(), received, charge, admitted);
   };
   absl::Status status = prepared.status;
   if (status.ok()) status = prepared.submit(reply);
@@ -183,7 +193,7 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
 template <typename Request, typename Response>
 void StreamReactor<Request, Response>::Respond(Response response, const ServedModel* model,
                                                absl::StatusCode code, absl::Time received,
-                                               int64_t charge) {
+                                               int64_t charge, int64_t admitted) {
   AttentionServiceImpl* const service = service_;  // `this` may be gone after Finish().
   const Method method = method_;
   const Response* write = nullptr;
@@ -202,6 +212,7 @@ void StreamReactor<Request, Response>::Respond(Response response, const ServedMo
       out.code = code;
       out.received = received;
       out.charge = charge;
+      out.admitted = admitted;
       writes_.push_back(std::move(out));
       if (!writing_) {
         writing_ = true;
@@ -212,7 +223,10 @@ void StreamReactor<Request, Response>::Respond(Response response, const ServedMo
   }
   // gRPC calls are made without the lock held.
   if (write != nullptr) this->StartWrite(write);
-  if (dropped) service->Answered(model, method, code, received);
+  if (dropped) {
+    service->Release(admitted);
+    service->Answered(model, method, code, received);
+  }
   if (finish) this->Finish(grpc::Status::OK);
 }
 
@@ -247,7 +261,10 @@ void StreamReactor<Request, Response>::OnWriteDone(bool ok) {
     finish = ShouldFinishLocked();
   }
   AttentionServiceImpl* const service = service_;
-  for (const Outgoing& o : done) service->Answered(o.model, method_, o.code, o.received);
+  for (const Outgoing& o : done) {
+    service->Release(o.admitted);
+    service->Answered(o.model, method_, o.code, o.received);
+  }
   if (next != nullptr) this->StartWrite(next);
   if (read_next) StartNextRead();
   if (finish) this->Finish(grpc::Status::OK);

@@ -1,0 +1,94 @@
+// File: server/token_authenticator.h
+//
+// Bearer-token authentication and per-model authorisation, from a file of
+// SHA-256 token hashes (--auth_tokens_file). Clients send
+// `authorization: Bearer <token>`; the server hashes what it receives and
+// compares the hash with every entry in constant time, so neither the file
+// nor the comparison's timing gives a token away. Tokens are never logged
+// and never reach metrics; a caller is known by its entry's name.
+//
+// The file, one entry per line ('#' starts a comment):
+//
+//   <sha256 of the token, 64 hex digits>  <name>  <models: a,b,c or *>
+//
+// The file is re-read when it changes (checked every `reload_interval`), so
+// tokens rotate without a restart. A file that fails to parse on reload is
+// reported on stderr and the previous tokens stay in force.
+//
+// Thread-safe. Owns its reload thread, joined by the destructor.
+#ifndef ATTENTION_SERVER_TOKEN_AUTHENTICATOR_H_
+#define ATTENTION_SERVER_TOKEN_AUTHENTICATOR_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace attention::server {
+
+// Who a token belongs to and what it may call.
+struct Principal {
+  std::string name;
+  bool all_models = false;
+  absl::flat_hash_set<std::string> models;
+
+  bool MayUse(absl::string_view model) const { return all_models || models.contains(model); }
+};
+
+class TokenAuthenticator {
+ public:
+  using Sha256 = std::array<uint8_t, 32>;
+  struct Entry {
+    Sha256 hash;
+    std::shared_ptr<const Principal> principal;
+  };
+
+  // Reads `path` and starts watching it. NOT_FOUND if it cannot be read,
+  // INVALID_ARGUMENT (naming the line) if it does not parse.
+  static absl::StatusOr<std::unique_ptr<TokenAuthenticator>> Open(
+      const std::string& path, absl::Duration reload_interval = absl::Seconds(2));
+
+  // Parses a token file's text; `path` names it in errors.
+  static absl::StatusOr<std::vector<Entry>> Parse(absl::string_view text, const std::string& path);
+
+  static Sha256 Hash(absl::string_view token);
+
+  ~TokenAuthenticator();
+  TokenAuthenticator(const TokenAuthenticator&) = delete;
+  TokenAuthenticator& operator=(const TokenAuthenticator&) = delete;
+
+  // The principal of an `authorization` header value ("Bearer <token>"),
+  // or UNAUTHENTICATED (missing header, another scheme, unknown token).
+  absl::StatusOr<std::shared_ptr<const Principal>> Authenticate(
+      const absl::string_view* authorization) const;
+
+  // Tokens in force.
+  size_t size() const;
+
+ private:
+  TokenAuthenticator(std::string path, absl::Duration reload_interval);
+  // Re-reads the file if its identity (inode, size, mtime) changed.
+  void ReloadIfChanged();
+  void WatchLoop();
+
+  const std::string path_;
+  const absl::Duration reload_interval_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const std::vector<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  std::string file_identity_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watcher_;
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_TOKEN_AUTHENTICATOR_H_
