@@ -1,12 +1,107 @@
 #include "client/cli/client_util.h"
 
-#include <cmath>
+#include <grpcpp/support/client_interceptor.h>
 
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "proto/codec/status_codes.h"
 
 namespace attention::client {
+namespace {
+
+// Adds `authorization: Bearer <token>` to every call's initial metadata.
+class BearerTokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerTokenInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({"authorization", *header_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* const header_;
+};
+
+class BearerTokenFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenFactory(std::string token) : header_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerTokenInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;
+};
+
+// Set once by SetChannelSecurity before any channel exists.
+struct ResolvedSecurity {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  std::string server_name;
+  std::string token;
+};
+ResolvedSecurity& Security() {
+  static ResolvedSecurity* security = new ResolvedSecurity;
+  return *security;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot read '", path, "'"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadToken(const std::string& token_file) {
+  if (!token_file.empty()) {
+    auto token = ReadFile("--token_file", token_file);
+    if (!token.ok()) return token.status();
+    return std::string(absl::StripAsciiWhitespace(*token));
+  }
+  const char* env = std::getenv("ATTENTION_TOKEN");
+  return env == nullptr ? std::string() : std::string(absl::StripAsciiWhitespace(env));
+}
+
+absl::Status SetChannelSecurity(const ChannelSecurity& s) {
+  ResolvedSecurity resolved;
+  resolved.token = s.token;
+  resolved.server_name = s.server_name;
+  if (s.cert_file.empty() != s.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert_file and --tls_key_file: a client certificate needs its key, and the reverse");
+  }
+  if (s.tls || !s.ca_file.empty() || !s.cert_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    if (!s.ca_file.empty()) {
+      auto ca = ReadFile("--tls_ca_file", s.ca_file);
+      if (!ca.ok()) return ca.status();
+      ssl.pem_root_certs = *ca;
+    }
+    if (!s.cert_file.empty()) {
+      auto cert = ReadFile("--tls_cert_file", s.cert_file);
+      if (!cert.ok()) return cert.status();
+      auto key = ReadFile("--tls_key_file", s.key_file);
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    resolved.credentials = grpc::SslCredentials(ssl);
+  }
+  Security() = std::move(resolved);
+  return absl::OkStatus();
+}
 
 std::string ServiceConfig(const std::string& lb_policy) {
   // Requests refused with UNAVAILABLE (a replica draining or gone) are retried:
@@ -43,7 +138,15 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   // every 2 s rather than gRPC's default 30 s.
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 2000);
   args.SetServiceConfigJSON(ServiceConfig(lb_policy));
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  const ResolvedSecurity& security = Security();
+  if (!security.server_name.empty()) args.SetSslTargetNameOverride(security.server_name);
+  if (security.token.empty()) {
+    return grpc::CreateCustomChannel(target, security.credentials, args);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<BearerTokenFactory>(security.token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, security.credentials, args,
+                                                                 std::move(interceptors));
 }
 
 void SetDeadline(grpc::ClientContext* context, int64_t deadline_ms) {

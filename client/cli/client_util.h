@@ -29,10 +29,32 @@ inline constexpr int kMaxMessageBytes = 256 << 20;
 // NOT_SERVING get no new calls, and a retry goes to another replica.
 std::string ServiceConfig(const std::string& lb_policy);
 
+// How channels reach the server: plaintext (the default) or TLS, optionally
+// with a client certificate (mutual TLS), and a bearer token sent on every
+// call as `authorization: Bearer <token>`.
+struct ChannelSecurity {
+  bool tls = false;         // TLS; implied by any of the files below.
+  std::string ca_file;      // PEM roots to trust; empty: the system's.
+  std::string cert_file;    // Client certificate chain (mutual TLS).
+  std::string key_file;     // Its private key.
+  std::string server_name;  // Expected name in the server's certificate; empty: the target's host.
+  std::string token;        // Bearer token; empty: none.
+};
+
+// Reads the files of `security` and uses it for every channel MakeChannel
+// makes from now on (call once, before any channel). NOT_FOUND for an
+// unreadable file, INVALID_ARGUMENT for a certificate without its key.
+absl::Status SetChannelSecurity(const ChannelSecurity& security);
+
+// The token of `token_file` (whitespace trimmed) if set, else of the
+// environment variable ATTENTION_TOKEN, else empty.
+absl::StatusOr<std::string> ReadToken(const std::string& token_file);
+
 // A channel to `target` ("host:port", "dns:///host:port",
-// "ipv4:127.0.0.1:1,127.0.0.1:2", ...). `lb_policy` ("round_robin",
-// "pick_first" or empty for gRPC's default, pick_first) goes into the service
-// config. Requests up to kMaxMessageBytes are retried.
+// "ipv4:127.0.0.1:1,127.0.0.1:2", ...) with the security set by
+// SetChannelSecurity. `lb_policy` ("round_robin", "pick_first" or empty for
+// gRPC's default, pick_first) goes into the service config. Requests up to
+// kMaxMessageBytes are retried.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const std::string& lb_policy);
 
 // Sets a deadline `deadline_ms` from now (every call has one).

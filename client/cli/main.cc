@@ -44,6 +44,16 @@ ABSL_FLAG(int64_t, deadline_ms, 10000, "Deadline of every call, in milliseconds.
 ABSL_FLAG(std::string, lb_policy, "round_robin",
           "Load-balancing policy: round_robin (with client-side health checking, so retries "
           "and new calls skip draining replicas) or pick_first.");
+ABSL_FLAG(bool, tls, false, "Use TLS (implied by any --tls_*_file flag).");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "PEM CA bundle that signed the server's certificate; empty: the system's roots.");
+ABSL_FLAG(std::string, tls_cert_file, "", "PEM client certificate (mutual TLS).");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Name the server's certificate must carry; empty: the host of --server.");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding a bearer token, sent as 'authorization: Bearer <token>'; empty: the "
+          "ATTENTION_TOKEN environment variable, if set.");
 ABSL_FLAG(std::string, model, "", "Model name; empty: the server's default model.");
 // infer
 ABSL_FLAG(std::string, query, "", "infer: query .npy file (N, L, E) or (L, E).");
@@ -329,6 +339,22 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
+  attention::client::ChannelSecurity security;
+  security.tls = absl::GetFlag(FLAGS_tls);
+  security.ca_file = absl::GetFlag(FLAGS_tls_ca_file);
+  security.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  security.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  security.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  auto token = attention::client::ReadToken(absl::GetFlag(FLAGS_token_file));
+  absl::Status secured = token.status();
+  if (token.ok()) {
+    security.token = *token;
+    secured = attention::client::SetChannelSecurity(security);
+  }
+  if (!secured.ok()) {
+    std::cerr << secured.message() << "\n";
+    return 2;
+  }
   if (command == "infer") return attention::client::Infer();
   if (command == "models") return attention::client::Models();
   if (command == "health") return attention::client::Health();
