@@ -89,6 +89,15 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
         GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
         static_cast<int>(absl::ToInt64Milliseconds(options.connection_age_grace)));
   }
+  // gRPC's own buffers (messages being received, before the service can
+  // refuse them) come from a quota of twice the in-flight budget (at least
+  // two largest messages). Near the quota gRPC refuses new streams
+  // (RESOURCE_EXHAUSTED) and, closer still, asks clients to reconnect
+  // (GOAWAY): twice the budget keeps that for floods beyond the budget.
+  builder.SetResourceQuota(
+      grpc::ResourceQuota("attention-server")
+          .Resize(static_cast<size_t>(std::max<int64_t>(int64_t{2} * options.max_inflight_bytes,
+                                                        int64_t{2} * options.max_message_bytes))));
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(s->service_.get());

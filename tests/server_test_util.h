@@ -42,6 +42,7 @@ class ServerProcess {
   ~ServerProcess();
 
   bool ok() const { return ready_; }
+  int pid() const { return pid_; }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
   const std::string& host() const { return host_; }

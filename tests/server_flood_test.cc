@@ -1,0 +1,167 @@
+// Memory admission control (--max_inflight_bytes) against a flood: far more
+// concurrent large requests than the budget admits. Every request gets a
+// correct answer or RESOURCE_EXHAUSTED naming the limit, the server process's
+// peak RSS stays within the budget plus a stated margin, and it keeps serving.
+#include <unistd.h>
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "attention/v1/attention.grpc.pb.h"
+#include "core/mha_engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server_test_util.h"
+#include "tests/test_util.h"
+
+namespace attention {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kMiB = 1 << 20;
+// The budget, and how far above it the peak RSS may go. The budget counts a
+// request's message and its response once; beyond it the process holds
+// gRPC's receive buffers (capped by a resource quota of the budget's size),
+// the parsed copy of each message being refused, and the serialized copy of
+// each response being sent: up to about three more budgets, plus the heap's
+// slack.
+constexpr int64_t kBudget = 32 * kMiB;
+constexpr int64_t kMargin = 4 * kBudget;
+
+// Field `field` ("VmRSS:", "VmHWM:") of /proc/<pid>/status, in bytes.
+int64_t ProcStatusBytes(int pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) {
+      std::istringstream fields(line.substr(field.size()));
+      int64_t kib = 0;
+      fields >> kib;
+      return kib * 1024;
+    }
+  }
+  return -1;
+}
+
+TEST(FloodTest, InflightBytesBoundMemoryAndEveryRequestIsAnsweredOrRefused) {
+  const std::string dir = ::testing::TempDir() + "/flood_test_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::shared_ptr<const MhaModel> model = *MhaModel::Random(testing::SelfAttentionSpec(256, 4), 5);
+  testing::WriteModelDir(*model, dir + "/wide");
+  testing::ServerProcess server(
+      ATTENTION_SERVER_BINARY,
+      {"--model_repository=" + dir, "--threads=1", absl::StrCat("--max_inflight_bytes=", kBudget),
+       "--max_queue_size=4096", "--max_batch_size=2", "--max_message_bytes=8388608"});
+  ASSERT_TRUE(server.ok());
+
+  // One request: 4 MiB of query, 4 MiB of output: 8 MiB of the budget.
+  std::mt19937 rng(11);
+  const Tensor query = testing::RandomTensor({4, 1024, 256}, rng);
+  v1::InferRequest request;
+  testing::ToProto(query, request.mutable_query());
+  auto engine = MhaEngine::Create(model);
+  ASSERT_TRUE(engine.ok());
+  MhaInputs inputs;
+  inputs.query = query.view();
+  auto solo = (*engine)->Forward(inputs);
+  ASSERT_TRUE(solo.ok()) << solo.status();
+  const Tensor& expected = solo->output;
+
+  auto check = [&](const v1::InferResponse& response) {
+    const Tensor got = testing::FromProto(response.output());
+    ASSERT_EQ(got.num_elements(), expected.num_elements());
+    double worst = 0;
+    for (int64_t i = 0; i < got.num_elements(); ++i) {
+      worst = std::max<double>(worst, std::abs(got.as<float>()[i] - expected.as<float>()[i]));
+    }
+    EXPECT_LE(worst, 1e-4);
+  };
+  auto channel = [&] {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(64 * kMiB);
+    args.SetMaxReceiveMessageSize(64 * kMiB);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // A connection of its own.
+    return grpc::CreateCustomChannel(server.target(), grpc::InsecureChannelCredentials(), args);
+  };
+  // Warm up (heap, primitives), then measure from here.
+  auto warm = v1::AttentionService::NewStub(channel());
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext context;
+    v1::InferResponse response;
+    ASSERT_TRUE(warm->Infer(&context, request, &response).ok());
+    check(response);
+  }
+  const int64_t before = ProcStatusBytes(server.pid(), "VmRSS:");
+  {  // Reset the peak (VmHWM) to the current RSS.
+    std::ofstream clear("/proc/" + std::to_string(server.pid()) + "/clear_refs");
+    clear << "5";
+  }
+
+  constexpr int kClients = 16, kEach = 6;
+  // Refused by the service (the message names the budget), or by gRPC's
+  // transport when its quota is spent (RST_STREAM, ENHANCE_YOUR_CALM).
+  std::atomic<int> ok{0}, refused{0}, transport_refused{0}, other{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&] {
+      auto stub = v1::AttentionService::NewStub(channel());
+      for (int i = 0; i < kEach; ++i) {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+        v1::InferResponse response;
+        const grpc::Status status = stub->Infer(&context, request, &response);
+        if (status.ok()) {
+          check(response);
+          ++ok;
+        } else if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+                   status.error_message().find("--max_inflight_bytes") != std::string::npos) {
+          ++refused;
+        } else if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+                   status.error_message().find("RST_STREAM with error code 11") !=
+                       std::string::npos) {
+          ++transport_refused;
+        } else {
+          ADD_FAILURE() << status.error_code() << " " << status.error_message();
+          ++other;
+        }
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  const int64_t peak = ProcStatusBytes(server.pid(), "VmHWM:");
+  std::cout << "flood: " << ok << " answered, " << refused << " refused, " << transport_refused
+            << " refused by the transport; server RSS before " << before / kMiB << " MiB, peak "
+            << peak / kMiB << " MiB (budget " << kBudget / kMiB << " MiB + margin "
+            << kMargin / kMiB << " MiB)\n";
+  EXPECT_EQ(ok + refused + transport_refused, kClients * kEach);
+  EXPECT_EQ(other, 0);
+  EXPECT_GT(refused, 0) << "the flood never reached the budget";
+  EXPECT_GT(ok, 0);
+  EXPECT_LE(peak - before, kBudget + kMargin);
+
+  // Still serving, and nothing left counted in flight.
+  grpc::ClientContext context;
+  v1::InferResponse response;
+  ASSERT_TRUE(warm->Infer(&context, request, &response).ok());
+  check(response);
+  const std::string metrics = testing::HttpGet(server.metrics_port(), "/metrics");
+  EXPECT_EQ(testing::MetricValue(metrics, "attention_inflight_bytes", {}), 0);
+  EXPECT_EQ(testing::MetricValue(metrics, "attention_inflight_bytes_limit", {}),
+            static_cast<double>(kBudget));
+  EXPECT_GE(
+      testing::MetricValue(metrics, "attention_refusals_total", {"code=\"RESOURCE_EXHAUSTED\""}),
+      refused.load());
+  EXPECT_EQ(server.Stop(), 0);
+}
+
+}  // namespace
+}  // namespace attention
