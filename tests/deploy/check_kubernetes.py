@@ -3,7 +3,9 @@
 
     /usr/bin/python3 tests/deploy/check_kubernetes.py [--repo DIR]
 
-Every manifest parses; the Deployment has gRPC readiness/liveness probes on a numeric port,
+Every manifest parses; the Deployment has readiness/liveness probes (gRPC on the numeric port
+in plaintext, the image's TLS health check with TLS on), TLS files and tokens mounted read-only
+from Secrets, a NetworkPolicy that limits the plaintext metrics port,
 resource requests and limits, a non-root read-only security context, and a termination grace
 period above the server's drain timeout; what the server's flags admit fits the memory limit; the
 Service is headless and selects the pods; the HPA
@@ -43,16 +45,60 @@ def main():
         if not condition:
             errors.append(message)
 
-    for kind in ("Deployment", "Service", "HorizontalPodAutoscaler", "PodMonitor"):
+    for kind in ("Deployment", "Service", "HorizontalPodAutoscaler", "PodMonitor",
+                 "NetworkPolicy"):
         check(kind in docs, f"missing a {kind}")
     dep = docs["Deployment"]
     labels = dep["spec"]["selector"]["matchLabels"]
     pod = dep["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    for probe in ("readinessProbe", "livenessProbe"):
-        port = container.get(probe, {}).get("grpc", {}).get("port")
-        check(isinstance(port, int), f"{probe} must be a gRPC probe with a numeric port")
-        check(port == 50051, f"{probe} port {port} is not the gRPC port 50051")
+    flags = {}
+    for arg in container.get("args", []):
+        m = re.match(r"--(\w+)=(.*)", arg)
+        if m:
+            flags[m.group(1)] = m.group(2)
+    tls = "tls_cert_file" in flags
+    env = {e["name"]: e for e in container.get("env", [])}
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        spec = container.get(probe, {})
+        if tls:
+            # The kubelet's gRPC probe cannot speak TLS.
+            check(spec.get("exec", {}).get("command") == ["/usr/local/bin/healthcheck.sh"],
+                  f"{probe}: with TLS on it must run /usr/local/bin/healthcheck.sh")
+        else:
+            port = spec.get("grpc", {}).get("port")
+            check(isinstance(port, int), f"{probe} must be a gRPC probe with a numeric port")
+            check(port == 50051, f"{probe} port {port} is not the gRPC port 50051")
+    # Files the server reads must come from read-only Secret volumes.
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = [(m["mountPath"], volumes.get(m["name"], {}), m.get("readOnly"))
+              for m in container.get("volumeMounts", [])]
+
+    def secret_mount(path, what):
+        for mount_path, volume, read_only in mounts:
+            if path.startswith(mount_path.rstrip("/") + "/"):
+                check("secret" in volume, f"{what} ({path}) must be mounted from a Secret")
+                check(read_only is True, f"{what} ({path}) must be mounted readOnly")
+                return
+        errors.append(f"{what} ({path}) is not under any volume mount")
+
+    for flag in ("tls_cert_file", "tls_key_file", "tls_client_ca_file", "auth_tokens_file"):
+        if flag in flags:
+            secret_mount(flags[flag], "--" + flag)
+    if tls:
+        ca = env.get("ATTENTION_TLS_CA_FILE", {}).get("value", "")
+        check(ca != "", "ATTENTION_TLS_CA_FILE must tell the health check which CA to trust")
+        if ca:
+            secret_mount(ca, "ATTENTION_TLS_CA_FILE")
+    check("auth_tokens_file" in flags, "--auth_tokens_file must be set (bearer tokens)")
+    check("max_inflight_bytes" in flags, "--max_inflight_bytes must be set for the pod's memory")
+    netpol = docs["NetworkPolicy"]
+    check(netpol["spec"]["podSelector"].get("matchLabels") == labels,
+          "the NetworkPolicy must select the Deployment's pods")
+    for rule in netpol["spec"].get("ingress", []):
+        ports = [p.get("port") for p in rule.get("ports", [])]
+        if 9464 in ports or "metrics" in ports:
+            check(bool(rule.get("from")), "the metrics port (9464) must be limited to a 'from'")
     res = container.get("resources", {})
     for part in ("requests", "limits"):
         check("cpu" in res.get(part, {}) and "memory" in res.get(part, {}),
@@ -61,11 +107,6 @@ def main():
     check(sc.get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem must be true")
     check(sc.get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation must be false")
     check(pod.get("securityContext", {}).get("runAsNonRoot") is True, "runAsNonRoot must be true")
-    flags = {}
-    for arg in container.get("args", []):
-        m = re.match(r"--(\w+)=(.*)", arg)
-        if m:
-            flags[m.group(1)] = m.group(2)
     drain = int(flags.get("drain_timeout_s", 30))
     # What the server may admit must fit the memory limit with a 20% margin:
     # queued requests (max_queue_size x max_message_bytes) three times over
@@ -83,7 +124,6 @@ def main():
           f"{message} x 3 + 640 MiB + session memory {sessions >> 20} MiB), over 80% of the "
           f"memory limit {limit >> 20} MiB: set --max_queue_size, --max_message_bytes and "
           "--session_memory_bytes")
-    env = {e["name"]: e for e in container.get("env", [])}
     check(flags.get("advertise_address", "").startswith("$(POD_IP):") and
           env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") ==
           "status.podIP",
