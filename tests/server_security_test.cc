@@ -404,5 +404,58 @@ TEST(TokenFileTest, ParseErrorsNameTheLine) {
   EXPECT_FALSE((*parsed)[0].principal->MayUse("m3"));
 }
 
+// attention-client and the image's health check script over mutual TLS with
+// a token, against an in-process server.
+TEST_F(SecurityTest, ClientCliAndHealthScriptSpeakMutualTlsWithTokens) {
+  const std::string tokens = TestDir() + "/cli_tokens";
+  WriteTokens(tokens, HashHex("cli-secret") + " cli small\n");
+  const std::string token_file = TestDir() + "/cli_token";
+  {
+    std::ofstream out(token_file);
+    out << "cli-secret\n";
+  }
+  auto server = StartServer([&](ServerOptions& o) {
+    o.tls.cert_file = certs_->Path("server-ca1.pem");
+    o.tls.key_file = certs_->Path("server-ca1.key");
+    o.tls.client_ca_file = certs_->Path("ca1.pem");
+    o.auth_tokens_file = tokens;
+  });
+  ASSERT_NE(server, nullptr);
+  const std::string tls =
+      " --server=127.0.0.1:" + std::to_string(server->port()) +
+      " --tls_ca_file=" + certs_->Path("ca1.pem") +
+      " --tls_server_name=localhost --tls_cert_file=" + certs_->Path("client-ca1.pem") +
+      " --tls_key_file=" + certs_->Path("client-ca1.key");
+  const std::string client = ATTENTION_CLIENT_BINARY;
+  std::string out;
+  ASSERT_EQ(testing::RunCommand(client + " models" + tls + " --token_file=" + token_file, &out), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("small"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("other"))) << "listed a model the token may not use";
+  ASSERT_EQ(testing::RunCommand(
+                "ATTENTION_TOKEN=cli-secret " + client + " infer --model=small" + tls, &out),
+            0)
+      << out;
+  EXPECT_NE(testing::RunCommand(client + " infer --model=small" + tls, &out), 0);
+  EXPECT_THAT(out, HasSubstr("UNAUTHENTICATED"));
+  EXPECT_NE(testing::RunCommand(
+                client + " infer --model=other" + tls + " --token_file=" + token_file, &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("PERMISSION_DENIED"));
+  // The image's HEALTHCHECK script, configured by environment.
+  const std::string env = "ATTENTION_CLIENT=" + client +
+                          " ATTENTION_PORT=" + std::to_string(server->port()) +
+                          " ATTENTION_TLS_CA_FILE=" + certs_->Path("ca1.pem") +
+                          " ATTENTION_TLS_CLIENT_CERT_FILE=" + certs_->Path("client-ca1.pem") +
+                          " ATTENTION_TLS_CLIENT_KEY_FILE=" + certs_->Path("client-ca1.key");
+  EXPECT_EQ(testing::RunCommand(env + " " + HEALTHCHECK_SCRIPT, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("SERVING"));
+  EXPECT_NE(testing::RunCommand("ATTENTION_CLIENT=" + client + " ATTENTION_PORT=" +
+                                    std::to_string(server->port()) + " " + HEALTHCHECK_SCRIPT,
+                                &out),
+            0)
+      << "a plaintext health check of a TLS port";
+}
+
 }  // namespace
 }  // namespace attention
