@@ -114,12 +114,16 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
         "key: a self-attention session takes no key, value or key_padding_mask; its appended "
         "tokens are its keys");
   }
+  // A cross session's keys and values are held until projected.
+  const int64_t admitted = cross ? static_cast<int64_t>(request->ByteSizeLong()) : 0;
+  if (status.ok() && cross) status = requests_->Admit(admitted);
   std::shared_ptr<Session> session;
   if (status.ok()) {
     auto created = manager->Create(served, cross, request->is_causal(),
                                    absl::Seconds(request->ttl_s()), owner);
     status = created.status();
     if (created.ok()) session = *std::move(created);
+    if (!status.ok()) requests_->Release(admitted);
   }
   if (!status.ok()) {
     finish(served, status);
@@ -136,7 +140,9 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   work->kind = SessionWork::Kind::kInitCross;
   work->session = session;
   pending->session = std::move(work);
-  pending->done = [manager, session, response, finish, served](RequestOutcome outcome) {
+  pending->done = [this, manager, session, response, finish, served,
+                   admitted](RequestOutcome outcome) {
+    requests_->Release(admitted);
     if (outcome.status.ok()) {
       DescribeSession(manager->Snapshot(*session), response);
     } else {
@@ -146,6 +152,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   };
   status = manager->Submit(session, std::move(pending));
   if (!status.ok()) {
+    requests_->Release(admitted);
     (void)manager->Close(session->id);
     finish(served, status);
   }

@@ -13,7 +13,10 @@
 // their bytes (request plus estimated response) max_stream_pending_bytes, the
 // reactor stops reading; each completed write resumes reading once below both
 // caps. A client that never reads its responses therefore holds a bounded
-// amount of server memory and slows only itself.
+// amount of server memory and slows only itself. Across streams and unary
+// calls, each request's bytes are also admitted against the service's
+// in-flight budget (AttentionServiceImpl::Admit) until its response is
+// written or dropped.
 //
 // Requests are started in the order they were read (the next read starts
 // only after the previous request is queued), and a request is reported
