@@ -7,15 +7,19 @@
 // (CloseSession).
 //
 //   node client/node/session_example.js [TARGET [LB_POLICY]]   # localhost:50051 round_robin
+//       [--tls | --tls_ca_file=ca.pem] [--tls_cert_file=c.pem --tls_key_file=c.key]
+//       [--tls_server_name=NAME] [--token_file=F]        # token default: $ATTENTION_TOKEN
 //
 // The channels use example.js's options (channelOptions: retries of UNAVAILABLE, except for
-// Append, whose retry could apply the tokens twice). A session id "<hex>@<address>" (a server
-// run with --advertise_address) names the replica holding the session: its calls go to a
-// channel to that address, as in the C++ and Python clients.
+// Append, whose retry could apply the tokens twice) and security flags (see example.js): every
+// channel, the replicas' included, gets the same credentials, and every call the token. A
+// session id "<hex>@<address>" (a server run with --advertise_address) names the replica
+// holding the session: its calls go to a channel to that address, as in the C++ and Python
+// clients.
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
-const {channelOptions, call} = require('./example.js');
+const {channelOptions, call, parseCommandLine} = require('./example.js');
 
 const PROTO_ROOT = path.join(__dirname, '..', '..', 'proto');
 const TOKENS = 8;
@@ -37,12 +41,12 @@ function float32Values(tensor) {
 }
 
 async function main() {
-  const target = process.argv[2] || 'localhost:50051';
-  const lbPolicy = process.argv[3] ?? 'round_robin';
+  const {target, lbPolicy, security} = parseCommandLine();
+  const {credentials, metadata} = security;
+  const options = (policy) => ({...channelOptions(policy), ...security.options});
   const attention = loadProtos();
-  const credentials = grpc.credentials.createInsecure();
-  const models = new attention.v1.AttentionService(target, credentials, channelOptions(lbPolicy));
-  const sessions = new attention.v1.SessionService(target, credentials, channelOptions(lbPolicy));
+  const models = new attention.v1.AttentionService(target, credentials, options(lbPolicy));
+  const sessions = new attention.v1.SessionService(target, credentials, options(lbPolicy));
   const replicas = new Map();  // address -> SessionService client (pick_first).
   // The client for a session's calls: the replica named after '@' in its id, else the target.
   const clientFor = (sessionId) => {
@@ -51,15 +55,16 @@ async function main() {
     const address = sessionId.slice(at + 1);
     if (!replicas.has(address)) {
       replicas.set(address, new attention.v1.SessionService(address, credentials,
-                                                            channelOptions('pick_first')));
+                                                            options('pick_first')));
     }
     return replicas.get(address);
   };
   let sessionId = '';
   try {
-    const model = await call(models, 'GetModel', {name: ''});
+    const model = await call(models, 'GetModel', {name: ''}, metadata);
     const e = Number(model.embed_dim);
-    const info = await call(sessions, 'CreateSession', {model: '', kind: 'SESSION_KIND_SELF'});
+    const info = await call(sessions, 'CreateSession', {model: '', kind: 'SESSION_KIND_SELF'},
+                            metadata);
     sessionId = info.session_id;
     console.log(`model ${info.model}: embed_dim ${e}; session ${sessionId} (${info.kind})`);
     for (let i = 0; i < TOKENS; ++i) {
@@ -69,7 +74,7 @@ async function main() {
         session_id: sessionId,
         request_id: `token-${i}`,
         tokens: {dtype: 'DATA_TYPE_FLOAT32', shape: [1, e], data: Buffer.from(token.buffer)},
-      });
+      }, metadata);
       const values = float32Values(response.output);
       if (values.length !== e || values.some((v) => !Number.isFinite(v))) {
         throw new Error(`unexpected output: ${values.length} values`);
@@ -79,14 +84,17 @@ async function main() {
                   `output [${response.output.shape.join(', ')}], first values ${first} ` +
                   `(queue_us ${response.queue_us}, compute_us ${response.compute_us})`);
     }
-    const final = await call(clientFor(sessionId), 'GetSession', {session_id: sessionId});
+    const final = await call(clientFor(sessionId), 'GetSession', {session_id: sessionId},
+                             metadata);
     console.log(`final length ${final.length}, keys ${final.keys}, ${final.bytes} bytes held`);
-    const closed = await call(clientFor(sessionId), 'CloseSession', {session_id: sessionId});
+    const closed = await call(clientFor(sessionId), 'CloseSession', {session_id: sessionId},
+                              metadata);
     sessionId = '';
     console.log(`closed: ${closed.freed_bytes} bytes freed`);
   } finally {
     if (sessionId) {  // Failed midway: free the session (best effort).
-      await call(clientFor(sessionId), 'CloseSession', {session_id: sessionId}).catch(() => {});
+      await call(clientFor(sessionId), 'CloseSession', {session_id: sessionId}, metadata)
+          .catch(() => {});
     }
     models.close();
     sessions.close();

@@ -1,4 +1,5 @@
 """AttentionClient: infer(), models(), health() and sessions (session.py) over gRPC channels."""
+import collections
 import json
 import os
 import sys
@@ -158,6 +159,127 @@ def _channel_options(config):
             ("grpc.retry_buffer_size", MAX_MESSAGE_BYTES)]
 
 
+TOKEN_ENV = "ATTENTION_TOKEN"  # The bearer token when neither token nor token_file is given.
+
+# How the client's channels reach the server: TLS credentials (None: plaintext), extra channel
+# options (the TLS server name) and, on plaintext channels, the interceptor adding the token.
+_Security = collections.namedtuple("_Security", ("credentials", "options", "interceptor"))
+
+
+def _read_file(argument, path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise type(e)(e.errno, f"{argument}: cannot read {path!r}: {e.strerror}") from None
+
+
+def resolve_token(token=None, token_file=None):
+    """The bearer token the client sends: `token` if not None ("" for none), else the contents
+    of `token_file`, else the environment variable ATTENTION_TOKEN; whitespace around it is
+    dropped. None when there is no token. ValueError if both are given, if token_file is
+    empty, or if the token is not printable ASCII without spaces (an HTTP/2 header value)."""
+    if token is not None and token_file is not None:
+        raise ValueError("token and token_file: give one, not both")
+    if token is not None:
+        source, value = "token", token
+    elif token_file is not None:
+        source = "token_file"
+        value = _read_file("token_file", token_file).decode("ascii", errors="replace").strip()
+        if not value:
+            raise ValueError(f"token_file: {token_file!r} is empty")
+    else:
+        source, value = TOKEN_ENV, os.environ.get(TOKEN_ENV, "")
+    value = value.strip()
+    if any(not 0x21 <= ord(c) <= 0x7E for c in value):
+        raise ValueError(f"{source}: a bearer token is printable ASCII without spaces")
+    return value or None
+
+
+class _CallDetails(collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready",
+                         "compression")), grpc.ClientCallDetails):
+    pass
+
+
+class _BearerTokenInterceptor(grpc.UnaryUnaryClientInterceptor,
+                              grpc.UnaryStreamClientInterceptor,
+                              grpc.StreamUnaryClientInterceptor,
+                              grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call of a plaintext channel (gRPC refuses
+    call credentials there)."""
+
+    def __init__(self, token):
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details):
+        return _CallDetails(details.method, details.timeout,
+                            list(details.metadata or ()) + [self._header], details.credentials,
+                            getattr(details, "wait_for_ready", None),
+                            getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._with_token(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._with_token(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        return continuation(self._with_token(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return continuation(self._with_token(client_call_details), request_iterator)
+
+
+def channel_security(tls=False, tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
+                     tls_server_name=None, token=None, token_file=None):
+    """Checks and reads AttentionClient's security arguments (see there) into a _Security.
+    ValueError names the argument at fault; an unreadable file raises OSError naming it."""
+    if tls_cert_file and not tls_key_file:
+        raise ValueError("tls_key_file: required with tls_cert_file (a client certificate "
+                         "needs its private key)")
+    if tls_key_file and not tls_cert_file:
+        raise ValueError("tls_cert_file: required with tls_key_file (a private key needs its "
+                         "certificate)")
+    token = resolve_token(token, token_file)
+    if not (tls or tls_ca_file or tls_cert_file or tls_server_name):
+        interceptor = _BearerTokenInterceptor(token) if token else None
+        return _Security(credentials=None, options=[], interceptor=interceptor)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read_file("tls_ca_file", tls_ca_file) if tls_ca_file else None,
+        private_key=_read_file("tls_key_file", tls_key_file) if tls_key_file else None,
+        certificate_chain=_read_file("tls_cert_file", tls_cert_file) if tls_cert_file else None)
+    if token:
+        # Call credentials: gRPC sends them only over a secure channel.
+        credentials = grpc.composite_channel_credentials(
+            credentials, grpc.access_token_call_credentials(token))
+    options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
+    return _Security(credentials=credentials, options=options, interceptor=None)
+
+
+def add_security_flags(parser):
+    """Adds --tls, --tls_ca_file, --tls_cert_file, --tls_key_file, --tls_server_name and
+    --token_file (attention-client's flags) to an argparse parser; pass
+    security_kwargs(args) to AttentionClient."""
+    group = parser.add_argument_group("security")
+    group.add_argument("--tls", action="store_true",
+                       help="use TLS (implied by any --tls_* flag); system roots by default")
+    group.add_argument("--tls_ca_file", help="PEM roots to trust instead of the system's")
+    group.add_argument("--tls_cert_file", help="PEM client certificate (mutual TLS)")
+    group.add_argument("--tls_key_file", help="PEM private key of --tls_cert_file")
+    group.add_argument("--tls_server_name",
+                       help="name expected in the server's certificate (default: the target's)")
+    group.add_argument("--token_file", help="file holding a bearer token, sent as "
+                       f"'authorization: Bearer <token>' (default: ${TOKEN_ENV}, if set)")
+
+
+def security_kwargs(args):
+    """AttentionClient keyword arguments from the flags of add_security_flags."""
+    return {"tls": args.tls, "tls_ca_file": args.tls_ca_file, "tls_cert_file": args.tls_cert_file,
+            "tls_key_file": args.tls_key_file, "tls_server_name": args.tls_server_name,
+            "token_file": args.token_file}
+
+
 class AttentionClient:
     """A client of attention.v1.AttentionService.
 
@@ -174,26 +296,50 @@ class AttentionClient:
     "<hex>@<address>" (a server run with --advertise_address) names the replica holding the
     session: its calls go to a channel to that address (pick_first, one per address, kept
     until close()); other ids, and CreateSession, use the target's channel.
+
+    Security (the same for every channel: calls, health, session replicas):
+    tls: TLS with the system's roots. tls_ca_file: PEM roots to trust instead (implies TLS).
+    tls_cert_file and tls_key_file: a PEM client certificate and its key, for mutual TLS
+    (implies TLS; one without the other is a ValueError). tls_server_name: the name expected
+    in the server's certificate instead of the target's host (implies TLS).
+    token: a bearer token sent on every call as `authorization: Bearer <token>` (None: read
+    from token_file, else the environment variable ATTENTION_TOKEN; "": no token). Over TLS
+    it goes as call credentials; on a plaintext channel through an interceptor.
     """
 
-    def __init__(self, target, timeout=30.0, load_balancing="round_robin"):
+    def __init__(self, target, timeout=30.0, load_balancing="round_robin", tls=False,
+                 tls_ca_file=None, tls_cert_file=None, tls_key_file=None, tls_server_name=None,
+                 token=None, token_file=None):
+        self._security = channel_security(tls=tls, tls_ca_file=tls_ca_file,
+                                          tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
+                                          tls_server_name=tls_server_name, token=token,
+                                          token_file=token_file)
+        self.tls = self._security.credentials is not None
         self.timeout = timeout
         self.service_config = service_config(load_balancing)
         # health() has its own channel that asks the first reachable address, without
         # client-side health checking: with it, a NOT_SERVING backend would fail the Check
         # call UNAVAILABLE instead of answering NOT_SERVING.
         self.health_service_config = {"loadBalancingConfig": [{"pick_first": {}}]}
-        self._channel = grpc.insecure_channel(target,
-                                              options=_channel_options(self.service_config))
+        self._channel = self._make_channel(target, self.service_config)
         self._stub = attention_pb2_grpc.AttentionServiceStub(self._channel)
         self._session_stub = sessions_pb2_grpc.SessionServiceStub(self._channel)
         self._replicas = {}  # address -> (channel, SessionServiceStub)
         self._replicas_lock = threading.Lock()
-        self._health_channel = grpc.insecure_channel(
-            target, options=_channel_options(self.health_service_config))
+        self._health_channel = self._make_channel(target, self.health_service_config)
         self._health_check = self._health_channel.unary_unary(
             "/grpc.health.v1.Health/Check", request_serializer=_health_request,
             response_deserializer=_health_status)
+
+    def _make_channel(self, target, config):
+        """A channel to `target` with service config `config` and the client's security."""
+        options = _channel_options(config) + self._security.options
+        if self._security.credentials is not None:
+            return grpc.secure_channel(target, self._security.credentials, options=options)
+        channel = grpc.insecure_channel(target, options=options)
+        if self._security.interceptor is not None:
+            channel = grpc.intercept_channel(channel, self._security.interceptor)
+        return channel
 
     def close(self):
         self._channel.close()
@@ -277,8 +423,7 @@ class AttentionClient:
         with self._replicas_lock:
             replica = self._replicas.get(address)
             if replica is None:
-                channel = grpc.insecure_channel(
-                    address, options=_channel_options(service_config("pick_first")))
+                channel = self._make_channel(address, service_config("pick_first"))
                 replica = (channel, sessions_pb2_grpc.SessionServiceStub(channel))
                 self._replicas[address] = replica
         return replica[1]

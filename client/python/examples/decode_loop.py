@@ -2,7 +2,9 @@
 """A decode loop over a session: prefill a prompt, then step one token at a time.
 
     /usr/bin/python3 client/python/examples/decode_loop.py --server localhost:50051 \\
-        [--model NAME] [--prompt 32] [--steps 16] [--check]
+        [--model NAME] [--prompt 32] [--steps 16] [--check] \\
+        [--tls | --tls_ca_file ca.pem] [--tls_cert_file c.pem --tls_key_file c.key] \\
+        [--tls_server_name NAME] [--token_file F]   # token default: $ATTENTION_TOKEN
 
 An autoregressive decoder calls its attention layer once per new token over every token so far.
 With a session the server keeps the keys and values, and each step sends only the new token:
@@ -27,7 +29,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))  # client/python: the attention_client package.
-from attention_client import AttentionClient, AttentionError  # noqa: E402
+from attention_client import (AttentionClient, AttentionError, add_security_flags,  # noqa: E402
+                              security_kwargs)
 
 
 def percentile(sorted_values, q):
@@ -43,11 +46,16 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--check", action="store_true",
                         help="compare with one stateless infer(is_causal=True)")
+    add_security_flags(parser)
     args = parser.parse_args()
     if args.prompt < 1 or args.steps < 0:
         parser.error("--prompt must be >= 1 and --steps >= 0")
 
-    with AttentionClient(args.server, timeout=30) as client:
+    try:
+        client = AttentionClient(args.server, timeout=30, **security_kwargs(args))
+    except (ValueError, OSError) as e:  # A bad flag: named in the message.
+        parser.error(e.strerror if isinstance(e, OSError) else str(e))
+    with client:
         models = client.models()
         model = next((m for m in models if m["name"] == args.model
                       or (not args.model and m["is_default"])), None)
