@@ -185,12 +185,22 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
   // The next read starts only after this request is queued, so a stream's
   // requests reach the queue in the order they were sent. `reading_` stays
   // true until here, so no write completion starts a read meanwhile.
-  bool read_next;
+  bool read_next, finish = false;
   {
     absl::MutexLock lock(&mu_);
     read_next = reading_ = MayReadLocked();
+    // A write failed while this read was being handled (OnWriteDone saw a read
+    // outstanding and left reads_done_ to it): no read will be started, so
+    // reading is over here, and the stream may already be done. Without this
+    // nothing would ever finish the stream: it held its call open forever and
+    // Server::Shutdown (drain) waited for it.
+    if (broken_ && !reading_) {
+      reads_done_ = true;
+      finish = ShouldFinishLocked();
+    }
   }
   if (read_next) StartNextRead();
+  if (finish) this->Finish(grpc::Status::OK);
 }
 
 template <typename Request, typename Response>
