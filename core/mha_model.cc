@@ -193,18 +193,23 @@ absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::FromTensors(const Mode
   return std::shared_ptr<const MhaModel>(new MhaModel(spec, std::move(w), config.serving));
 }
 
+absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::FromBytes(absl::string_view config_json,
+                                                                    absl::string_view safetensors) {
+  return ResourceExhaustedOnBadAlloc(
+      "model load", [&]() -> absl::StatusOr<std::shared_ptr<const MhaModel>> {
+        ASSIGN_OR_RETURN(const ModelConfig config, ParseModelConfig(config_json));
+        ASSIGN_OR_RETURN(const SafeTensors st, SafeTensors::Parse(safetensors));
+        return FromTensors(config, st);
+      });
+}
+
 absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::LoadFromDirectory(
     const std::string& dir) {
   return ResourceExhaustedOnBadAlloc(
       "model load", [&]() -> absl::StatusOr<std::shared_ptr<const MhaModel>> {
-        ASSIGN_OR_RETURN(std::string text, ReadText(dir + "/config.json"));
-        auto config = ParseModelConfig(text);
-        if (!config.ok()) {
-          return absl::Status(config.status().code(),
-                              absl::StrCat(dir, ": ", config.status().message()));
-        }
-        ASSIGN_OR_RETURN(SafeTensors st, SafeTensors::ReadFile(dir + "/model.safetensors"));
-        auto model = FromTensors(*config, st);
+        ASSIGN_OR_RETURN(const std::string config, ReadText(dir + "/config.json"));
+        ASSIGN_OR_RETURN(const std::string safetensors, ReadText(dir + "/model.safetensors"));
+        auto model = FromBytes(config, safetensors);
         if (!model.ok()) {
           return absl::Status(model.status().code(),
                               absl::StrCat(dir, ": ", model.status().message()));

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/model_config.h"
 #include "core/safetensors.h"
 #include "core/tensor.h"
@@ -59,6 +60,12 @@ class MhaModel {
   // malformed, a tensor is missing, unexpected, of a wrong dtype or shape, or
   // disagrees with the config.
   static absl::StatusOr<std::shared_ptr<const MhaModel>> LoadFromDirectory(const std::string& dir);
+
+  // Builds a model from the bytes of config.json and model.safetensors, as
+  // LoadFromDirectory does after reading them: InvalidArgument as above
+  // (naming the file, key or tensor); ResourceExhausted if memory runs out.
+  static absl::StatusOr<std::shared_ptr<const MhaModel>> FromBytes(absl::string_view config_json,
+                                                                   absl::string_view safetensors);
 
   // Builds a model from a parsed config and tensors (same errors as above).
   static absl::StatusOr<std::shared_ptr<const MhaModel>> FromTensors(const ModelConfig& config,

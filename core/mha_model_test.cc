@@ -142,6 +142,22 @@ TEST(MhaModelTest, LoadsFromDirectory) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(MhaModelTest, LoadsFromBytes) {
+  Layer layer;
+  const std::string safetensors = WriteSafeTensors(layer.Map());
+  auto m = MhaModel::FromBytes(R"({"num_heads": 2, "embed_dim": 8})", safetensors);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->spec().embed_dim, 8);
+  EXPECT_EQ((*m)->spec().num_heads, 2);
+  EXPECT_THAT(MhaModel::FromBytes("{", safetensors),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("config.json: not valid")));
+  EXPECT_THAT(MhaModel::FromBytes(R"({"num_heads": 2})", safetensors.substr(0, 20)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("safetensors: file is")));
+  EXPECT_THAT(MhaModel::FromBytes(R"({"num_heads": 2, "embed_dim": 16})", safetensors),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("'embed_dim' is 16 but tensor 'out_proj.weight' implies 8")));
+}
+
 TEST(MhaModelTest, RefusesShapesThatWouldOverflowAtLoad) {
   // [2^32, 2^32] float32 is 2^66 bytes, which wraps to 0 in unchecked int64
   // arithmetic: with data_offsets [0, 0] it used to pass every check, make
