@@ -50,11 +50,14 @@ TEST(SessionDrainTest, QueuedAppendsFinishAndNewOnesAreRefused) {
   std::thread append, drain;
   {
     absl::MutexLock hold(server->repository()->compute_mutex());
+    // The tokens are drawn here: `rng` is used again below while this thread
+    // may still run.
+    const Tensor tokens = RandomTensor({4, kE}, rng);
     append = std::thread([&] {
       grpc::ClientContext context;
       v1::AppendRequest request;
       request.set_session_id(info.session_id());
-      ToProto(RandomTensor({4, kE}, rng), request.mutable_tokens());
+      ToProto(tokens, request.mutable_tokens());
       v1::AppendResponse response;
       queued = stub->Append(&context, request, &response);
     });
