@@ -129,7 +129,9 @@ void ConvertFloats(DType src_type, const void* src, DType dst_type, void* dst, s
     return;
   }
   const int64_t n = static_cast<int64_t>(count);
-  const bool parallel = n > (1 << 15);  // Large inputs and weights: use every core.
+  // Large inputs and weights: use every core. (Read only by the OpenMP
+  // clauses, which a compiler without OpenMP code generation drops.)
+  [[maybe_unused]] const bool parallel = n > (1 << 15);
   if (dst_type == DType::kFloat32) {
     float* out = static_cast<float*>(dst);
     const uint16_t* in = static_cast<const uint16_t*>(src);

@@ -88,13 +88,26 @@ __attribute__((always_inline)) inline void Attend(const SessionRow& row, float* 
   }
 }
 
-__attribute__((target_clones("avx512f", "default"))) void AttendFloat32(const SessionRow& row,
-                                                                        float* scores) {
+// An AVX-512 clone and a default one, picked at load time by an ifunc
+// resolver. ThreadSanitizer instruments that resolver, which then runs before
+// TSan's runtime is set up and crashes the process at load: TSan builds
+// (scripts/sanitize.sh) keep the default clone only.
+#if defined(__SANITIZE_THREAD__)
+#define ATTN_AVX512_CLONES
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define ATTN_AVX512_CLONES
+#endif
+#endif
+#ifndef ATTN_AVX512_CLONES
+#define ATTN_AVX512_CLONES __attribute__((target_clones("avx512f", "default")))
+#endif
+
+ATTN_AVX512_CLONES void AttendFloat32(const SessionRow& row, float* scores) {
   Attend<float>(row, scores);
 }
 
-__attribute__((target_clones("avx512f", "default"))) void AttendBFloat16(const SessionRow& row,
-                                                                         float* scores) {
+ATTN_AVX512_CLONES void AttendBFloat16(const SessionRow& row, float* scores) {
   Attend<uint16_t>(row, scores);
 }
 
