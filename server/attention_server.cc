@@ -1,9 +1,10 @@
 #include "server/attention_server.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-
 #include <algorithm>
 #include <iostream>
+#include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -11,6 +12,7 @@
 #include "core/status_macros.h"
 #include "prometheus/exposer.h"
 #include "server/process_metrics.h"
+#include "server/reflection_service.h"
 
 #ifndef ATTENTION_VERSION
 #define ATTENTION_VERSION "dev"
@@ -55,7 +57,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
         TokenAuthenticator::Open(options.auth_tokens_file, options.auth_reload_interval));
     std::cerr << "authentication: " << service_options.authenticator->size()
               << " bearer token(s) from " << options.auth_tokens_file
-              << (options.auth_probes ? " (health checks too; reflection off)"
+              << (options.auth_probes ? " (health checks and reflection too)"
                                       : " (health and reflection open)")
               << "\n";
   } else if (options.auth_probes) {
@@ -64,16 +66,33 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   s->metrics_->inflight_bytes_limit().Set(static_cast<double>(options.max_inflight_bytes));
   s->service_ = std::make_unique<AttentionServiceImpl>(s->metrics_.get(), service_options);
   s->session_service_ = std::make_unique<SessionServiceImpl>(s->service_.get());
-  HealthServiceImpl::Authenticate health_auth;
+  // Every service the server registers, by full name: health reports on the
+  // application services, reflection lists them all.
+  std::vector<std::pair<std::string, grpc::Service*>> services = {
+      {kServiceName, s->service_.get()},
+      {kSessionServiceName, s->session_service_.get()},
+  };
+  // Health and reflection: open, or with --auth_probes behind the tokens.
+  HealthServiceImpl::Authenticate probe_auth;
   if (options.auth_probes) {
-    health_auth = [service = s->service_.get()](const grpc::CallbackServerContext* context) {
+    probe_auth = [service = s->service_.get()](const grpc::CallbackServerContext* context) {
       return service->Authenticate(context).status();
     };
   }
-  s->health_service_ = std::make_unique<HealthServiceImpl>(
-      std::set<std::string>{kServiceName, kSessionServiceName}, std::move(health_auth));
+  std::set<std::string> health_names;
+  for (const auto& [name, service] : services) health_names.insert(name);
+  s->health_service_ = std::make_unique<HealthServiceImpl>(health_names, probe_auth);
   grpc::EnableDefaultHealthCheckService(false);
-  if (!options.auth_probes) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  services.emplace_back(grpc::health::v1::Health::service_full_name(), s->health_service_.get());
+  // Reflection lists these and itself (both versions).
+  std::vector<std::string> names;
+  for (const auto& [name, service] : services) names.push_back(name);
+  s->reflection_v1_ = std::make_unique<ReflectionServiceV1>(names, probe_auth);
+  s->reflection_v1alpha_ = std::make_unique<ReflectionServiceV1Alpha>(names, probe_auth);
+  services.emplace_back(grpc::reflection::v1::ServerReflection::service_full_name(),
+                        s->reflection_v1_.get());
+  services.emplace_back(grpc::reflection::v1alpha::ServerReflection::service_full_name(),
+                        s->reflection_v1alpha_.get());
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
   builder.AddListeningPort(address, credentials, &s->port_);
@@ -100,9 +119,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
                                                         int64_t{2} * options.max_message_bytes))));
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
-  builder.RegisterService(s->service_.get());
-  builder.RegisterService(s->session_service_.get());
-  builder.RegisterService(s->health_service_.get());
+  for (const auto& [name, service] : services) builder.RegisterService(service);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));

@@ -25,6 +25,7 @@
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/process_metrics.h"
+#include "server/reflection_service.h"
 #include "server/session_manager.h"
 #include "server/session_service.h"
 #include "server/tls_credentials.h"
@@ -61,7 +62,7 @@ struct ServerOptions {
   // empty: no authentication.
   std::string auth_tokens_file;
   absl::Duration auth_reload_interval = absl::Seconds(2);
-  // With tokens: health checks need one too (reflection is then off).
+  // With tokens: health checks need one too (and reflection needs a token too).
   bool auth_probes = false;
   // Bytes of accepted, unanswered requests and their responses (see
   // ServiceOptions::max_inflight_bytes).
@@ -105,6 +106,8 @@ class AttentionServer {
   std::unique_ptr<AttentionServiceImpl> service_;
   std::unique_ptr<SessionServiceImpl> session_service_;
   std::unique_ptr<HealthServiceImpl> health_service_;
+  std::unique_ptr<ReflectionServiceV1> reflection_v1_;
+  std::unique_ptr<ReflectionServiceV1Alpha> reflection_v1alpha_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ModelRepository> repository_;  // Outlives nothing that uses it after Drain.
   std::unique_ptr<SessionManager> sessions_;     // Destroyed after the repository's batchers.

@@ -86,7 +86,7 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "('<sha256 hex> <name> <model,model|*>' per line), re-read when it changes. Empty: no "
           "authentication.");
 ABSL_FLAG(bool, auth_probes, false,
-          "With --auth_tokens_file: health checks need a token too, and reflection is off. "
+          "With --auth_tokens_file: health checks need a token too, and so does reflection. "
           "Default: health and reflection stay open for Kubernetes probes and tools.");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "Bytes of requests accepted and not yet answered, with the outputs and weights they "
