@@ -13,6 +13,7 @@
 #include "prometheus/exposer.h"
 #include "server/process_metrics.h"
 #include "server/reflection_service.h"
+#include "server/sequence_sessions.h"
 
 #ifndef ATTENTION_VERSION
 #define ATTENTION_VERSION "dev"
@@ -51,6 +52,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   service_options.max_stream_pending = options.max_stream_pending;
   service_options.max_stream_pending_bytes = options.max_stream_pending_bytes;
   service_options.max_inflight_bytes = options.max_inflight_bytes;
+  service_options.authenticate_health = options.auth_probes;
   if (!options.auth_tokens_file.empty()) {
     ASSIGN_OR_RETURN(
         service_options.authenticator,
@@ -66,11 +68,16 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   s->metrics_->inflight_bytes_limit().Set(static_cast<double>(options.max_inflight_bytes));
   s->service_ = std::make_unique<AttentionServiceImpl>(s->metrics_.get(), service_options);
   s->session_service_ = std::make_unique<SessionServiceImpl>(s->service_.get());
+  // The Open Inference Protocol, its sequences appended to sessions.
+  s->sequences_ = std::make_unique<SequenceSessions>(s->service_.get(), s->session_service_.get());
+  s->inference_service_ = std::make_unique<InferenceServiceImpl>(
+      s->service_.get(), s->sequences_.get(), ATTENTION_VERSION);
   // Every service the server registers, by full name: health reports on the
   // application services, reflection lists them all.
   std::vector<std::pair<std::string, grpc::Service*>> services = {
       {kServiceName, s->service_.get()},
       {kSessionServiceName, s->session_service_.get()},
+      {inference::GRPCInferenceService::service_full_name(), s->inference_service_.get()},
   };
   // Health and reflection: open, or with --auth_probes behind the tokens.
   HealthServiceImpl::Authenticate probe_auth;

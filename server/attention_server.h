@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "server/attention_service.h"
 #include "server/health_service.h"
+#include "server/inference_service.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/process_metrics.h"
@@ -69,6 +70,8 @@ struct ServerOptions {
   int64_t max_inflight_bytes = int64_t{1} << 30;
 };
 
+class SequenceSessions;
+
 class AttentionServer {
  public:
   // Starts listening with health NOT_SERVING and the service answering
@@ -105,6 +108,8 @@ class AttentionServer {
   std::shared_ptr<ProcessMetrics> process_metrics_ = std::make_shared<ProcessMetrics>();
   std::unique_ptr<AttentionServiceImpl> service_;
   std::unique_ptr<SessionServiceImpl> session_service_;
+  std::unique_ptr<SequenceSessions> sequences_;
+  std::unique_ptr<InferenceServiceImpl> inference_service_;
   std::unique_ptr<HealthServiceImpl> health_service_;
   std::unique_ptr<ReflectionServiceV1> reflection_v1_;
   std::unique_ptr<ReflectionServiceV1Alpha> reflection_v1alpha_;

@@ -10,6 +10,7 @@
 #include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
 #include "proto/codec/tensor_codec.h"
+#include "server/message_limit.h"
 #include "server/stream_reactor.h"
 
 namespace attention::server {
@@ -39,16 +40,7 @@ absl::Status EncodeOutcome(RequestOutcome& outcome, int64_t max_bytes,
   response->set_queue_us(outcome.queue_us);
   response->set_compute_us(outcome.compute_us);
   response->set_batch_requests(outcome.batch_requests);
-  // Prepare() refuses what its estimate says cannot be sent; this is the
-  // exact check, so that gRPC never fails the send (which on a stream would
-  // end the stream).
-  const int64_t bytes = static_cast<int64_t>(response->ByteSizeLong());
-  if (bytes > max_bytes) {
-    response->Clear();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "response: ", bytes, " bytes, over the server's max_message_bytes ", max_bytes));
-  }
-  return absl::OkStatus();
+  return CheckMessageLimit(response, max_bytes);
 }
 
 void DescribeModel(const ServedModel& model, bool is_default, v1::ModelInfo* info) {
@@ -141,7 +133,8 @@ void AttentionServiceImpl::Answered(const ServedModel* model, Method method, abs
   if (model != nullptr) {
     model->metrics->CountRequest(method, code);
     const double seconds = absl::ToDoubleSeconds(absl::Now() - received);
-    if (method == Method::kInfer || method == Method::kInferStream) {
+    if (method == Method::kInfer || method == Method::kInferStream ||
+        method == Method::kModelInfer || method == Method::kModelStreamInfer) {
       model->metrics->request_duration->Observe(seconds);
     } else if (method == Method::kAppend || method == Method::kSessionStream) {
       model->metrics->append_duration->Observe(seconds);
@@ -219,14 +212,47 @@ void AttentionServiceImpl::Release(int64_t bytes) {
   metrics_->inflight_bytes().Decrement(static_cast<double>(bytes));
 }
 
+absl::StatusOr<const ServedModel*> AttentionServiceImpl::Admissible(
+    grpc::CallbackServerContext* context, const std::string& model,
+    std::shared_ptr<const Principal>* caller) {
+  if (repository_.load() == nullptr) return absl::UnavailableError("server is not ready yet");
+  if (draining_.load()) return absl::UnavailableError("server is shutting down");
+  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, Authenticate(context));
+  if (caller != nullptr) *caller = principal;
+  return FindModel(principal.get(), model);
+}
+
+absl::Status AttentionServiceImpl::Finalize(std::unique_ptr<PendingRequest> pending,
+                                            size_t id_bytes, std::shared_ptr<const void> keep_alive,
+                                            grpc::CallbackServerContext* context,
+                                            Prepared* prepared) {
+  ASSIGN_OR_RETURN(pending->call, prepared->model->engine->Validate(pending->inputs));
+  RETURN_IF_ERROR(CheckResponseSize(prepared->model->model->spec(), pending->inputs, pending->call,
+                                    id_bytes, &prepared->response_bytes));
+  pending->keep_alive = std::move(keep_alive);
+  BindCall(context, pending.get());
+  prepared->pending = std::move(pending);
+  return absl::OkStatus();
+}
+
+absl::Status AttentionServiceImpl::Submit(Prepared& prepared, int64_t request_bytes,
+                                          std::function<void(RequestOutcome)> done) {
+  const int64_t admitted = request_bytes + prepared.response_bytes;
+  RETURN_IF_ERROR(Admit(admitted));
+  prepared.pending->done = [this, admitted, done = std::move(done)](RequestOutcome outcome) {
+    Release(admitted);
+    done(std::move(outcome));
+  };
+  const absl::Status queued = prepared.model->batcher->Enqueue(std::move(prepared.pending));
+  if (!queued.ok()) Release(admitted);
+  return queued;
+}
+
 absl::Status AttentionServiceImpl::Prepare(const v1::InferRequest& request,
                                            std::shared_ptr<const void> keep_alive,
                                            grpc::CallbackServerContext* context,
                                            Prepared* prepared) {
-  if (repository_.load() == nullptr) return absl::UnavailableError("server is not ready yet");
-  if (draining_.load()) return absl::UnavailableError("server is shutting down");
-  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, Authenticate(context));
-  ASSIGN_OR_RETURN(prepared->model, FindModel(principal.get(), request.model()));
+  ASSIGN_OR_RETURN(prepared->model, Admissible(context, request.model()));
   auto pending = std::make_unique<PendingRequest>();
   MhaInputs& in = pending->inputs;
   ASSIGN_OR_RETURN(in.query, wire::DecodeTensor(request.query(), "query"));
@@ -242,13 +268,8 @@ absl::Status AttentionServiceImpl::Prepare(const v1::InferRequest& request,
     ASSIGN_OR_RETURN(DType out, wire::FromProtoDType(request.output_dtype(), "output_dtype"));
     in.output_dtype = out;
   }
-  ASSIGN_OR_RETURN(pending->call, prepared->model->engine->Validate(in));
-  RETURN_IF_ERROR(CheckResponseSize(prepared->model->model->spec(), in, pending->call,
-                                    request.request_id().size(), &prepared->response_bytes));
-  pending->keep_alive = std::move(keep_alive);
-  BindCall(context, pending.get());
-  prepared->pending = std::move(pending);
-  return absl::OkStatus();
+  return Finalize(std::move(pending), request.request_id().size(), std::move(keep_alive), context,
+                  prepared);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Infer(grpc::CallbackServerContext* context,
@@ -260,21 +281,17 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Infer(grpc::CallbackServerContex
   response->set_request_id(request->request_id());
   Prepared prepared;
   absl::Status status = Prepare(*request, nullptr, context, &prepared);
-  const int64_t admitted =
-      status.ok() ? static_cast<int64_t>(request->ByteSizeLong()) + prepared.response_bytes : 0;
-  if (status.ok()) status = Admit(admitted);
   if (status.ok()) {
     const ServedModel* model = prepared.model;
-    prepared.pending->done = [this, reactor, response, received, model,
-                              admitted](RequestOutcome outcome) {
-      absl::Status result = outcome.status;
-      if (result.ok()) result = EncodeOutcome(outcome, options_.max_response_bytes, response);
-      Release(admitted);
-      Answered(model, Method::kInfer, result.code(), received);
-      reactor->Finish(wire::ToGrpcStatus(result));
-    };
-    status = model->batcher->Enqueue(std::move(prepared.pending));
-    if (!status.ok()) Release(admitted);
+    status = Submit(prepared, static_cast<int64_t>(request->ByteSizeLong()),
+                    [this, reactor, response, received, model](RequestOutcome outcome) {
+                      absl::Status result = outcome.status;
+                      if (result.ok()) {
+                        result = EncodeOutcome(outcome, options_.max_response_bytes, response);
+                      }
+                      Answered(model, Method::kInfer, result.code(), received);
+                      reactor->Finish(wire::ToGrpcStatus(result));
+                    });
   }
   if (!status.ok()) {
     Answered(prepared.model, Method::kInfer, status.code(), received);

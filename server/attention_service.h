@@ -10,6 +10,7 @@
 #define ATTENTION_SERVER_ATTENTION_SERVICE_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -41,7 +42,8 @@ struct ServiceOptions {
   // Null: no authentication, every caller may use every model. Else every
   // call must carry a known bearer token, and use only the token's models.
   std::shared_ptr<const TokenAuthenticator> authenticator;
-  // Health checks need a token too (when `authenticator` is set).
+  // Probes (health, and the inference protocol's ServerLive, ServerReady and
+  // ServerMetadata) need a token too (when `authenticator` is set).
   bool authenticate_health = false;
 };
 
@@ -86,6 +88,25 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   // computing it) would be too large.
   absl::Status Prepare(const v1::InferRequest& request, std::shared_ptr<const void> keep_alive,
                        grpc::CallbackServerContext* context, Prepared* prepared);
+
+  // The first steps of every protocol's request: UNAVAILABLE when not ready
+  // or draining, then Authenticate and FindModel. Sets *caller (if given) to
+  // the authenticated principal (null without authentication).
+  absl::StatusOr<const ServedModel*> Admissible(grpc::CallbackServerContext* context,
+                                                const std::string& model,
+                                                std::shared_ptr<const Principal>* caller = nullptr);
+  // The last steps: validates `pending->inputs` against prepared->model,
+  // sizes the response (RESOURCE_EXHAUSTED when too large), binds the call's
+  // deadline and cancellation, and stores the request in *prepared.
+  absl::Status Finalize(std::unique_ptr<PendingRequest> pending, size_t id_bytes,
+                        std::shared_ptr<const void> keep_alive,
+                        grpc::CallbackServerContext* context, Prepared* prepared);
+  // Admits a prepared unary request (its `request_bytes` and its response)
+  // against the in-flight budget and queues it; `done` gets the outcome once
+  // the budget is released. OK: queued (`done` will be called); else the
+  // error to answer with, and nothing stays admitted.
+  absl::Status Submit(Prepared& prepared, int64_t request_bytes,
+                      std::function<void(RequestOutcome)> done);
 
   // Counts a request as answered: metrics by method and code, duration, and
   // the in-flight gauge. Unary handlers call it just before Finish(), so a

@@ -111,8 +111,9 @@ const ModelMetrics* Metrics::AddModel(const std::string& model) {
   for (int i = 0; i < kNumSessionEnds; ++i) {
     m->session_ends[i] = &session_ends_.Add({{"model", model}, {"reason", ends[i]}});
   }
-  const char* methods[kNumMethods] = {"Infer",         "InferStream", "CreateSession", "Append",
-                                      "SessionStream", "GetSession",  "CloseSession"};
+  const char* methods[kNumMethods] = {"Infer",        "InferStream",   "CreateSession",
+                                      "Append",       "SessionStream", "GetSession",
+                                      "CloseSession", "ModelInfer",    "ModelStreamInfer"};
   for (int method = 0; method < kNumMethods; ++method) {
     for (int code = 0; code < wire::kNumStatusCodes; ++code) {
       m->requests[method][code] = &requests_.Add(

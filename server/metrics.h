@@ -33,8 +33,10 @@ enum class Method {
   kSessionStream = 4,
   kGetSession = 5,
   kCloseSession = 6,
+  kModelInfer = 7,        // inference.GRPCInferenceService (the Open Inference Protocol).
+  kModelStreamInfer = 8,  // Its streaming extension.
 };
-inline constexpr int kNumMethods = 7;
+inline constexpr int kNumMethods = 9;
 
 // Why a session ended (attention_session_ends_total{reason}).
 enum class SessionEnd { kClosed = 0, kExpired = 1, kEvicted = 2 };

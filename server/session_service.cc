@@ -6,6 +6,7 @@
 #include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
 #include "proto/codec/tensor_codec.h"
+#include "server/message_limit.h"
 #include "server/stream_reactor.h"
 
 namespace attention::server {
@@ -168,11 +169,28 @@ absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
   if (manager == nullptr) return status;
   if (requests_->draining()) return absl::UnavailableError("server is shutting down");
   ASSIGN_OR_RETURN(prepared->session, FindForCaller(manager, context, request.session_id()));
+  Step step;
+  ASSIGN_OR_RETURN(step.tokens, wire::DecodeTensor(request.tokens(), "tokens"));
+  ASSIGN_OR_RETURN(step.not_key, wire::DecodeOptionalTensor(request.not_key(), "not_key"));
+  step.need_weights = request.need_weights();
+  step.average_attn_weights = !request.per_head_weights();
+  if (request.output_dtype() != v1::DATA_TYPE_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(DType out, wire::FromProtoDType(request.output_dtype(), "output_dtype"));
+    step.output_dtype = out;
+  }
+  step.id_bytes = request.request_id().size() + request.session_id().size();
+  return PrepareStep(step, std::move(keep_alive), context, prepared);
+}
+
+absl::Status SessionServiceImpl::PrepareStep(const Step& step,
+                                             std::shared_ptr<const void> keep_alive,
+                                             grpc::CallbackServerContext* context,
+                                             PreparedAppend* prepared) {
   const SessionModel& m = *prepared->session->model;
   prepared->model = m.served;
   auto work = std::make_unique<SessionWork>();
-  ASSIGN_OR_RETURN(work->tokens, wire::DecodeTensor(request.tokens(), "tokens"));
-  ASSIGN_OR_RETURN(work->not_key, wire::DecodeOptionalTensor(request.not_key(), "not_key"));
+  work->tokens = step.tokens;
+  work->not_key = step.not_key;
   RETURN_IF_ERROR(m.engine->ValidateStep(prepared->session->cross, work->tokens, work->not_key));
   const int64_t t = work->tokens.dim(0);
   const int64_t max_tokens = m.served->batcher->options().max_batch_tokens;
@@ -181,27 +199,23 @@ absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
         absl::StrCat("tokens: ", t, " tokens in one append exceed the model's max_batch_tokens ",
                      max_tokens, "; append them in chunks"));
   }
+  if (step.output_dtype == DType::kBool) {
+    return absl::InvalidArgumentError(
+        "output_dtype: expected float32, bfloat16 or float16, got bool");
+  }
   auto pending = std::make_unique<PendingRequest>();
   MhaInputs& in = pending->inputs;
-  in.need_weights = request.need_weights();
-  in.average_attn_weights = !request.per_head_weights();
-  if (request.output_dtype() != v1::DATA_TYPE_UNSPECIFIED) {
-    ASSIGN_OR_RETURN(DType out, wire::FromProtoDType(request.output_dtype(), "output_dtype"));
-    if (out == DType::kBool) {
-      return absl::InvalidArgumentError(
-          "output_dtype: expected float32, bfloat16 or float16, got bool");
-    }
-    in.output_dtype = out;
-  }
+  in.need_weights = step.need_weights;
+  in.average_attn_weights = step.average_attn_weights;
+  in.output_dtype = step.output_dtype;
   // The response: output, and weights over every key held after the append.
   const MhaSpec& spec = m.engine->spec();
   const int64_t out_size =
       static_cast<int64_t>(DTypeSize(in.output_dtype.value_or(work->tokens.dtype)));
-  const SessionSnapshot now = manager->Snapshot(*prepared->session);
+  const SessionSnapshot now = manager_.load()->Snapshot(*prepared->session);
   const int64_t columns = (prepared->session->cross ? now.keys : now.keys + t) + spec.extra_keys();
   prepared->response_bytes =
-      t * spec.embed_dim * out_size + kFramingBytes +
-      static_cast<int64_t>(request.request_id().size() + request.session_id().size());
+      t * spec.embed_dim * out_size + kFramingBytes + static_cast<int64_t>(step.id_bytes);
   if (in.need_weights) {
     prepared->response_bytes +=
         (in.average_attn_weights ? 1 : spec.num_heads) * t * columns * out_size;
@@ -236,14 +250,7 @@ absl::Status SessionServiceImpl::EncodeAppend(RequestOutcome& outcome,
   response->set_queue_us(outcome.queue_us);
   response->set_compute_us(outcome.compute_us);
   response->set_batch_requests(outcome.batch_requests);
-  const int64_t bytes = static_cast<int64_t>(response->ByteSizeLong());
-  if (bytes > requests_->options().max_response_bytes) {
-    response->Clear();
-    return absl::ResourceExhaustedError(absl::StrCat("response: ", bytes,
-                                                     " bytes, over the server's max_message_bytes ",
-                                                     requests_->options().max_response_bytes));
-  }
-  return absl::OkStatus();
+  return CheckMessageLimit(response, requests_->options().max_response_bytes);
 }
 
 grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext* context,

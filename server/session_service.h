@@ -46,7 +46,6 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
                                          const v1::CloseSessionRequest* request,
                                          v1::CloseSessionResponse* response) override;
 
- private:
   // A decoded, validated append.
   struct PreparedAppend {
     const ServedModel* model = nullptr;
@@ -54,6 +53,25 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
     std::unique_ptr<PendingRequest> pending;
     int64_t response_bytes = 0;
   };
+  // What an append asks, whatever the protocol carrying it.
+  struct Step {
+    TensorView tokens;                  // (T, E).
+    std::optional<TensorView> not_key;  // (T) bool.
+    bool need_weights = false;
+    bool average_attn_weights = true;
+    std::optional<DType> output_dtype;
+    size_t id_bytes = 0;  // Ids echoed in the response.
+  };
+  // Validates `step` against prepared->session (set by the caller) into
+  // prepared->pending, ready for SessionManager::Submit once `done` is set.
+  // INVALID_ARGUMENT (tokens, not_key, output_dtype), RESOURCE_EXHAUSTED
+  // (the response would be too large).
+  absl::Status PrepareStep(const Step& step, std::shared_ptr<const void> keep_alive,
+                           grpc::CallbackServerContext* context, PreparedAppend* prepared);
+  // Null until SetManager().
+  SessionManager* manager() const { return manager_.load(); }
+
+ private:
   // Errors: UNAVAILABLE (not ready, draining), NOT_FOUND (session),
   // INVALID_ARGUMENT (tokens, not_key, output_dtype), RESOURCE_EXHAUSTED
   // (the response would be too large).

@@ -44,6 +44,22 @@
 
 namespace attention::server {
 
+// How a stream's messages carry a request's id and a failed request's error.
+// This primary template fits attention.v1 (request_id, error{code, message});
+// other protocols specialize it.
+template <typename Request, typename Response>
+struct StreamCodec {
+  static std::string Id(const Request& request) { return request.request_id(); }
+  // Completes `response` (without id or error so far) with both.
+  static void Complete(const std::string& id, const absl::Status& status, Response* response) {
+    if (!status.ok()) {
+      response->mutable_error()->set_code(static_cast<int>(status.code()));
+      response->mutable_error()->set_message(std::string(status.message()));
+    }
+    response->set_request_id(id);
+  }
+};
+
 template <typename Request, typename Response>
 class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
  public:
@@ -151,7 +167,7 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
   const absl::Time received = absl::Now();
   service_->Received();
   auto request = std::shared_ptr<Request>(incoming_.release());
-  const std::string id = request->request_id();
+  const std::string id = StreamCodec<Request, Response>::Id(*request);
   Prepared prepared = start_(request, context_);
   const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
   int64_t admitted = 0;  // Of the server-wide in-flight byte budget.
@@ -172,11 +188,7 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
                                                               const absl::Status& status) {
     // A failure (an oversized response included) is this request's own
     // error; the stream goes on.
-    if (!status.ok()) {
-      response.mutable_error()->set_code(static_cast<int>(status.code()));
-      response.mutable_error()->set_message(std::string(status.message()));
-    }
-    response.set_request_id(id);
+    StreamCodec<Request, Response>::Complete(id, status, &response);
     Respond(std::move(response), model, status.code(), received, charge, admitted);
   };
   absl::Status status = prepared.status;

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -15,6 +17,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "client/cli/client_util.h"
+#include "client/cli/oip_request.h"
+#include "inference/grpc_predict_v2.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "proto/codec/tensor_codec.h"
 
@@ -34,6 +38,7 @@ struct WorkerStats {
 
 struct PooledRequest {
   v1::InferRequest request;
+  inference::ModelInferRequest oip;  // The same request, --protocol kserve.
   std::vector<int64_t> output_shape;
   int64_t tokens;
 };
@@ -69,6 +74,7 @@ std::vector<PooledRequest> BuildPool(const LoadOptions& o, const v1::ModelInfo& 
     p.request.set_need_weights(o.need_weights);
     p.output_shape = {o.batch, l, model.embed_dim()};
     p.tokens = o.batch * l;
+    if (o.protocol == "kserve") p.oip = ToModelInfer(p.request, model.name());
     pool.push_back(std::move(p));
   }
   return pool;
@@ -84,6 +90,102 @@ void Record(const PooledRequest& p, const v1::InferResponse& response, double ms
   }
   stats->samples.push_back(
       {ms, p.tokens, response.queue_us(), response.compute_us(), response.batch_requests()});
+}
+
+void Record(const PooledRequest& p, const inference::ModelInferResponse& response, double ms,
+            WorkerStats* stats) {
+  if (response.outputs_size() < 1 || response.raw_output_contents_size() < 1) {
+    ++stats->errors["SHAPE_MISMATCH"];
+    return;
+  }
+  const auto& shape = response.outputs(0).shape();
+  if (!std::equal(shape.begin(), shape.end(), p.output_shape.begin(), p.output_shape.end())) {
+    ++stats->errors["SHAPE_MISMATCH"];
+    return;
+  }
+  stats->samples.push_back({ms, p.tokens, OipInt(response, "queue_us"),
+                            OipInt(response, "compute_us"), OipInt(response, "batch_requests")});
+}
+
+// The two protocols' requests and stream messages, for the workers' loops.
+const v1::InferRequest& RequestOf(const PooledRequest& p, const v1::InferRequest*) {
+  return p.request;
+}
+const inference::ModelInferRequest& RequestOf(const PooledRequest& p,
+                                              const inference::ModelInferRequest*) {
+  return p.oip;
+}
+// A stream response's error code, if it carries one.
+std::optional<grpc::StatusCode> ErrorOf(const v1::InferResponse& r) {
+  if (!r.has_error()) return std::nullopt;
+  return static_cast<grpc::StatusCode>(r.error().code());
+}
+std::optional<grpc::StatusCode> ErrorOf(const inference::ModelStreamInferResponse& r) {
+  if (r.error_message().empty()) return std::nullopt;
+  return grpc::StatusCode::UNKNOWN;  // The extension carries a message only.
+}
+const v1::InferResponse& ResultOf(const v1::InferResponse& r) { return r; }
+const inference::ModelInferResponse& ResultOf(const inference::ModelStreamInferResponse& r) {
+  return r.infer_response();
+}
+
+// One worker's unary loop: `call(context, request, response)` per request.
+template <typename Request, typename Response, typename Call>
+void UnaryLoop(const std::vector<PooledRequest>& pool, size_t next, int64_t deadline_ms,
+               const std::function<bool()>& take, std::atomic<int64_t>* done, Call call,
+               WorkerStats* st) {
+  while (take()) {
+    const PooledRequest& p = pool[next++ % pool.size()];
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, deadline_ms);
+    Response response;
+    const absl::Time t0 = absl::Now();
+    const grpc::Status status =
+        call(&ctx, RequestOf(p, static_cast<const Request*>(nullptr)), &response);
+    const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+    status.ok() ? Record(p, response, ms, st)
+                : static_cast<void>(++st->errors[CodeName(status.error_code())]);
+    ++*done;
+  }
+}
+
+// One worker's stream loop: one stream at a time (`open(context)`); a broken
+// stream is one error (its status), and the worker reopens a stream and
+// keeps its concurrency.
+template <typename Request, typename Response, typename Open>
+void StreamLoop(const std::vector<PooledRequest>& pool, size_t next, int64_t stream_deadline_ms,
+                const std::function<bool()>& take, std::atomic<int64_t>* done, Open open,
+                WorkerStats* st) {
+  std::unique_ptr<grpc::ClientContext> ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<Request, Response>> stream;
+  while (take()) {
+    if (stream == nullptr) {
+      ctx = std::make_unique<grpc::ClientContext>();
+      SetDeadline(ctx.get(), stream_deadline_ms);
+      stream = open(ctx.get());
+    }
+    const PooledRequest& p = pool[next++ % pool.size()];
+    const absl::Time t0 = absl::Now();
+    Response response;
+    ++*done;
+    if (!stream->Write(RequestOf(p, static_cast<const Request*>(nullptr))) ||
+        !stream->Read(&response)) {
+      const grpc::Status status = stream->Finish();
+      ++st->errors[status.ok() ? "STREAM_BROKEN" : CodeName(status.error_code())];
+      stream.reset();
+      continue;
+    }
+    const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+    if (const auto error = ErrorOf(response)) {
+      ++st->errors[CodeName(*error)];
+    } else {
+      Record(p, ResultOf(response), ms, st);
+    }
+  }
+  if (stream == nullptr) return;
+  stream->WritesDone();
+  const grpc::Status status = stream->Finish();
+  if (!status.ok()) ++st->errors[CodeName(status.error_code())];
 }
 
 }  // namespace
@@ -113,11 +215,16 @@ absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& o) {
   if (o.rpc != "unary" && o.rpc != "stream") {
     return absl::InvalidArgumentError(absl::StrCat("--rpc must be unary or stream, got ", o.rpc));
   }
+  if (o.protocol != "attention" && o.protocol != "kserve") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--protocol must be attention or kserve, got ", o.protocol));
+  }
   if (o.seq_len.min < 1 || o.batch < 1) {
     return absl::InvalidArgumentError("--seq_len and --batch must be at least 1");
   }
   auto channel = MakeChannel(o.target, o.lb_policy);
   auto stub = v1::AttentionService::NewStub(channel);
+  auto oip = inference::GRPCInferenceService::NewStub(channel);
   auto model = FetchModel(stub.get(), o.model, o.deadline_ms);
   if (!model.ok()) return model.status();
   const std::vector<PooledRequest> pool = BuildPool(o, *model);
@@ -134,54 +241,37 @@ absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& o) {
     for (int w = 0; w < concurrency; ++w) {
       workers.emplace_back([&, w] {
         WorkerStats& st = stats[w];
-        size_t next = static_cast<size_t>(w) % pool.size();
+        const size_t next = static_cast<size_t>(w) % pool.size();
+        const std::function<bool()> taker = take;
+        const bool kserve = o.protocol == "kserve";
         if (o.rpc == "unary") {
-          while (take()) {
-            const PooledRequest& p = pool[next++ % pool.size()];
-            grpc::ClientContext ctx;
-            SetDeadline(&ctx, o.deadline_ms);
-            v1::InferResponse response;
-            const absl::Time t0 = absl::Now();
-            const grpc::Status status = stub->Infer(&ctx, p.request, &response);
-            const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
-            status.ok() ? Record(p, response, ms, &st)
-                        : static_cast<void>(++st.errors[CodeName(status.error_code())]);
-            ++done;
+          if (kserve) {
+            UnaryLoop<inference::ModelInferRequest, inference::ModelInferResponse>(
+                pool, next, o.deadline_ms, taker, &done,
+                [&](grpc::ClientContext* c, const inference::ModelInferRequest& r,
+                    inference::ModelInferResponse* out) { return oip->ModelInfer(c, r, out); },
+                &st);
+          } else {
+            UnaryLoop<v1::InferRequest, v1::InferResponse>(
+                pool, next, o.deadline_ms, taker, &done,
+                [&](grpc::ClientContext* c, const v1::InferRequest& r, v1::InferResponse* out) {
+                  return stub->Infer(c, r, out);
+                },
+                &st);
           }
           return;
         }
-        // One stream at a time; a broken stream is one error (its status),
-        // and the worker reopens a stream and keeps its concurrency.
         const int64_t stream_deadline_ms = absl::ToInt64Milliseconds(o.duration) + o.deadline_ms +
                                            (o.requests > 0 ? o.deadline_ms * o.requests : 0);
-        std::unique_ptr<grpc::ClientContext> ctx;
-        std::unique_ptr<grpc::ClientReaderWriter<v1::InferRequest, v1::InferResponse>> stream;
-        while (take()) {
-          if (stream == nullptr) {
-            ctx = std::make_unique<grpc::ClientContext>();
-            SetDeadline(ctx.get(), stream_deadline_ms);
-            stream = stub->InferStream(ctx.get());
-          }
-          const PooledRequest& p = pool[next++ % pool.size()];
-          const absl::Time t0 = absl::Now();
-          v1::InferResponse response;
-          ++done;
-          if (!stream->Write(p.request) || !stream->Read(&response)) {
-            const grpc::Status status = stream->Finish();
-            ++st.errors[status.ok() ? "STREAM_BROKEN" : CodeName(status.error_code())];
-            stream.reset();
-            continue;
-          }
-          const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
-          response.has_error()
-              ? static_cast<void>(
-                    ++st.errors[CodeName(static_cast<grpc::StatusCode>(response.error().code()))])
-              : Record(p, response, ms, &st);
+        if (kserve) {
+          StreamLoop<inference::ModelInferRequest, inference::ModelStreamInferResponse>(
+              pool, next, stream_deadline_ms, taker, &done,
+              [&](grpc::ClientContext* c) { return oip->ModelStreamInfer(c); }, &st);
+        } else {
+          StreamLoop<v1::InferRequest, v1::InferResponse>(
+              pool, next, stream_deadline_ms, taker, &done,
+              [&](grpc::ClientContext* c) { return stub->InferStream(c); }, &st);
         }
-        if (stream == nullptr) return;
-        stream->WritesDone();
-        const grpc::Status status = stream->Finish();
-        if (!status.ok()) ++st.errors[CodeName(status.error_code())];
       });
     }
     std::atomic<bool> finished{false};

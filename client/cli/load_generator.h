@@ -37,7 +37,10 @@ struct LoadOptions {
   absl::Duration duration = absl::Seconds(10);
   int64_t requests = 0;       // Per level; > 0 replaces the duration.
   std::string rpc = "unary";  // "unary" or "stream".
-  int64_t batch = 1;          // N per request.
+  // "attention" (attention.v1 Infer / InferStream) or "kserve" (the Open
+  // Inference Protocol's ModelInfer / ModelStreamInfer, raw contents).
+  std::string protocol = "attention";
+  int64_t batch = 1;  // N per request.
   Range seq_len = {128, 128};
   Range kv_seq_len = {0, 0};  // 0: self-attention.
   double pad_share = 0.0;     // Share of each request's keys masked as padding.

@@ -80,6 +80,9 @@ ABSL_FLAG(std::string, concurrency, "1", "load: comma-separated concurrency leve
 ABSL_FLAG(std::string, duration, "10s", "load: duration per level (e.g. 10s, 500ms).");
 ABSL_FLAG(int64_t, requests, 0, "load: requests per level instead of a duration.");
 ABSL_FLAG(std::string, rpc, "unary", "load: unary or stream.");
+ABSL_FLAG(std::string, protocol, "attention",
+          "load: attention (attention.v1 Infer/InferStream) or kserve (the Open Inference "
+          "Protocol's ModelInfer/ModelStreamInfer).");
 ABSL_FLAG(double, pad_share, 0.0, "load: share of each request's keys masked as padding.");
 ABSL_FLAG(std::string, csv, "", "load: also write the table as CSV to this file.");
 ABSL_FLAG(std::string, json, "", "load: also write the table as JSON to this file.");
@@ -287,6 +290,7 @@ int Load() {
   }
   o.requests = absl::GetFlag(FLAGS_requests);
   o.rpc = absl::GetFlag(FLAGS_rpc);
+  o.protocol = absl::GetFlag(FLAGS_protocol);
   o.batch = absl::GetFlag(FLAGS_batch);
   auto l = ParseRange(absl::GetFlag(FLAGS_seq_len));
   auto s = ParseRange(absl::GetFlag(FLAGS_kv_seq_len));

@@ -44,13 +44,19 @@ v1::DataType ToProtoDType(DType dtype) {
 absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, absl::string_view field) {
   auto dtype = FromProtoDType(tensor.dtype(), field);
   if (!dtype.ok()) return dtype.status();
-  if (tensor.shape_size() == 0 || tensor.shape_size() > 8) {
+  return CheckedView(*dtype, Shape(tensor.shape().begin(), tensor.shape().end()),
+                     tensor.data().data(), tensor.data().size(), field);
+}
+
+absl::StatusOr<TensorView> CheckedView(DType dtype, Shape shape, const void* data, size_t size,
+                                       absl::string_view field) {
+  if (shape.empty() || shape.size() > 8) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": expected 1 to 8 dimensions, got ", tensor.shape_size()));
+        absl::StrCat(field, ": expected 1 to 8 dimensions, got ", shape.size()));
   }
   TensorView view;
-  view.dtype = *dtype;
-  view.shape.assign(tensor.shape().begin(), tensor.shape().end());
+  view.dtype = dtype;
+  view.shape = std::move(shape);
   for (int64_t d : view.shape) {
     if (d < 1 || d > kMaxDim) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -63,13 +69,13 @@ absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, absl::string_v
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": shape ", ShapeToString(view.shape), " has more than 2^40 elements"));
   }
-  const uint64_t expected = static_cast<uint64_t>(*elements) * DTypeSize(*dtype);
-  if (tensor.data().size() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": data has ", tensor.data().size(),
-                                                   " bytes but shape ", ShapeToString(view.shape),
-                                                   " of ", DTypeName(*dtype), " needs ", expected));
+  const uint64_t expected = static_cast<uint64_t>(*elements) * DTypeSize(dtype);
+  if (size != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": data has ", size, " bytes but shape ",
+                                                   ShapeToString(view.shape), " of ",
+                                                   DTypeName(dtype), " needs ", expected));
   }
-  view.data = tensor.data().data();
+  view.data = data;
   return view;
 }
 

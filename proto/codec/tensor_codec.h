@@ -29,6 +29,13 @@ v1::DataType ToProtoDType(DType dtype);
 // product(shape) * sizeof(dtype).
 absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, absl::string_view field);
 
+// A view of `size` bytes at `data` as a tensor of `dtype` and `shape`, for
+// any wire format: INVALID_ARGUMENT naming `field` unless the shape has 1 to
+// 8 dimensions, each in [1, 2^31], at most 2^40 elements, and `size` is its
+// byte count.
+absl::StatusOr<TensorView> CheckedView(DType dtype, Shape shape, const void* data, size_t size,
+                                       absl::string_view field);
+
 // As DecodeTensor, but an absent tensor (no dtype, shape or data) is nullopt.
 absl::StatusOr<std::optional<TensorView>> DecodeOptionalTensor(const v1::Tensor& tensor,
                                                                absl::string_view field);

@@ -505,12 +505,9 @@ class InferenceProtocolTest(unittest.TestCase):
                          "outputs[0].name: expected 'output' or 'attn_weights', got 'logits'",
                          make_request("small", [("query", q)], outputs=["logits"]))
 
-    @unittest.expectedFailure
     def test_an_output_named_twice_is_refused_or_returned_twice(self):
-        """KNOWN BUG: outputs ["output", "output"] answers two output entries of shape
-        [1, 3, 32] whose second raw_output_contents is empty (0 bytes): EncodeModelInfer
-        moves the tensor's bytes into the first entry. Either INVALID_ARGUMENT or the tensor
-        twice would be consistent; remove expectedFailure once fixed."""
+        """outputs ["output", "output"] is refused with INVALID_ARGUMENT (it once answered a
+        second, empty raw_output_contents)."""
         q = self.randn(1, 3, 32)
         try:
             response = self.infer(make_request("small", [("query", q)],

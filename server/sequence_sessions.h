@@ -1,0 +1,67 @@
+// File: server/sequence_sessions.h
+//
+// Triton's sequence parameters on the Open Inference Protocol, mapped onto
+// sessions: a ModelInferRequest with `sequence_start` creates a self-attention
+// session (replacing one the sequence already had), every request of the
+// sequence appends its `query` tokens to it (so attention over the sequence
+// is causal and incremental, as with SessionService.Append), and
+// `sequence_end` closes it after its append. A sequence is named by the
+// caller (its token's principal, with authentication) and `sequence_id`, so
+// callers cannot reach each other's sequences.
+//
+// Thread-safe. The session service (and its manager) and the attention
+// service must outlive it.
+#ifndef ATTENTION_SERVER_SEQUENCE_SESSIONS_H_
+#define ATTENTION_SERVER_SEQUENCE_SESSIONS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "inference/grpc_predict_v2.pb.h"
+#include "server/oip_codec.h"
+#include "server/session_service.h"
+
+namespace attention::server {
+
+class SequenceSessions {
+ public:
+  SequenceSessions(AttentionServiceImpl* requests, SessionServiceImpl* sessions);
+
+  // Appends the query of `decoded` (a request of sequence
+  // decoded.sequence_id to `model`, by `caller`, null without
+  // authentication) to the sequence's session. OK: queued, and `done` will
+  // be called with the outcome (output and weights shaped like a stateless
+  // call's: [1, T, E] for a [1, T, E] query). Errors: INVALID_ARGUMENT
+  // (inputs other than the query, a batch of more than one, another model
+  // than the sequence's), NOT_FOUND (no live session: not started, ended,
+  // expired or evicted), and those of session appends.
+  absl::Status Submit(grpc::CallbackServerContext* context,
+                      const inference::ModelInferRequest& request, OipRequest decoded,
+                      const ServedModel* model, const Principal* caller,
+                      std::shared_ptr<const void> keep_alive,
+                      std::function<void(RequestOutcome)> done);
+
+  // Sequences with a live mapping (for tests and metrics).
+  size_t size() const;
+
+ private:
+  // The session of sequence `key`, created anew when `start`.
+  absl::StatusOr<std::shared_ptr<Session>> SessionOf(const std::string& key, bool start,
+                                                     const ServedModel* model,
+                                                     const Principal* caller);
+  void Forget(const std::string& key, const std::string& session_id);
+
+  AttentionServiceImpl* const requests_;
+  SessionServiceImpl* const sessions_;
+  mutable absl::Mutex mu_;
+  // Caller and sequence id -> session id.
+  absl::flat_hash_map<std::string, std::string> sequences_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_SEQUENCE_SESSIONS_H_
