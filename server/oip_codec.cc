@@ -98,6 +98,9 @@ absl::Status DecodeParameters(const inference::ModelInferRequest& request, OipRe
     } else if (name == "sequence_id") {
       if (p.parameter_choice_case() == inference::InferParameter::kStringParam) {
         if (!p.string_param().empty()) out->sequence_id = "s:" + p.string_param();
+      } else if (p.parameter_choice_case() == inference::InferParameter::kUint64Param) {
+        // Triton's ids are uint64: every value is valid, 0 means none.
+        if (p.uint64_param() != 0) out->sequence_id = absl::StrCat("n:", p.uint64_param());
       } else {
         ASSIGN_OR_RETURN(int64_t id, IntParameter(p, name));
         if (id != 0) out->sequence_id = absl::StrCat("n:", id);  // 0: no sequence (Triton).
