@@ -79,6 +79,7 @@ absl::StatusOr<std::vector<TokenAuthenticator::Entry>> TokenAuthenticator::Parse
     }
     auto principal = std::make_shared<Principal>();
     principal->name = std::string(fields[1]);
+    principal->id = absl::AsciiStrToLower(fields[0]);
     for (absl::string_view model : absl::StrSplit(fields[2], ',', absl::SkipEmpty())) {
       if (model == "*") {
         principal->all_models = true;

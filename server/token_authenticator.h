@@ -38,6 +38,10 @@ namespace attention::server {
 // Who a token belongs to and what it may call.
 struct Principal {
   std::string name;
+  // The token's SHA-256, lower-case hex: unique per entry (duplicate hashes
+  // are refused), so sessions and sequences are owned by it, never by the
+  // name, which two entries may share.
+  std::string id;
   bool all_models = false;
   absl::flat_hash_set<std::string> models;
 
