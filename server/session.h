@@ -11,6 +11,7 @@
 #ifndef ATTENTION_SERVER_SESSION_H_
 #define ATTENTION_SERVER_SESSION_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -36,6 +37,10 @@ struct Session {
   absl::Duration ttl;
   std::unique_ptr<KvCache> cache;  // Null once ended.
   int64_t position = 0;            // Cross sessions: queries appended.
+  // Tokens of appends read and not yet done (queued, waiting or computing):
+  // with the length, an upper bound on the length an append will run at, so
+  // its response is sized right when it is read (see SessionWork).
+  std::atomic<int64_t> queued_tokens{0};
 
   absl::Mutex mu;
   absl::Time last_used ABSL_GUARDED_BY(mu);
