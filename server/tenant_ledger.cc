@@ -77,7 +77,7 @@ std::string TenantLedger::CountRefusal(const std::string& model, bool tenant_lim
                                        absl::Duration grace) {
   if (tenant_limit) {
     return absl::StrCat("max_sessions_per_tenant: this caller holds ", mine,
-                        " live sessions of model '", model, "', its limit (", limit,
+                        " live session(s) of model '", model, "', its limit (", limit,
                         ", --max_sessions_per_tenant), and none of them has been idle for ",
                         absl::FormatDuration(grace), " to evict; close one of its sessions first");
   }

@@ -234,7 +234,7 @@ TEST(SessionTenantTest, RefusalsNameTheLimit) {
   grpc::Status status = b.Create(&id);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(),
-              HasSubstr("max_sessions_per_tenant: this caller holds 3 live sessions of model "
+              HasSubstr("max_sessions_per_tenant: this caller holds 3 live session(s) of model "
                         "'small', its limit (3"));
   status = a.Create(&id);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
