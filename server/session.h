@@ -32,7 +32,10 @@ struct Session {
   SessionModel* model = nullptr;  // Owned by SessionManager; outlives the session.
   bool cross = false;
   bool is_causal = false;  // Cross sessions.
-  std::string owner;       // The creating caller's principal name; empty without auth.
+  // The creating caller's Principal::id (its token's SHA-256, hex), never its
+  // name (two token entries may share a name); empty without authentication.
+  // Also the session's tenant for the per-tenant limits.
+  std::string owner;
   absl::Time created;
   absl::Duration ttl;
   std::unique_ptr<KvCache> cache;  // Null once ended.
@@ -52,6 +55,9 @@ struct Session {
   int64_t length ABSL_GUARDED_BY(mu) = 0;  // Tokens appended.
   int64_t keys ABSL_GUARDED_BY(mu) = 0;    // Keys held (cross: S).
   int64_t bytes ABSL_GUARDED_BY(mu) = 0;   // Cache bytes held.
+  // Cache bytes charged to the owner's tenant (blocks held, reserved ones
+  // included) until the cache is freed; changed with SessionManager's mu_ held too.
+  int64_t charged ABSL_GUARDED_BY(mu) = 0;
 };
 
 }  // namespace attention::server

@@ -151,8 +151,16 @@ std::vector<RequestOutcome> RunSessionBatch(
     const int64_t length = session.cross ? session.position : session.cache->length();
     if (length + t > model.max_session_tokens) {
       out.status = absl::FailedPreconditionError(
-          absl::StrCat("tokens: appending ", t, " tokens to a session of ", length,
-                       " would pass the model's max_session_tokens ", model.max_session_tokens));
+          session.cross
+              ? absl::StrCat("tokens: this cross session has been sent ", length, " queries; ", t,
+                             " more would pass the model's max_session_tokens ",
+                             model.max_session_tokens,
+                             ", which caps the queries a cross session takes over its life (they "
+                             "are not stored; it holds ",
+                             session.cache->length(), " keys); create a new session")
+              : absl::StrCat("tokens: appending ", t, " tokens to a session holding ", length,
+                             " would pass the model's max_session_tokens ",
+                             model.max_session_tokens));
       continue;
     }
     Admitted a;

@@ -37,11 +37,17 @@ SessionServiceImpl::SessionServiceImpl(AttentionServiceImpl* requests) : request
 absl::StatusOr<std::shared_ptr<Session>> SessionServiceImpl::FindForCaller(
     SessionManager* manager, grpc::CallbackServerContext* context, const std::string& id) const {
   ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, requests_->Authenticate(context));
+  if (id.empty()) {
+    return absl::InvalidArgumentError(
+        "session_id: required (the id CreateSession returned), got an empty one");
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session, manager->Find(id));
   if (principal != nullptr) {
-    if (session->owner != principal->name) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "session_id: the session belongs to another caller than '", principal->name, "'"));
+    // Owned by the token entry (its hash), not by its name: two entries may share a name.
+    if (session->owner != principal->id) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("session_id: the session belongs to another token than this caller's ('",
+                       principal->name, "')"));
     }
     RETURN_IF_ERROR(requests_->FindModel(principal.get(), session->model->served->name).status());
   }
@@ -78,7 +84,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
                        : absl::StatusOr<const ServedModel*>(principal.status());
     status = found.status();
     if (found.ok()) served = *found;
-    if (principal.ok() && *principal != nullptr) owner = (*principal)->name;
+    if (principal.ok() && *principal != nullptr) owner = (*principal)->id;
   }
   const bool cross = request->kind() == v1::SESSION_KIND_CROSS;
   if (status.ok() && request->kind() != v1::SESSION_KIND_SELF && !cross) {
@@ -86,9 +92,12 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
         absl::StrCat("kind: expected SESSION_KIND_SELF or SESSION_KIND_CROSS, got ",
                      v1::SessionKind_Name(request->kind())));
   }
-  if (status.ok() && request->ttl_s() < 0) {
+  const int64_t max_ttl_s =
+      manager != nullptr ? absl::ToInt64Seconds(manager->options().max_ttl) : 0;
+  if (status.ok() && (request->ttl_s() < 0 || request->ttl_s() > max_ttl_s)) {
     status = absl::InvalidArgumentError(
-        absl::StrCat("ttl_s: expected >= 0 (0: the model's default), got ", request->ttl_s()));
+        absl::StrCat("ttl_s: expected 0 (the model's default) to ", max_ttl_s,
+                     " (the server's --max_session_ttl_s), got ", request->ttl_s()));
   }
   auto work = std::make_unique<SessionWork>();
   if (status.ok() && cross) {
