@@ -179,8 +179,12 @@ bool AttentionServer::Drain() {
       std::max(absl::ZeroDuration(), start + options_.drain_timeout - absl::Now());
   server_->Shutdown(absl::ToChronoTime(absl::Now() + left));
   server_->Wait();
-  repository_.reset();
+  // Dependency order: the session manager first (its reaper ends expired
+  // sessions, reading their models), then the models. Every call has ended,
+  // and a call ends only after its batcher work answered, so no batcher holds
+  // session work any more.
   sessions_.reset();
+  repository_.reset();
   return idle;
 }
 
