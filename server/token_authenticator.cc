@@ -16,12 +16,14 @@
 namespace attention::server {
 namespace {
 
-// "inode size mtime" of `path` (following symlinks, as a Kubernetes Secret
-// swaps its ..data link), or empty if it cannot be read.
+// "inode size ctime mtime" of `path` (following symlinks, as a Kubernetes
+// Secret swaps its ..data link), or empty if it cannot be read. Every write
+// changes ctime, which (unlike mtime) the writer cannot set.
 std::string FileIdentity(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return "";
-  return absl::StrCat(st.st_ino, " ", st.st_size, " ", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+  return absl::StrCat(st.st_ino, " ", st.st_size, " ", st.st_ctim.tv_sec, ".", st.st_ctim.tv_nsec,
+                      " ", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -114,6 +116,7 @@ absl::StatusOr<std::unique_ptr<TokenAuthenticator>> TokenAuthenticator::Open(
     absl::MutexLock lock(&auth->mu_);
     auth->entries_ = std::make_shared<const std::vector<Entry>>(*std::move(entries));
     auth->file_identity_ = identity;
+    auth->seen_identity_ = identity;
   }
   auth->watcher_ = std::thread([a = auth.get()] { a->WatchLoop(); });
   return auth;
@@ -145,19 +148,27 @@ void TokenAuthenticator::ReloadIfChanged() {
   const std::string identity = FileIdentity(path_);
   {
     absl::MutexLock lock(&mu_);
-    if (identity == file_identity_) return;
+    // Only a file that has not changed since the previous check is read: one
+    // being written (truncated, then filled) is read once it is complete.
+    const bool stable = identity == seen_identity_;
+    seen_identity_ = identity;
+    if (!stable || identity == file_identity_) return;
   }
-  absl::StatusOr<std::vector<Entry>> entries = [&]() -> absl::StatusOr<std::vector<Entry>> {
-    auto text = ReadFile(path_);
-    if (!text.ok()) return text.status();
-    return Parse(*text, path_);
-  }();
+  absl::StatusOr<std::string> text = ReadFile(path_);
+  // Written while being read: read it again once it is stable.
+  if (FileIdentity(path_) != identity) return;
+  absl::StatusOr<std::vector<Entry>> entries =
+      text.ok() ? Parse(*text, path_) : absl::StatusOr<std::vector<Entry>>(text.status());
   absl::MutexLock lock(&mu_);
   file_identity_ = identity;  // A broken file is reported once, not every interval.
   if (!entries.ok()) {
     std::cerr << "auth tokens: reload failed, keeping the previous " << entries_->size()
               << " token(s): " << entries.status().message() << "\n";
     return;
+  }
+  if (entries->empty()) {
+    std::cerr << "auth tokens: " << path_ << " holds no token (unchanged for two checks): "
+              << "every token is revoked\n";
   }
   entries_ = std::make_shared<const std::vector<Entry>>(*std::move(entries));
   std::cerr << "auth tokens: reloaded " << entries_->size() << " token(s) from " << path_ << "\n";

@@ -12,8 +12,13 @@
 //   <sha256 of the token, 64 hex digits>  <name>  <models: a,b,c or *>
 //
 // The file is re-read when it changes (checked every `reload_interval`), so
-// tokens rotate without a restart. A file that fails to parse on reload is
-// reported on stderr and the previous tokens stay in force.
+// tokens rotate without a restart. It is read only once it is stable: its
+// identity (inode, size, ctime and mtime; the writer can set mtime back, not
+// ctime) unchanged across two consecutive checks, and again after reading.
+// So a file truncated and then rewritten in place (`cmd > tokens`) is never
+// installed empty or half-written, and an empty file revokes every token
+// only once it has stayed empty for two checks. A file that fails to parse on
+// reload is reported on stderr and the previous tokens stay in force.
 //
 // Thread-safe. Owns its reload thread, joined by the destructor.
 #ifndef ATTENTION_SERVER_TOKEN_AUTHENTICATOR_H_
@@ -76,7 +81,8 @@ class TokenAuthenticator {
 
  private:
   TokenAuthenticator(std::string path, absl::Duration reload_interval);
-  // Re-reads the file if its identity (inode, size, mtime) changed.
+  // One check: re-reads the file if its identity (inode, size, ctime,
+  // mtime) differs from the installed one and equals the previous check's.
   void ReloadIfChanged();
   void WatchLoop();
 
@@ -84,7 +90,8 @@ class TokenAuthenticator {
   const absl::Duration reload_interval_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const std::vector<Entry>> entries_ ABSL_GUARDED_BY(mu_);
-  std::string file_identity_ ABSL_GUARDED_BY(mu_);
+  std::string file_identity_ ABSL_GUARDED_BY(mu_);  // Of the file installed (or refused).
+  std::string seen_identity_ ABSL_GUARDED_BY(mu_);  // At the previous check.
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watcher_;
 };
