@@ -26,6 +26,14 @@ std::string FileIdentity(const std::string& path) {
                       " ", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
 }
 
+constexpr size_t kMaxNameLength = 128;
+
+// A name that can be written into a log line as it is: [A-Za-z0-9._:@/-].
+bool IsAllowedNameChar(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
+         c == '@' || c == '/' || c == '-';
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("--auth_tokens_file: cannot read '", path, "'"));
@@ -79,8 +87,23 @@ absl::StatusOr<std::vector<TokenAuthenticator::Entry>> TokenAuthenticator::Parse
       }
       entry.hash[i] = static_cast<uint8_t>(hi * 16 + lo);
     }
+    const absl::string_view name = fields[1];
+    if (name.size() > kMaxNameLength) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "the name has ", name.size(),
+                                                     " characters; at most ", kMaxNameLength));
+    }
+    for (const char c : name) {
+      if (!IsAllowedNameChar(c)) {
+        // The character by its code: it may be one a log line cannot show.
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "the name has the character 0x",
+                         absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2),
+                         "; a name is made of letters, digits and . _ : @ / -"));
+      }
+    }
     auto principal = std::make_shared<Principal>();
-    principal->name = std::string(fields[1]);
+    principal->id = absl::AsciiStrToLower(fields[0]);
+    principal->name = std::string(name);
     for (absl::string_view model : absl::StrSplit(fields[2], ',', absl::SkipEmpty())) {
       if (model == "*") {
         principal->all_models = true;

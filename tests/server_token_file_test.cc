@@ -1,6 +1,7 @@
-// TokenAuthenticator's token file (issue 21, item 8c): a file rewritten in
-// place is never installed empty or half-written, and an empty file revokes
-// only once it stays empty.
+// TokenAuthenticator's token file (issue 21, items 5 and 8c): a file rewritten
+// in place is never installed empty or half-written, an empty file revokes
+// only once it stays empty, names are refused unless they can be logged as
+// they are, and a principal is identified by its entry's hash.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -10,9 +11,11 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/token_authenticator.h"
 
@@ -20,6 +23,7 @@ namespace attention {
 namespace {
 
 using ::attention::server::TokenAuthenticator;
+using ::testing::HasSubstr;
 
 std::string HashHex(const std::string& token) {
   const TokenAuthenticator::Sha256 h = TokenAuthenticator::Hash(token);
@@ -109,6 +113,47 @@ TEST(TokenFileTest, FileThatStaysEmptyRevokesEveryToken) {
   while (Known(**auth, "alice-secret") && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
   EXPECT_FALSE(Known(**auth, "alice-secret")) << "the empty file was never installed";
   EXPECT_EQ((*auth)->size(), 0u);
+}
+
+// Names end up in log lines and messages: only [A-Za-z0-9._:@/-], at most
+// 128 characters; anything else is refused naming the line.
+TEST(TokenFileTest, NamesOutsideTheAllowedSetAreRefused) {
+  const std::string hash = HashHex("x");
+  auto ok = TokenAuthenticator::Parse(hash + " svc.team-1_a:b@c/d *\n", "f");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)[0].principal->name, "svc.team-1_a:b@c/d");
+  for (const std::string& name :
+       {std::string("bad\x1b[2Kname"), std::string("nul\x01"), std::string("caf\xc3\xa9"),
+        std::string("quote\"d"), std::string("semi;colon"), std::string("back\\slash")}) {
+    auto parsed = TokenAuthenticator::Parse("# comment\n" + hash + " " + name + " *\n", "f");
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("f:2: the name has the character 0x")) << name;
+    // The message itself never carries the character.
+    EXPECT_THAT(parsed.status().message(), ::testing::Not(HasSubstr(name))) << name;
+  }
+  auto too_long = TokenAuthenticator::Parse(hash + " " + std::string(129, 'a') + " *\n", "f");
+  EXPECT_THAT(too_long.status().message(), HasSubstr("f:1: the name has 129 characters"));
+  EXPECT_TRUE(TokenAuthenticator::Parse(hash + " " + std::string(128, 'a') + " *\n", "f").ok());
+}
+
+// Two entries may share a name; each is its own principal, identified by its
+// hash (what sessions and sequences are owned by).
+TEST(TokenFileTest, PrincipalIdIsTheEntrysHash) {
+  const std::string path = TestFile("ids");
+  // Upper-case hex in the file: the id is lower-case all the same.
+  WriteFile(path, absl::AsciiStrToUpper(HashHex("team-one")) + " team *\n" + HashHex("team-two") +
+                      " team *\n");
+  auto auth = TokenAuthenticator::Open(path);
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  const std::string one = "Bearer team-one", two = "Bearer team-two";
+  const absl::string_view one_view = one, two_view = two;
+  auto first = (*auth)->Authenticate(&one_view);
+  auto second = (*auth)->Authenticate(&two_view);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ((*first)->name, (*second)->name);
+  EXPECT_EQ((*first)->id, HashHex("team-one"));
+  EXPECT_EQ((*second)->id, HashHex("team-two"));
+  EXPECT_NE((*first)->id, (*second)->id);
 }
 
 }  // namespace
