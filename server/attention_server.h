@@ -113,6 +113,7 @@ class AttentionServer {
   std::unique_ptr<HealthServiceImpl> health_service_;
   std::unique_ptr<ReflectionServiceV1> reflection_v1_;
   std::unique_ptr<ReflectionServiceV1Alpha> reflection_v1alpha_;
+  std::unique_ptr<TlsIdentityWatcher> tls_identity_;  // Null for plaintext; outlives server_.
   std::unique_ptr<grpc::Server> server_;
   // Destroyed in dependency order (Drain, else members in reverse): the
   // session manager, which reads the models, before the repository.
