@@ -144,7 +144,17 @@ AttentionServer::~AttentionServer() {
 void AttentionServer::SetHealth(bool serving) { health_service_->SetServing(serving); }
 
 absl::Status AttentionServer::LoadModels() {
-  const RepositoryOptions& r = options_.repository;
+  RepositoryOptions r = options_.repository;
+  // One batch's working memory is held beside the in-flight budget: at most
+  // half of it by default, so that the two together stay within 1.5 budgets.
+  if (options_.max_batch_working_bytes > 0) {
+    r.batching.max_working_bytes = options_.max_batch_working_bytes;
+  } else {
+    r.batching.max_working_bytes =
+        std::min(r.batching.max_working_bytes,
+                 std::max<int64_t>(options_.max_inflight_bytes / 2, int64_t{16} << 20));
+  }
+  std::cerr << "batch working memory limit " << r.batching.max_working_bytes << " bytes\n";
   std::cerr << "loading models from "
             << (r.path.empty() ? std::string("the built-in demo") : r.path) << " ("
             << r.compute_threads << " compute threads, attention kernel " << AttentionPathName()

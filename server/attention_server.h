@@ -68,6 +68,9 @@ struct ServerOptions {
   // Bytes of accepted, unanswered requests and their responses (see
   // ServiceOptions::max_inflight_bytes).
   int64_t max_inflight_bytes = int64_t{1} << 30;
+  // Working memory of one computing batch (BatchingOptions::max_working_bytes);
+  // 0: half of max_inflight_bytes, at least 16 MiB, at most 512 MiB.
+  int64_t max_batch_working_bytes = 0;
 };
 
 class SequenceSessions;
