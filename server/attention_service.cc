@@ -10,6 +10,7 @@
 #include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
 #include "proto/codec/tensor_codec.h"
+#include "server/admitted_reactor.h"
 #include "server/batch_runner.h"
 #include "server/identifiers.h"
 #include "server/message_limit.h"
@@ -240,12 +241,13 @@ absl::Status AttentionServiceImpl::Finalize(std::unique_ptr<PendingRequest> pend
 }
 
 absl::Status AttentionServiceImpl::Submit(Prepared& prepared, int64_t request_bytes,
-                                          std::function<void(RequestOutcome)> done) {
+                                          std::function<void(RequestOutcome)> done,
+                                          AdmittedUnaryReactor* reactor) {
   ASSIGN_OR_RETURN(std::shared_ptr<Admission> held,
                    budget_.Take(request_bytes + prepared.response_bytes));
-  // Released before `done` answers, so a client that has its response sees
-  // the bytes back in the budget.
-  prepared.pending->done = [held, done = std::move(done)](RequestOutcome outcome) mutable {
+  // Held until the response is sent (by the reactor) or answered.
+  prepared.pending->done = [held, reactor, done = std::move(done)](RequestOutcome outcome) mutable {
+    if (reactor != nullptr) reactor->Hold(std::move(held));
     held.reset();
     done(std::move(outcome));
   };
@@ -280,7 +282,7 @@ absl::Status AttentionServiceImpl::Prepare(const v1::InferRequest& request,
 grpc::ServerUnaryReactor* AttentionServiceImpl::Infer(grpc::CallbackServerContext* context,
                                                       const v1::InferRequest* request,
                                                       v1::InferResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new AdmittedUnaryReactor();
   const absl::Time received = absl::Now();
   Received();
   response->set_request_id(request->request_id());
@@ -288,15 +290,17 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Infer(grpc::CallbackServerContex
   absl::Status status = Prepare(*request, nullptr, context, &prepared);
   if (status.ok()) {
     const ServedModel* model = prepared.model;
-    status = Submit(prepared, static_cast<int64_t>(request->ByteSizeLong()),
-                    [this, reactor, response, received, model](RequestOutcome outcome) {
-                      absl::Status result = outcome.status;
-                      if (result.ok()) {
-                        result = EncodeOutcome(outcome, options_.max_response_bytes, response);
-                      }
-                      Answered(model, Method::kInfer, result.code(), received);
-                      reactor->Finish(wire::ToGrpcStatus(result));
-                    });
+    status = Submit(
+        prepared, static_cast<int64_t>(request->ByteSizeLong()),
+        [this, reactor, response, received, model](RequestOutcome outcome) {
+          absl::Status result = outcome.status;
+          if (result.ok()) {
+            result = EncodeOutcome(outcome, options_.max_response_bytes, response);
+          }
+          Answered(model, Method::kInfer, result.code(), received);
+          reactor->Finish(wire::ToGrpcStatus(result));
+        },
+        reactor);
   }
   if (!status.ok()) {
     Answered(prepared.model, Method::kInfer, status.code(), received);

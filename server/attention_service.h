@@ -25,6 +25,8 @@
 
 namespace attention::server {
 
+class AdmittedUnaryReactor;
+
 struct ServiceOptions {
   // Largest response message; a request whose response would be larger is
   // refused with RESOURCE_EXHAUSTED before it is computed.
@@ -103,11 +105,13 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
                         std::shared_ptr<const void> keep_alive,
                         grpc::CallbackServerContext* context, Prepared* prepared);
   // Admits a prepared unary request (its `request_bytes` and its response)
-  // against the in-flight budget and queues it; `done` gets the outcome once
-  // the budget is released. OK: queued (`done` will be called); else the
+  // against the in-flight budget and queues it; `done` gets the outcome. The
+  // bytes are held by `reactor` (until the call is done) when given, else
+  // released before `done`. OK: queued (`done` will be called); else the
   // error to answer with, and nothing stays admitted.
   absl::Status Submit(Prepared& prepared, int64_t request_bytes,
-                      std::function<void(RequestOutcome)> done);
+                      std::function<void(RequestOutcome)> done,
+                      AdmittedUnaryReactor* reactor = nullptr);
 
   // Counts a request as answered: metrics by method and code, duration, and
   // the in-flight gauge. Unary handlers call it just before Finish(), so a

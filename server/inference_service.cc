@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
+#include "server/admitted_reactor.h"
 #include "server/identifiers.h"
 #include "server/sequence_sessions.h"
 
@@ -158,7 +159,7 @@ absl::Status InferenceServiceImpl::Prepare(const inference::ModelInferRequest& r
 grpc::ServerUnaryReactor* InferenceServiceImpl::ModelInfer(
     grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
     inference::ModelInferResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new AdmittedUnaryReactor();
   const absl::Time received = absl::Now();
   requests_->Received();
   std::shared_ptr<const Principal> caller;
@@ -187,14 +188,14 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::ModelInfer(
           sequences_ == nullptr
               ? absl::UnimplementedError("parameters['sequence_id']: this server has no sessions")
               : sequences_->Submit(context, *request, *std::move(decoded), served, caller.get(),
-                                   nullptr, std::move(done));
+                                   nullptr, std::move(done), reactor);
     } else {
       AttentionServiceImpl::Prepared prepared;
       prepared.model = served;
       status = Prepare(*request, *std::move(decoded), nullptr, context, &prepared);
       if (status.ok()) {
         status = requests_->Submit(prepared, static_cast<int64_t>(request->ByteSizeLong()),
-                                   std::move(done));
+                                   std::move(done), reactor);
       }
     }
   }

@@ -1,5 +1,7 @@
 #include "server/oip_codec.h"
 
+#include "server/identifiers.h"
+
 #include <array>
 #include <utility>
 
@@ -23,7 +25,7 @@ absl::StatusOr<DType> ParseDatatype(const std::string& datatype, const std::stri
   if (datatype == "FP16") return DType::kFloat16;
   if (datatype == "BOOL") return DType::kBool;
   return absl::InvalidArgumentError(
-      absl::StrCat(field, ": expected FP32, FP16, BF16 or BOOL, got '", datatype, "'"));
+      absl::StrCat(field, ": expected FP32, FP16, BF16 or BOOL, got '", Shown(datatype), "'"));
 }
 
 bool HasTypedContents(const inference::InferTensorContents& c) {
@@ -59,7 +61,7 @@ absl::StatusOr<TensorView> TypedView(const Input& input, DType dtype, Shape shap
 absl::StatusOr<bool> BoolParameter(const inference::InferParameter& p, const std::string& name) {
   if (p.parameter_choice_case() != inference::InferParameter::kBoolParam) {
     return absl::InvalidArgumentError(
-        absl::StrCat("parameters['", name, "']: expected bool_param"));
+        absl::StrCat("parameters['", Shown(name), "']: expected bool_param"));
   }
   return p.bool_param();
 }
@@ -71,7 +73,7 @@ absl::StatusOr<int64_t> IntParameter(const inference::InferParameter& p, const s
     return static_cast<int64_t>(p.uint64_param());
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("parameters['", name, "']: expected int64_param or uint64_param"));
+      absl::StrCat("parameters['", Shown(name), "']: expected int64_param or uint64_param"));
 }
 
 absl::Status DecodeParameters(const inference::ModelInferRequest& request, OipRequest* out) {
@@ -141,7 +143,7 @@ absl::StatusOr<OipRequest> DecodeModelInfer(const inference::ModelInferRequest& 
   std::array<std::optional<TensorView>, kInputNames.size()> views;
   for (int i = 0; i < request.inputs_size(); ++i) {
     const Input& input = request.inputs(i);
-    const std::string field = absl::StrCat("inputs[", i, "] ('", input.name(), "')");
+    const std::string field = absl::StrCat("inputs[", i, "] ('", Shown(input.name()), "')");
     size_t slot = 0;
     while (slot < kInputNames.size() && input.name() != kInputNames[slot]) ++slot;
     if (slot == kInputNames.size()) {
@@ -162,10 +164,10 @@ absl::StatusOr<OipRequest> DecodeModelInfer(const inference::ModelInferRequest& 
     }
     if (raw) {
       const std::string& bytes = request.raw_input_contents(i);
-      ASSIGN_OR_RETURN(
-          views[slot],
-          wire::CheckedView(dtype, std::move(shape), bytes.data(), bytes.size(),
-                            absl::StrCat("raw_input_contents[", i, "] ('", input.name(), "')")));
+      ASSIGN_OR_RETURN(views[slot],
+                       wire::CheckedView(dtype, std::move(shape), bytes.data(), bytes.size(),
+                                         absl::StrCat("raw_input_contents[", i, "] ('",
+                                                      Shown(input.name()), "')")));
     } else if (typed) {
       ASSIGN_OR_RETURN(views[slot], TypedView(input, dtype, std::move(shape), field));
     } else {
@@ -187,7 +189,7 @@ absl::StatusOr<OipRequest> DecodeModelInfer(const inference::ModelInferRequest& 
     for (int j = 0; j < i; ++j) {
       if (request.outputs(j).name() == name) {
         return absl::InvalidArgumentError(
-            absl::StrCat("outputs[", i, "].name: '", name, "' is asked for twice"));
+            absl::StrCat("outputs[", i, "].name: '", Shown(name), "' is asked for twice"));
       }
     }
     if (name == "output") {
@@ -197,7 +199,7 @@ absl::StatusOr<OipRequest> DecodeModelInfer(const inference::ModelInferRequest& 
       out.inputs.need_weights = true;  // Asking for the weights implies need_weights.
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "outputs[", i, "].name: expected 'output' or 'attn_weights', got '", name, "'"));
+          "outputs[", i, "].name: expected 'output' or 'attn_weights', got '", Shown(name), "'"));
     }
   }
   if (out.outputs.empty()) {

@@ -135,6 +135,9 @@ class ReflectionService<Service, Request, Response>::Reactor final
       return;
     }
     response_ = service_->Answer(request_);
+    // The request is not kept while the answer waits for a client that may
+    // never read it (a large one would be held outside every budget).
+    Request().Swap(&request_);
     this->StartWrite(&response_);
   }
   void OnWriteDone(bool ok) override {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -29,7 +30,7 @@ size_t SequenceSessions::size() const {
 void SequenceSessions::Forget(const Key& key, const std::string& session_id) {
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(key);
-  if (it != sequences_.end() && it->second == session_id) sequences_.erase(it);
+  if (it != sequences_.end() && it->second.current == session_id) sequences_.erase(it);
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SequenceSessions::Find(const Key& key) {
@@ -39,7 +40,7 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceSessions::Find(const Key& key) 
   {
     absl::MutexLock lock(&mu_);
     const auto it = sequences_.find(key);
-    if (it != sequences_.end()) existing = it->second;
+    if (it != sequences_.end()) existing = it->second.current;
   }
   if (existing.empty()) {
     return absl::NotFoundError(
@@ -55,22 +56,53 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceSessions::Find(const Key& key) 
   return session;
 }
 
-void SequenceSessions::Start(const Key& key, const std::shared_ptr<Session>& session) {
+std::string SequenceSessions::Start(const Key& key, const std::string& session_id) {
   SessionManager* manager = sessions_->manager();
-  std::string replaced;
+  std::vector<std::string> stale;
+  std::string dropped;  // An earlier restart's kept session, replaced again.
   {
     absl::MutexLock lock(&mu_);
     if (sequences_.size() > kSweepAbove) {
-      for (auto it = sequences_.begin(); it != sequences_.end();) {
-        auto next = std::next(it);
-        if (!manager->Find(it->second).ok()) sequences_.erase(it);
-        it = next;
+      for (const auto& [k, ids] : sequences_) stale.push_back(ids.current);
+    }
+    Ids& ids = sequences_[key];
+    dropped = std::exchange(ids.previous, ids.current);
+    ids.current = session_id;
+  }
+  if (!dropped.empty()) (void)manager->Close(dropped);
+  // Mappings whose session has ended without a sequence_end (expired,
+  // evicted) are forgotten, looked up outside the lock.
+  for (const std::string& id : stale) {
+    if (!manager->Find(id).ok()) {
+      absl::MutexLock lock(&mu_);
+      for (auto it = sequences_.begin(); it != sequences_.end(); ++it) {
+        if (it->second.current == id) {
+          sequences_.erase(it);
+          break;
+        }
       }
     }
-    std::string& id = sequences_[key];
-    replaced = std::exchange(id, session->id);
   }
-  if (!replaced.empty()) (void)manager->Close(replaced);  // A restart replaces it.
+  return session_id;
+}
+
+void SequenceSessions::Started(const Key& key, const std::string& session_id, bool ok) {
+  SessionManager* manager = sessions_->manager();
+  std::string to_close;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto it = sequences_.find(key);
+    if (it == sequences_.end() || it->second.current != session_id) {
+      to_close = ok ? "" : session_id;  // Replaced or ended meanwhile.
+    } else if (ok) {
+      to_close = std::exchange(it->second.previous, "");
+    } else {
+      to_close = session_id;  // Back to the sequence the failed restart replaced.
+      it->second.current = std::exchange(it->second.previous, "");
+      if (it->second.current.empty()) sequences_.erase(it);
+    }
+  }
+  if (!to_close.empty() && manager != nullptr) (void)manager->Close(to_close);
 }
 
 absl::Status SequenceSessions::Submit(grpc::CallbackServerContext* context,
@@ -78,7 +110,8 @@ absl::Status SequenceSessions::Submit(grpc::CallbackServerContext* context,
                                       OipRequest decoded, const ServedModel* model,
                                       const Principal* caller,
                                       std::shared_ptr<const void> keep_alive,
-                                      std::function<void(RequestOutcome)> done) {
+                                      std::function<void(RequestOutcome)> done,
+                                      AdmittedUnaryReactor* reactor) {
   SessionManager* manager = sessions_->manager();
   if (manager == nullptr) return absl::UnavailableError("server is not ready yet");
   const MhaInputs& in = decoded.inputs;
@@ -111,14 +144,15 @@ absl::Status SequenceSessions::Submit(grpc::CallbackServerContext* context,
   }
   // A start is validated and admitted before its session exists.
   std::shared_ptr<Session> session;
+  std::shared_ptr<void> queued;  // The step's tokens in its session's queue.
+  int64_t held_keys = 0;
   if (!decoded.sequence_start) {
     ASSIGN_OR_RETURN(session, Find(key));
+    held_keys = SessionServiceImpl::HeldKeys(session, step.tokens.dim(0), &queued);
   }
   SessionServiceImpl::PreparedAppend prepared;
-  RETURN_IF_ERROR(
-      sessions_->PrepareStep(step, *session_model, /*cross=*/false,
-                             session != nullptr ? SessionServiceImpl::HeldKeys(*session) : 0,
-                             std::move(keep_alive), context, &prepared));
+  RETURN_IF_ERROR(sessions_->PrepareStep(step, *session_model, /*cross=*/false, held_keys,
+                                         std::move(keep_alive), context, &prepared));
   if (decoded.timeout) {
     prepared.pending->deadline =
         std::min(prepared.pending->deadline, absl::Now() + *decoded.timeout);
@@ -128,16 +162,30 @@ absl::Status SequenceSessions::Submit(grpc::CallbackServerContext* context,
                    requests_->budget().Take(request_bytes + prepared.response_bytes));
   const bool start = decoded.sequence_start;
   if (start) {
-    ASSIGN_OR_RETURN(
-        session, manager->Create(model, /*cross=*/false, /*is_causal=*/true, absl::ZeroDuration(),
-                                 caller != nullptr ? caller->id : ""));
-    Start(key, session);
+    const std::string owner = caller != nullptr ? caller->id : "";
+    auto created =
+        manager->Create(model, /*cross=*/false, /*is_causal=*/true, absl::ZeroDuration(), owner);
+    if (created.status().code() == absl::StatusCode::kResourceExhausted) {
+      // At a session limit a restart takes its own sequence's slot (it can
+      // then not go back to it if its step fails).
+      auto live = Find(key);
+      if (live.ok()) {
+        (void)manager->Close((*live)->id);
+        Forget(key, (*live)->id);
+        created = manager->Create(model, /*cross=*/false, /*is_causal=*/true, absl::ZeroDuration(),
+                                  owner);
+      }
+    }
+    ASSIGN_OR_RETURN(session, std::move(created));
+    Start(key, session->id);
+    SessionServiceImpl::HeldKeys(session, step.tokens.dim(0), &queued);
   }
-  sessions_->Attach(session, held.get(), request_bytes, &prepared);
+  sessions_->Attach(session, std::move(queued), held.get(), request_bytes, &prepared);
   const bool end = decoded.sequence_end;
   const std::string session_id = session->id;
-  prepared.pending->done = [this, held, batched, start, end, key, session_id,
+  prepared.pending->done = [this, held, reactor, batched, start, end, key, session_id,
                             done = std::move(done)](RequestOutcome outcome) mutable {
+    if (reactor != nullptr) reactor->Hold(std::move(held));  // Until the response is sent.
     held.reset();
     if (batched) {  // Shaped like the stateless call's results.
       outcome.output.shape.insert(outcome.output.shape.begin(), 1);
@@ -145,20 +193,20 @@ absl::Status SequenceSessions::Submit(grpc::CallbackServerContext* context,
         outcome.attn_weights->shape.insert(outcome.attn_weights->shape.begin(), 1);
       }
     }
-    // The sequence ends after its last step, and a start whose step failed
-    // leaves nothing behind.
-    if (end || (start && !outcome.status.ok())) {
+    // A start replaces the sequence it restarts only if its step is OK, and
+    // a failed start leaves nothing behind; the sequence ends after its last
+    // step, if that is OK (a failed one may be retried).
+    const bool ok = outcome.status.ok();
+    if (start) Started(key, session_id, ok);
+    if (end && ok) {
       if (SessionManager* manager = sessions_->manager()) (void)manager->Close(session_id);
       Forget(key, session_id);
     }
     done(std::move(outcome));
   };
-  const absl::Status queued = manager->Submit(session, std::move(prepared.pending));
-  if (!queued.ok() && start) {
-    (void)manager->Close(session_id);
-    Forget(key, session_id);
-  }
-  return queued;
+  const absl::Status submitted = manager->Submit(session, std::move(prepared.pending));
+  if (!submitted.ok() && start) Started(key, session_id, /*ok=*/false);
+  return submitted;
 }
 
 }  // namespace attention::server

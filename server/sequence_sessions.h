@@ -26,6 +26,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "inference/grpc_predict_v2.pb.h"
+#include "server/admitted_reactor.h"
 #include "server/oip_codec.h"
 #include "server/session_service.h"
 
@@ -47,7 +48,8 @@ class SequenceSessions {
                       const inference::ModelInferRequest& request, OipRequest decoded,
                       const ServedModel* model, const Principal* caller,
                       std::shared_ptr<const void> keep_alive,
-                      std::function<void(RequestOutcome)> done);
+                      std::function<void(RequestOutcome)> done,
+                      AdmittedUnaryReactor* reactor = nullptr);
 
   // Sequences with a live mapping (for tests and metrics).
   size_t size() const;
@@ -60,14 +62,25 @@ class SequenceSessions {
 
   // The live session of sequence `key`; NOT_FOUND otherwise.
   absl::StatusOr<std::shared_ptr<Session>> Find(const Key& key);
-  // Maps `key` to `session`, ending the session it had (a restart).
-  void Start(const Key& key, const std::shared_ptr<Session>& session);
+  // Makes `session_id` the sequence's session; the one it had is kept until
+  // Started() says whether the restart's step was applied.
+  std::string Start(const Key& key, const std::string& session_id);
+  // The first step of `session_id` is done: OK ends the session it
+  // replaced, a failure ends `session_id` and brings the replaced one back.
+  void Started(const Key& key, const std::string& session_id, bool ok);
   void Forget(const Key& key, const std::string& session_id);
+
+  // A sequence's session, and while a restart's first step is pending, the
+  // session it replaces.
+  struct Ids {
+    std::string current;
+    std::string previous;
+  };
 
   AttentionServiceImpl* const requests_;
   SessionServiceImpl* const sessions_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<Key, std::string> sequences_ ABSL_GUARDED_BY(mu_);  // -> session id.
+  absl::flat_hash_map<Key, Ids> sequences_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attention::server

@@ -6,6 +6,7 @@
 #include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
 #include "proto/codec/tensor_codec.h"
+#include "server/admitted_reactor.h"
 #include "server/identifiers.h"
 #include "server/inflight_budget.h"
 #include "server/message_limit.h"
@@ -37,6 +38,7 @@ SessionServiceImpl::SessionServiceImpl(AttentionServiceImpl* requests) : request
 absl::StatusOr<std::shared_ptr<Session>> SessionServiceImpl::FindForCaller(
     SessionManager* manager, grpc::CallbackServerContext* context, const std::string& id) const {
   ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, requests_->Authenticate(context));
+  RETURN_IF_ERROR(CheckIdentifier(id, "session_id"));
   if (id.empty()) {
     return absl::InvalidArgumentError(
         "session_id: required (the id CreateSession returned), got an empty one");
@@ -200,13 +202,24 @@ absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
   }
   step.id_bytes = request.request_id().size() + request.session_id().size();
   Session& session = *prepared->session;
-  return PrepareStep(step, *session.model, session.cross, HeldKeys(session), std::move(keep_alive),
-                     context, prepared);
+  const int64_t t = step.tokens.rank() == 2 ? step.tokens.dim(0) : 0;
+  const int64_t held = HeldKeys(prepared->session, t, &prepared->queued);
+  return PrepareStep(step, *session.model, session.cross, held, std::move(keep_alive), context,
+                     prepared);
 }
 
-int64_t SessionServiceImpl::HeldKeys(Session& session) {
-  absl::MutexLock lock(&session.mu);
-  return session.cross ? session.keys : session.keys + session.queued_tokens.load();
+int64_t SessionServiceImpl::HeldKeys(const std::shared_ptr<Session>& session, int64_t tokens,
+                                     std::shared_ptr<void>* queued) {
+  int64_t held;
+  {
+    absl::MutexLock lock(&session->mu);
+    held =
+        session->cross ? session->keys : session->keys + session->queued_tokens.fetch_add(tokens);
+  }
+  if (session->cross) return held;
+  *queued = std::shared_ptr<void>(
+      nullptr, [session, tokens](void*) { session->queued_tokens.fetch_sub(tokens); });
+  return held;
 }
 
 absl::Status SessionServiceImpl::PrepareStep(const Step& step, const SessionModel& m, bool cross,
@@ -276,13 +289,11 @@ absl::Status SessionServiceImpl::PrepareStep(const Step& step, const SessionMode
   return absl::OkStatus();
 }
 
-void SessionServiceImpl::Attach(std::shared_ptr<Session> session, Admission* admission,
-                                int64_t request_bytes, PreparedAppend* prepared) const {
+void SessionServiceImpl::Attach(std::shared_ptr<Session> session, std::shared_ptr<void> queued,
+                                Admission* admission, int64_t request_bytes,
+                                PreparedAppend* prepared) const {
   SessionWork& work = *prepared->pending->session;
-  const int64_t t = work.tokens.dim(0);
-  session->queued_tokens.fetch_add(t);
-  work.queued =
-      std::shared_ptr<void>(nullptr, [session, t](void*) { session->queued_tokens.fetch_sub(t); });
+  work.queued = std::move(queued);
   work.session = session;
   work.admission = admission;
   work.request_bytes = request_bytes;
@@ -307,7 +318,7 @@ absl::Status SessionServiceImpl::EncodeAppend(RequestOutcome& outcome,
 grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext* context,
                                                      const v1::AppendRequest* request,
                                                      v1::AppendResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new AdmittedUnaryReactor();
   const absl::Time received = absl::Now();
   requests_->Received();
   response->set_session_id(request->session_id());
@@ -321,12 +332,12 @@ grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext
                   : absl::StatusOr<std::shared_ptr<Admission>>(status);
   status = held.status();
   if (status.ok()) {
-    Attach(prepared.session, held->get(), request_bytes, &prepared);
+    Attach(prepared.session, std::move(prepared.queued), held->get(), request_bytes, &prepared);
     prepared.pending->done = [this, reactor, response, received, model,
                               held = *held](RequestOutcome outcome) mutable {
       absl::Status result = outcome.status;
       if (result.ok()) result = EncodeAppend(outcome, response);
-      held.reset();
+      reactor->Hold(std::move(held));  // Until the response is sent.
       requests_->Answered(model, Method::kAppend, result.code(), received);
       reactor->Finish(wire::ToGrpcStatus(result));
     };
@@ -354,7 +365,8 @@ grpc::ServerBidiReactor<v1::AppendRequest, v1::AppendResponse>* SessionServiceIm
         const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
         out.submit = [this, prepared, session_id, request_bytes](Reactor::Reply reply,
                                                                  Admission* admission) {
-          Attach(prepared->session, admission, request_bytes, prepared.get());
+          Attach(prepared->session, std::move(prepared->queued), admission, request_bytes,
+                 prepared.get());
           prepared->pending->done = [this, reply, session_id](RequestOutcome outcome) {
             v1::AppendResponse response;
             absl::Status result = outcome.status;

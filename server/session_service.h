@@ -52,6 +52,7 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
     std::shared_ptr<Session> session;
     std::unique_ptr<PendingRequest> pending;
     int64_t response_bytes = 0;
+    std::shared_ptr<void> queued;  // Its tokens counted in the session's queue.
   };
   // What an append asks, whatever the protocol carrying it.
   struct Step {
@@ -76,11 +77,15 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
   // it until the work goes, and `admission` (held by the caller until the
   // response is sent; grown if the exact response is larger), for a request
   // message of `request_bytes`.
-  void Attach(std::shared_ptr<Session> session, Admission* admission, int64_t request_bytes,
-              PreparedAppend* prepared) const;
-  // Keys a session will hold when an append read now runs, at most: its
-  // keys plus the tokens of appends queued before it (self sessions).
-  static int64_t HeldKeys(Session& session);
+  // `queued` is the handle HeldKeys gave for its tokens.
+  void Attach(std::shared_ptr<Session> session, std::shared_ptr<void> queued, Admission* admission,
+              int64_t request_bytes, PreparedAppend* prepared) const;
+  // Keys a session will hold when an append of `tokens` read now runs, at
+  // most: its keys plus the tokens of appends queued before it (self
+  // sessions). Counts the tokens as queued in the same step (so appends read
+  // at once each see the others) until the handle in *queued goes.
+  static int64_t HeldKeys(const std::shared_ptr<Session>& session, int64_t tokens,
+                          std::shared_ptr<void>* queued);
   // Null until SetManager().
   SessionManager* manager() const { return manager_.load(); }
 
