@@ -6,9 +6,10 @@ namespace attention::wire {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  // grpc-message travels in trailing metadata (8 KiB by default): a longer
-  // message would turn the error into RESOURCE_EXHAUSTED on the client.
-  constexpr size_t kMaxMessageBytes = 4096;
+  // grpc-message travels percent-encoded (up to 3 bytes a byte) in trailing
+  // metadata, 8 KiB by default: a longer one turns the error into
+  // RESOURCE_EXHAUSTED on the client.
+  constexpr size_t kMaxMessageBytes = 2048;
   absl::string_view message = status.message();
   std::string text(message.substr(0, kMaxMessageBytes));
   if (message.size() > kMaxMessageBytes) text += "... (message cut)";
