@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "core/fused_attention.h"
@@ -90,13 +91,18 @@ absl::StatusOr<std::shared_ptr<const CachedPrimitive>> ContextPrimitive(
   });
 }
 
-// Zeroes the probability rows whose keys were all masked (softmax made them
-// NaN), for the items [item0, item0 + n_items). `flags` follows the mask
-// layout: per item (kKeyOnly), per item and row (kShared) or per item, head
-// and row (kPerHead), counted from item0.
-void ZeroMaskedRows(const MaskPlan& plan, const uint8_t* flags, int64_t item0, int64_t n_items,
-                    int64_t heads, int64_t rows, int64_t keys, float* probs) {
+// Marks in `zero` the score rows of the items [item0, item0 + n_items) whose
+// keys are all masked, to be zeroed after the softmax (which makes them NaN).
+// `flags` follows the mask layout: per item (kKeyOnly), per item and row
+// (kShared) or per item, head and row (kPerHead), counted from item0. A row
+// whose mask is all -inf but whose scores are not (a NaN or infinite query or
+// key makes NaN + -inf = NaN) is not masked: its NaN stays, as in PyTorch.
+void FindMaskedRows(const MaskPlan& plan, const uint8_t* flags, int64_t item0, int64_t n_items,
+                    int64_t heads, int64_t rows, int64_t keys, const float* scores,
+                    std::vector<uint8_t>* zero) {
+  zero->clear();
   if (plan.mode() == MaskMode::kNone) return;
+  zero->assign(static_cast<size_t>(n_items * heads * rows), 0);
   for (int64_t n = 0; n < n_items; ++n) {
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t r = 0; r < rows; ++r) {
@@ -111,9 +117,30 @@ void ZeroMaskedRows(const MaskPlan& plan, const uint8_t* flags, int64_t item0, i
           default:
             masked = flags[(n * heads + h) * rows + r] != 0;
         }
-        if (masked) std::fill_n(probs + ((n * heads + h) * rows + r) * keys, keys, 0.0f);
+        if (!masked) continue;
+        const int64_t row = (n * heads + h) * rows + r;
+        const float* s = scores + row * keys;
+        (*zero)[static_cast<size_t>(row)] = std::all_of(
+            s, s + keys, [](float x) { return x == -std::numeric_limits<float>::infinity(); });
       }
     }
+  }
+}
+
+void ZeroRows(const std::vector<uint8_t>& zero, int64_t keys, float* probs) {
+  for (size_t row = 0; row < zero.size(); ++row) {
+    if (zero[row]) std::fill_n(probs + static_cast<int64_t>(row) * keys, keys, 0.0f);
+  }
+}
+
+// Makes every row of `count` (x `keys`) that holds a NaN wholly NaN: PyTorch's
+// softmax turns a row with one NaN score into NaN, oneDNN's keeps the others.
+void SpreadNanRows(int64_t count, int64_t keys, float* rows) {
+  for (int64_t r = 0; r < count; ++r) {
+    float* row = rows + r * keys;
+    int nan = 0;
+    for (int64_t j = 0; j < keys; ++j) nan |= row[j] != row[j];
+    if (nan) std::fill_n(row, keys, std::numeric_limits<float>::quiet_NaN());
   }
 }
 
@@ -125,8 +152,9 @@ void StoreWeights(const float* probs, int64_t n_items, int64_t heads, int64_t ro
   for (int64_t n = 0; n < n_items; ++n) {
     if (!average) {
       for (int64_t h = 0; h < heads; ++h) {
-        std::memcpy(weights + ((n * heads + h) * queries + row0) * keys,
-                    probs + (n * heads + h) * rows * keys, rows * keys * sizeof(float));
+        float* dst = weights + ((n * heads + h) * queries + row0) * keys;
+        std::memcpy(dst, probs + (n * heads + h) * rows * keys, rows * keys * sizeof(float));
+        SpreadNanRows(rows, keys, dst);
       }
       continue;
     }
@@ -137,6 +165,7 @@ void StoreWeights(const float* probs, int64_t n_items, int64_t heads, int64_t ro
       for (int64_t i = 0; i < rows * keys; ++i) dst[i] += src[i];
     }
     for (int64_t i = 0; i < rows * keys; ++i) dst[i] *= inv_heads;
+    SpreadNanRows(rows, keys, dst);
   }
 }
 
@@ -201,6 +230,7 @@ absl::Status RunChunk(const AttentionProblem& p, int64_t item0, int64_t block,
   Workspace mask(Workspace::kScoreMask,
                  row_mask ? static_cast<size_t>(n * mask_heads * block * keys) * 4 : 0);
   std::vector<uint8_t> fully_masked(row_mask ? n * mask_heads * block : 0);
+  std::vector<uint8_t> zero_rows;  // Per (item, head, row) of a block: wholly masked.
   // This chunk's part of the weights output.
   float* weights = p.weights == nullptr ? nullptr
                    : p.average_weights  ? p.weights + item0 * queries * keys
@@ -233,11 +263,13 @@ absl::Status RunChunk(const AttentionProblem& p, int64_t item0, int64_t block,
       qk_args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, Wrap(mask_md, mask_data));
     }
     RETURN_IF_ERROR(Execute(*qk, std::move(qk_args)));
+    FindMaskedRows(plan, fully_masked.data(), item0, n, heads, rows, keys, scores.as<float>(),
+                   &zero_rows);
 
     ASSIGN_OR_RETURN(auto softmax, SoftmaxPrimitive(cache, scores_md));
     RETURN_IF_ERROR(Execute(*softmax, {{DNNL_ARG_SRC, Wrap(scores_md, scores.data())},
                                        {DNNL_ARG_DST, Wrap(scores_md, scores.data())}}));
-    ZeroMaskedRows(plan, fully_masked.data(), item0, n, heads, rows, keys, scores.as<float>());
+    ZeroRows(zero_rows, keys, scores.as<float>());
 
     if (weights != nullptr) {
       StoreWeights(scores.as<float>(), n, heads, rows, row0, queries, keys, p.average_weights,

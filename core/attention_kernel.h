@@ -13,8 +13,12 @@
 // down to one row of one item (H * S' * 4 bytes). Each block's softmax is
 // exact over all keys (no online rescaling needed).
 //
-// A query row whose keys are all masked gets zero attention weights and a
-// zero context (PyTorch >= 2.5's SDPA behaviour); no NaN comes out.
+// A query row whose keys are all masked (every score -inf) gets zero
+// attention weights and a zero context (PyTorch >= 2.5's SDPA behaviour).
+// NaN propagates as in PyTorch: a row with a NaN score (a NaN or infinite
+// query, key or float mask entry; masks and the causal mask are added, so a
+// masked NaN key counts) is NaN, weights included; a NaN value makes the
+// context NaN through 0 * NaN.
 //
 // RunAttention is safe to call from several threads at once with distinct
 // outputs: it only reads the shared PrimitiveCache.

@@ -9,18 +9,22 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// True when every entry is -inf. NaN is not -inf: a row with a NaN mask
+// entry is not masked, its scores are NaN (as in PyTorch).
 bool AllMasked(const float* row, int64_t n) {
-  float m = kNegInf;
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
-  return m == kNegInf;
+  for (int64_t j = 0; j < n; ++j) {
+    if (row[j] != kNegInf) return false;
+  }
+  return true;
 }
 
-// dst[j] += mask[j] for j < n, with bool true -> -inf.
+// dst[j] += mask[j] for j < n, with bool true -> -inf (added, so that a NaN
+// from another mask stays NaN, as PyTorch 2.x sums the masks).
 void AddMaskRow(DType dtype, const void* mask, int64_t n, float* dst) {
   switch (dtype) {
     case DType::kBool: {
       const uint8_t* m = static_cast<const uint8_t*>(mask);
-      for (int64_t j = 0; j < n; ++j) dst[j] = m[j] ? kNegInf : dst[j];
+      for (int64_t j = 0; j < n; ++j) dst[j] += m[j] ? kNegInf : 0.0f;
       return;
     }
     case DType::kFloat32: {

@@ -3,9 +3,10 @@
 // Masks in PyTorch's meaning, kept per batch item so that items of different
 // lengths and options can share one executed batch without touching each
 // other's result. An item's masks are turned into one additive float mask
-// (bool true -> -inf, float added, causal -> -inf, batch padding -> -inf,
-// appended bias_kv / zero_attn keys -> 0) one block of query rows at a time,
-// so the full (L, S) mask per head is never built.
+// (bool true -> -inf added, float added, so that NaN stays NaN as in PyTorch
+// 2.x; causal -> -inf in place of the others, batch padding -> -inf, appended
+// bias_kv / zero_attn keys -> 0) one block of query rows at a time, so the
+// full (L, S) mask per head is never built.
 //
 // Thread-compatible: MaskPlan is read-only after construction.
 #ifndef ATTENTION_CORE_ATTENTION_MASK_H_
@@ -68,7 +69,8 @@ class MaskPlan {
   // of items [item0, item0 + n_items) into `dst` laid out
   // (n_items, mask_heads(), rows, S'), and sets
   // fully_masked[(n * mask_heads() + h) * rows + r] to 1 where every key of
-  // that row is masked (else 0), n counted from item0.
+  // that row is masked, i.e. -inf (else 0; a NaN entry is not masked), n
+  // counted from item0.
   void BuildRows(int64_t item0, int64_t n_items, int64_t row0, int64_t rows, float* dst,
                  uint8_t* fully_masked) const;
 

@@ -76,5 +76,46 @@ TEST(MaskPlanTest, BuildRowsAddsFloatBoolAndCausalMasks) {
   EXPECT_EQ(full[3], 0);
 }
 
+// NaN is not -inf: a mask entry that is NaN (or a NaN key padding under a
+// bool mask: 2.x sums the masks, NaN + -inf = NaN) keeps the row unmasked, so
+// its scores come out NaN as in PyTorch (tests/golden/nan_positions.py).
+TEST(MaskPlanTest, NanEntriesStayNanAndDoNotMaskTheRow) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  float kpm[3] = {nan, 0.0f, nan};
+  float am[4 * 3] = {nan,   nan,   nan,    // Every entry NaN.
+                     -kInf, nan,   -kInf,  // Masked but for a NaN.
+                     -kInf, -kInf, -kInf,  // Fully masked (but for kpm's NaN at 0 and 2).
+                     0.0f,  0.0f,  0.0f};
+  uint8_t am_bool[4 * 3] = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  for (bool bool_mask : {false, true}) {
+    SCOPED_TRACE(bool_mask ? "bool attn_mask" : "float attn_mask");
+    std::vector<ItemMask> items(2);
+    for (ItemMask& m : items) {
+      m.valid_queries = 4;
+      m.valid_keys = 3;
+      m.attn_mask = bool_mask ? static_cast<const void*>(am_bool) : am;
+      m.attn_mask_dtype = bool_mask ? DType::kBool : DType::kFloat32;
+    }
+    items[0].key_padding = kpm;  // Item 1 has no key padding.
+    items[0].key_padding_dtype = DType::kFloat32;
+    MaskPlan plan(items, 3, 0, 1);
+    float rows[2 * 4 * 3];
+    uint8_t full[2 * 4];
+    plan.BuildRows(0, 2, 0, 4, rows, full);
+    if (bool_mask) {
+      // Item 0 row 0: kpm NaN + -inf stays NaN at keys 0 and 2.
+      EXPECT_TRUE(std::isnan(rows[0]));
+      EXPECT_EQ(rows[1], -kInf);
+      EXPECT_TRUE(std::isnan(rows[2]));
+      const uint8_t expected[8] = {0, 0, 0, 0, 1, 0, 0, 0};
+      for (int i = 0; i < 8; ++i) EXPECT_EQ(full[i], expected[i]) << i;
+      continue;
+    }
+    const uint8_t expected[8] = {0, 0, 0, 0, 0, 0, 1, 0};
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(full[i], expected[i]) << i;
+    for (int j = 0; j < 3; ++j) EXPECT_TRUE(std::isnan(rows[12 + j])) << j;
+  }
+}
+
 }  // namespace
 }  // namespace attention

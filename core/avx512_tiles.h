@@ -17,14 +17,15 @@
 
 namespace attention::avx512 {
 
-// exp(x) for x <= 0 (scores minus their running max), -inf -> 0. Range
-// reduction by ln 2 and a Taylor polynomial of degree `kDegree`: 7 gives a
-// relative error of ~1e-7 (float32 results), 4 about 4e-5, far below what
+// exp(x) for x <= 0 (scores minus their running max), -inf -> 0, NaN -> NaN.
+// Range reduction by ln 2 and a Taylor polynomial of degree `kDegree`: 7 gives
+// a relative error of ~1e-7 (float32 results), 4 about 4e-5, far below what
 // rounding probabilities to bfloat16 (2^-9) costs.
 template <int kDegree = 7>
 inline __m512 Exp(__m512 x) {
   const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  // vmaxps returns its second operand when either is NaN: x last keeps NaN.
+  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);

@@ -54,11 +54,11 @@ void LoadRow(DType dtype, const char* src, int64_t count, float scale, float* ds
   }
 }
 
-// row[j] += mask[j] for j < count, bool true -> -inf.
+// row[j] += mask[j] for j < count, bool true -> -inf (added: NaN stays NaN).
 void AddMask(DType dtype, const void* mask, int64_t count, float* row) {
   if (dtype == DType::kBool) {
     const uint8_t* m = static_cast<const uint8_t*>(mask);
-    for (int64_t j = 0; j < count; ++j) row[j] = m[j] ? kNegInf : row[j];
+    for (int64_t j = 0; j < count; ++j) row[j] += m[j] ? kNegInf : 0.0f;
   } else if (dtype == DType::kFloat32) {
     const float* m = static_cast<const float*>(mask);
     for (int64_t j = 0; j < count; ++j) row[j] += m[j];
@@ -69,7 +69,9 @@ void AddMask(DType dtype, const void* mask, int64_t count, float* row) {
 
 // The online-softmax step for one row of `keys` scores: updates the running
 // max *m and sum *l, turns the row into exp(s - max), and returns the factor
-// the row's accumulated context must be scaled by.
+// the row's accumulated context must be scaled by. A NaN score makes *l NaN
+// for good (through exp, or here when nothing else is attendable yet), so
+// the row comes out NaN, as PyTorch's softmax makes it.
 template <int kExpDegree>
 float SoftmaxStep(float* s, int64_t keys, float* m, float* l) {
   __m512 mx = _mm512_set1_ps(kNegInf);
@@ -80,7 +82,13 @@ float SoftmaxStep(float* s, int64_t keys, float* m, float* l) {
         mx, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), avx512::TailMask(keys - j), s + j));
   }
   const float m_new = std::max(*m, _mm512_reduce_max_ps(mx));
-  if (m_new == kNegInf) {  // Everything so far is masked.
+  if (m_new == kNegInf) {  // Everything so far is masked, or NaN.
+    __mmask16 nan = 0;
+    for (j = 0; j < keys; j += 16) {
+      const __m512 x = _mm512_maskz_loadu_ps(avx512::TailMask(keys - j), s + j);
+      nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    }
+    if (nan != 0) *l = std::numeric_limits<float>::quiet_NaN();
     std::fill(s, s + keys, 0.0f);
     return 1.0f;
   }
@@ -121,6 +129,10 @@ struct Task {
   const uint32_t* v2 = nullptr;
   int64_t appended_pairs = 0;
   int64_t n, h, r0, rows;
+  // is_causal: every key tile is computed, not only those up to the tile's
+  // last row (a NaN or infinite key or value after a row reaches it through
+  // the additive causal mask, as in PyTorch).
+  bool all_keys = false;
 };
 
 // One tile of keys [c0, c0 + keys): scores, masks, online softmax, P V.
@@ -141,23 +153,25 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
   for (int64_t r = 0; r < t.rows; ++r) {
     float* sr = s + r * lds;
     const int64_t i = t.r0 + r;
+    // Padded query rows need only finite garbage: no attn_mask, no causal.
+    const bool own_row = !appended && i < item.valid_queries;
+    // Keys [0, visible) get the masks; under is_causal the later ones get
+    // -inf instead (the causal mask replaces the others there), added to the
+    // score so that a NaN one stays NaN.
+    const int64_t visible =
+        own_row && item.is_causal ? std::clamp<int64_t>(i + 1 - c0, 0, keys) : keys;
     if (t.key_row != nullptr) {
-      for (int64_t j = 0; j < keys; ++j) sr[j] += t.key_row[c0 + j];
+      for (int64_t j = 0; j < visible; ++j) sr[j] += t.key_row[c0 + j];
     }
-    if (!appended && i < item.valid_queries) {  // Padded query rows need only finite garbage.
-      if (item.attn_mask != nullptr) {
-        const int64_t plane = item.valid_queries * item.valid_keys;
-        const int64_t offset =
-            (item.attn_mask_per_head ? t.h * plane : 0) + i * item.valid_keys + c0;
-        AddMask(item.attn_mask_dtype,
-                static_cast<const char*>(item.attn_mask) +
-                    offset * static_cast<int64_t>(DTypeSize(item.attn_mask_dtype)),
-                keys, sr);
-      }
-      if (item.is_causal) {
-        for (int64_t j = std::max<int64_t>(i + 1 - c0, 0); j < keys; ++j) sr[j] = kNegInf;
-      }
+    if (own_row && item.attn_mask != nullptr) {
+      const int64_t plane = item.valid_queries * item.valid_keys;
+      const int64_t offset = (item.attn_mask_per_head ? t.h * plane : 0) + i * item.valid_keys + c0;
+      AddMask(item.attn_mask_dtype,
+              static_cast<const char*>(item.attn_mask) +
+                  offset * static_cast<int64_t>(DTypeSize(item.attn_mask_dtype)),
+              visible, sr);
     }
+    for (int64_t j = visible; j < keys; ++j) sr[j] += kNegInf;
     // bfloat16 probabilities need no float32-exact exp.
     const float alpha = t.bf16 ? SoftmaxStep<4>(sr, keys, &w.m[r], &w.l[r])
                                : SoftmaxStep<7>(sr, keys, &w.m[r], &w.l[r]);
@@ -212,15 +226,16 @@ void RunTask(const Task& t) {
   const ItemMask& item = *t.item;
   const int64_t keys = t.p->masks->keys();
   int64_t end = std::min(item.valid_keys, keys);
-  if (item.is_causal) end = std::min(end, t.r0 + t.rows);
+  if (item.is_causal && !t.all_keys) end = std::min(end, t.r0 + t.rows);
   for (int64_t c0 = 0; c0 < end; c0 += kKeyTile) {
     KeyTile(t, c0, std::min(kKeyTile, end - c0), /*appended=*/false, w);
   }
   if (p.k.t > keys) KeyTile(t, keys, p.k.t - keys, /*appended=*/true, w);
 
-  // out = O / l; a row with every key masked (l == 0) gets zeros.
+  // out = O / l; a row with every key masked (l == 0) gets zeros (O is
+  // 0 * V), a row with a NaN score (l NaN) NaN.
   for (int64_t r = 0; r < t.rows; ++r) {
-    const float inv = w.l[r] > 0.0f ? 1.0f / w.l[r] : 0.0f;
+    const float inv = w.l[r] == 0.0f ? 0.0f : 1.0f / w.l[r];
     float* o = w.o.data() + r * ldq;
     for (int64_t d = 0; d < depth; ++d) o[d] *= inv;
     char* dst = const_cast<char*>(Element(p.out, t.n, t.h, t.r0 + r));
@@ -293,6 +308,17 @@ void PackBFloat16(const AttentionProblem& p, int64_t item, int64_t h, int64_t ma
   }
 }
 
+// True when one of `count` packed words is NaN or infinite: float32 words,
+// or (`pairs`) either bfloat16 half of a word.
+bool AnyNonFinite(const uint32_t* words, int64_t count, bool pairs) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    bad |= static_cast<uint32_t>((words[i] & 0x7F800000u) == 0x7F800000u);
+    if (pairs) bad |= static_cast<uint32_t>((words[i] & 0x7F80u) == 0x7F80u);
+  }
+  return bad != 0;
+}
+
 bool CpuHasAvx512Bf16() {
   static const bool has = [] {
     __builtin_cpu_init();
@@ -345,6 +371,9 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
   const int64_t v_rows = bf16 ? pair_rows : keys;         // Rows of V per plane.
   Workspace kt_buffer(Workspace::kKernelKeys, static_cast<size_t>(planes * k_rows * ldk + 16) * 4);
   Workspace v_buffer(Workspace::kKernelValues, static_cast<size_t>(planes * v_rows * ldq) * 4);
+  // is_causal planes whose keys or values hold a NaN or infinity: every row
+  // computes every key tile (see Task::all_keys).
+  std::vector<uint8_t> all_keys(static_cast<size_t>(planes), 0);
 #pragma omp parallel for schedule(static) if (planes * depth * keys > (1 << 16))
   for (int64_t plane = 0; plane < planes; ++plane) {
     char* k_dst = kt_buffer.as<char>() + plane * k_rows * ldk * 4;
@@ -355,6 +384,11 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
     } else {
       PackFloat32(p, plane / heads, plane % heads, ldk, ldq, reinterpret_cast<float*>(k_dst),
                   reinterpret_cast<float*>(v_dst));
+    }
+    if (plan.item(plane / heads).is_causal) {
+      all_keys[static_cast<size_t>(plane)] =
+          AnyNonFinite(reinterpret_cast<const uint32_t*>(k_dst), k_rows * ldk, bf16) ||
+          AnyNonFinite(reinterpret_cast<const uint32_t*>(v_dst), v_rows * ldq, bf16);
     }
   }
 
@@ -383,6 +417,7 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
     t.ldk = ldk;
     t.ldv = ldq;
     t.bf16 = bf16;
+    t.all_keys = all_keys[static_cast<size_t>(plane)] != 0;
     if (bf16) {
       t.kt2 = kt_buffer.as<uint32_t>() + plane * k_rows * ldk;
       t.v2 = v_buffer.as<uint32_t>() + plane * v_rows * ldq;

@@ -11,7 +11,10 @@
 // last query row (about half of them).
 //
 // Semantics are RunAttention's (attention_kernel.h): a fully masked row gives
-// a zero context; appended bias_kv / zero_attn keys are always attendable.
+// a zero context, NaN propagates as in PyTorch (under is_causal, a plane whose
+// keys or values hold a NaN or infinity computes every key tile: the skipped
+// ones would reach the earlier rows through the additive mask); appended
+// bias_kv / zero_attn keys are always attendable.
 // float32 or bfloat16 inputs (bfloat16 is widened to float32 in the tile);
 // softmax and accumulation in float32. It does not produce attention weights.
 //

@@ -9,7 +9,8 @@
 // where `mask` is key_padding_mask and attn_mask made additive (bool true ->
 // -inf) and summed, plus the causal mask when is_causal. A query row whose
 // keys are all masked gets zero weights and a zero context, so its output row
-// is out_proj.bias; no NaN comes out (PyTorch >= 2.5 SDPA behaviour).
+// is out_proj.bias (PyTorch >= 2.5 SDPA behaviour); NaN inputs give NaN where
+// PyTorch does (attention_kernel.h).
 //
 // Thread safety: Forward() and ForwardBatch() may be called from
 // any number of threads at once. Weights are prepared once at Create(); oneDNN

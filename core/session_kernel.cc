@@ -56,25 +56,39 @@ __attribute__((always_inline)) inline void Attend(const SessionRow& row, float* 
   std::fill(out, out + d_count, 0.0f);
   float* w = row.weights;
   if (w != nullptr) std::fill(w, w + row.stored + extras, 0.0f);
-  if (max == kNegInf) return;  // Nothing to attend: zero weights and context.
 
-  float sum = 0;
-  for (int64_t j = 0; j < keys; ++j) {
-    const float e = scores[j] == kNegInf ? 0.0f : std::exp(scores[j] - max);
-    scores[j] = e;
-    sum += e;
+  // The probabilities are scores[j] * inv. std::max skips NaN, so max is -inf
+  // when every score is -inf or NaN: with no NaN the row is fully masked (zero
+  // weights, context 0 * V); with one (a NaN query, key or mask entry) it is
+  // all NaN, as PyTorch's softmax makes it.
+  float inv;
+  if (max == kNegInf) {
+    bool nan = false;
+    for (int64_t j = 0; j < keys; ++j) nan |= std::isnan(scores[j]);
+    for (int i = 0; i < extras; ++i) nan |= std::isnan(extra[i]);
+    std::fill(scores, scores + keys, 0.0f);
+    std::fill(extra, extra + extras, 0.0f);
+    inv = nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+  } else {
+    float sum = 0;  // NaN if a score is.
+    for (int64_t j = 0; j < keys; ++j) {
+      const float e = scores[j] == kNegInf ? 0.0f : std::exp(scores[j] - max);
+      scores[j] = e;
+      sum += e;
+    }
+    for (int i = 0; i < extras; ++i) {
+      extra[i] = std::exp(extra[i] - max);
+      sum += extra[i];
+    }
+    inv = 1.0f / sum;
   }
-  for (int i = 0; i < extras; ++i) {
-    extra[i] = std::exp(extra[i] - max);
-    sum += extra[i];
-  }
-  const float inv = 1.0f / sum;
+  // Every key the row sees, including masked ones: 0 * a NaN value is NaN, as
+  // in PyTorch's product of the probabilities with V.
   for (int64_t b = 0; b < blocks; ++b) {
     const T* v = static_cast<const T*>(cache.Values(b, row.head));
     const int64_t n = std::min<int64_t>(kB, keys - b * kB);
     for (int64_t t = 0; t < n; ++t) {
       const float p = scores[b * kB + t] * inv;
-      if (p == 0.0f) continue;
       for (int64_t d = 0; d < d_count; ++d) out[d] += p * Load(v + t * d_count, d);
     }
   }

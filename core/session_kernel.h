@@ -7,6 +7,12 @@
 // columns and head_dim-wide value rows; the function is compiled for
 // AVX-512 and for baseline x86-64 and picks one at load time.
 //
+// Semantics are the stateless engine's for the keys the row sees (keys are
+// stored with their additive mask, -inf for "not a key"): a row whose scores
+// are all -inf gets zero weights and context 0 * V; a NaN score (a NaN query,
+// key or mask) makes the row's context and weights NaN, a NaN value its
+// context, as in PyTorch. Keys after the row (causal) are not seen at all.
+//
 // Pure function of its arguments; safe from any thread.
 #ifndef ATTENTION_CORE_SESSION_KERNEL_H_
 #define ATTENTION_CORE_SESSION_KERNEL_H_
