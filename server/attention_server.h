@@ -68,6 +68,10 @@ struct ServerOptions {
   // Bytes of accepted, unanswered requests and their responses (see
   // ServiceOptions::max_inflight_bytes).
   int64_t max_inflight_bytes = int64_t{1} << 30;
+  // gRPC's resource quota for buffers of messages being received; 0: twice
+  // max_inflight_bytes (at least two largest messages). The memory plan
+  // sets it.
+  int64_t grpc_receive_quota_bytes = 0;
 };
 
 class SequenceSessions;

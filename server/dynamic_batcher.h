@@ -47,6 +47,9 @@ struct BatchingOptions {
   int64_t max_queue_delay_us = 500;  // Longest wait of the oldest request for company.
   int64_t max_queue_size = 1024;     // Queued requests before RESOURCE_EXHAUSTED.
   double max_padding_ratio = 2.0;    // Padded / real tokens a batch may reach.
+  // Largest float32 attention-weights buffer of a batch (the memory plan's
+  // value); at most DynamicBatcher::kMaxBatchWeightsBytes.
+  int64_t max_batch_weights_bytes = int64_t{512} << 20;
 };
 
 class DynamicBatcher {
@@ -67,7 +70,9 @@ class DynamicBatcher {
 
   // Queues `request`. OK: the batcher owns it and will call its `done`
   // exactly once. RESOURCE_EXHAUSTED when the queue is full, INVALID_ARGUMENT
-  // when the request alone exceeds max_batch_tokens, UNAVAILABLE after
+  // when the request alone exceeds max_batch_tokens, RESOURCE_EXHAUSTED
+  // when its attention weights alone exceed max_batch_weights_bytes,
+  // UNAVAILABLE after
   // Stop(); on error `done` is not called and the request is dropped.
   absl::Status Enqueue(std::unique_ptr<PendingRequest> request);
 
@@ -82,8 +87,9 @@ class DynamicBatcher {
   void SetSessionRunner(SessionRunner runner) { session_runner_ = std::move(runner); }
 
   // A batch needing attention weights keeps them all, (items, H, L, S')
-  // float32: requests join it only while that stays under this, and a
-  // request needing more by itself is refused before it is queued.
+  // float32: requests join it only while that stays under
+  // options.max_batch_weights_bytes, and a request needing more by itself is
+  // refused before it is queued. The option's upper bound:
   static constexpr int64_t kMaxBatchWeightsBytes = int64_t{512} << 20;
 
   const BatchingOptions& options() const { return options_; }
