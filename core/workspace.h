@@ -6,16 +6,22 @@
 // machines; glibc returns large blocks to the OS on free).
 //
 // Each thread keeps one buffer per Slot (buffers used at the same time in
-// one call need different slots), grown as needed up to kMaxKeptBytes; a
-// larger request gets memory of its own, freed when the Workspace goes, so
-// what a thread keeps stays bounded.
+// one call need different slots), grown as needed. What every thread keeps
+// together is one process-wide budget, KeptLimit() (the server sets it from
+// its memory plan): a buffer is kept only while the total stays within it
+// and the buffer itself is at most MaxKeptBufferBytes() (a quarter of the
+// budget, and never over kMaxKeptBytes), so one large call cannot take the
+// whole budget from the steady shapes. Any other request gets memory of its
+// own, freed when the Workspace goes. A thread's kept buffers are freed (and
+// leave the total) when the thread exits.
 //
 // Example:
 //   Workspace context(Workspace::kContext, n * l * e * sizeof(float));
 //   float* c = context.as<float>();
 //
-// Not shareable across threads: a Workspace belongs to the thread that made
-// it. Allocation failure throws std::bad_alloc (see tensor.h).
+// A Workspace is not shareable across threads: it belongs to the thread that
+// made it. The static functions are thread-safe. Allocation failure throws
+// std::bad_alloc (see tensor.h).
 #ifndef ATTENTION_CORE_WORKSPACE_H_
 #define ATTENTION_CORE_WORKSPACE_H_
 
@@ -58,8 +64,10 @@ class Workspace {
     kStepWeights,  // and per-head weights to average.
     kSlotCount,
   };
-  // Largest buffer a thread keeps per slot.
+  // Largest buffer a thread keeps per slot, whatever the budget.
   static constexpr size_t kMaxKeptBytes = size_t{64} << 20;
+  // The process-wide budget until SetKeptLimit() is called.
+  static constexpr size_t kDefaultKeptLimit = size_t{256} << 20;
 
   // At least `bytes` bytes, 64-byte aligned, uninitialised.
   Workspace(Slot slot, size_t bytes);
@@ -75,9 +83,18 @@ class Workspace {
 
   // Bytes the calling thread keeps across calls (for tests and benchmarks).
   static size_t KeptBytes();
+  // Bytes every thread keeps together; never above KeptLimit() (except
+  // transiently after a lowering, until threads replace their buffers).
+  static size_t TotalKeptBytes();
+  // The process-wide budget of kept bytes. Lowering it frees nothing already
+  // kept; it takes effect as buffers are replaced or threads exit.
+  static void SetKeptLimit(size_t bytes);
+  static size_t KeptLimit();
+  // The largest buffer kept: min(kMaxKeptBytes, KeptLimit() / 4).
+  static size_t MaxKeptBufferBytes();
 
  private:
-  AlignedBuffer own_;   // Only for requests over kMaxKeptBytes.
+  AlignedBuffer own_;   // Only for requests not kept.
   MeterCharge charge_;  // The bytes asked for, on the MemoryMeter.
   void* data_ = nullptr;
 };

@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   service_options.max_stream_pending = options.max_stream_pending;
   service_options.max_stream_pending_bytes = options.max_stream_pending_bytes;
   service_options.max_inflight_bytes = options.max_inflight_bytes;
+  service_options.max_batch_weights_bytes = options.repository.batching.max_batch_weights_bytes;
   service_options.authenticate_health = options.auth_probes;
   if (!options.auth_tokens_file.empty()) {
     ASSIGN_OR_RETURN(
@@ -116,14 +117,16 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
         static_cast<int>(absl::ToInt64Milliseconds(options.connection_age_grace)));
   }
   // gRPC's own buffers (messages being received, before the service can
-  // refuse them) come from a quota of twice the in-flight budget (at least
-  // two largest messages). Near the quota gRPC refuses new streams
-  // (RESOURCE_EXHAUSTED) and, closer still, asks clients to reconnect
-  // (GOAWAY): twice the budget keeps that for floods beyond the budget.
+  // refuse them) come from a quota: the memory plan's, or by default twice
+  // the in-flight budget (at least two largest messages). Near the quota
+  // gRPC refuses new streams (RESOURCE_EXHAUSTED) and, closer still, asks
+  // clients to reconnect (GOAWAY).
+  const int64_t quota = options.grpc_receive_quota_bytes > 0
+                            ? options.grpc_receive_quota_bytes
+                            : std::max<int64_t>(int64_t{2} * options.max_inflight_bytes,
+                                                int64_t{2} * options.max_message_bytes);
   builder.SetResourceQuota(
-      grpc::ResourceQuota("attention-server")
-          .Resize(static_cast<size_t>(std::max<int64_t>(int64_t{2} * options.max_inflight_bytes,
-                                                        int64_t{2} * options.max_message_bytes))));
+      grpc::ResourceQuota("attention-server").Resize(static_cast<size_t>(quota)));
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (const auto& [name, service] : services) builder.RegisterService(service);

@@ -71,6 +71,10 @@ struct ServerOptions {
   // Working memory of one computing batch (BatchingOptions::max_working_bytes);
   // 0: half of max_inflight_bytes, at least 16 MiB, at most 512 MiB.
   int64_t max_batch_working_bytes = 0;
+  // gRPC's resource quota for buffers of messages being received; 0: twice
+  // max_inflight_bytes (at least two largest messages). The memory plan
+  // sets it.
+  int64_t grpc_receive_quota_bytes = 0;
 };
 
 class SequenceSessions;

@@ -42,6 +42,11 @@ struct ServiceOptions {
   // that would pass it is refused with RESOURCE_EXHAUSTED before anything
   // large is allocated; an admitted one is never dropped for memory.
   int64_t max_inflight_bytes = int64_t{1} << 40;
+  // Largest float32 attention-weights buffer one request or batch may need
+  // (the memory plan's value, inside max_inflight_bytes); the model's
+  // batcher enforces the same value. At most
+  // DynamicBatcher::kMaxBatchWeightsBytes.
+  int64_t max_batch_weights_bytes = int64_t{512} << 20;
   // Null: no authentication, every caller may use every model. Else every
   // call must carry a known bearer token, and use only the token's models.
   std::shared_ptr<const TokenAuthenticator> authenticator;

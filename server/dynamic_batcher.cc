@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <new>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/checked_math.h"
 #include "server/batch_runner.h"
 
 namespace attention::server {
@@ -16,12 +19,15 @@ absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(const Mha
                                                                        absl::Mutex* compute_mutex,
                                                                        int compute_threads) {
   if (options.max_batch_size < 1 || options.max_batch_tokens < 1 ||
-      options.max_queue_delay_us < 0 || options.max_queue_size < 1) {
+      options.max_queue_delay_us < 0 || options.max_queue_size < 1 ||
+      options.max_batch_weights_bytes < 1 ||
+      options.max_batch_weights_bytes > kMaxBatchWeightsBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("batching options out of range: max_batch_size ", options.max_batch_size,
                      ", max_batch_tokens ", options.max_batch_tokens, ", max_queue_delay_us ",
                      options.max_queue_delay_us, ", max_queue_size ", options.max_queue_size,
-                     " (need >= 1, >= 1, >= 0, >= 1)"));
+                     ", max_batch_weights_bytes ", options.max_batch_weights_bytes,
+                     " (need >= 1, >= 1, >= 0, >= 1, 1 to ", kMaxBatchWeightsBytes, ")"));
   }
   return std::unique_ptr<DynamicBatcher>(
       new DynamicBatcher(engine, options, metrics, compute_mutex, compute_threads));
@@ -69,6 +75,19 @@ absl::Status DynamicBatcher::Enqueue(std::unique_ptr<PendingRequest> request) {
                      " query tokens (batch x length) exceed the model's "
                      "max_batch_tokens ",
                      options_.max_batch_tokens));
+  }
+  if (request->session == nullptr && request->inputs.need_weights) {
+    const MhaSpec& spec = engine_->model().spec();
+    const std::optional<int64_t> weights =
+        CheckedProduct({request->call.batch, spec.num_heads, request->call.queries,
+                        request->call.keys + spec.extra_keys(), 4});
+    if (!weights || *weights > options_.max_batch_weights_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("need_weights: computing the attention weights takes ",
+                       weights ? absl::StrCat(*weights) : std::string("more than 2^63"),
+                       " bytes (batch x heads x queries x keys x 4), over the server's limit of ",
+                       options_.max_batch_weights_bytes, " (its memory plan)"));
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -120,7 +139,7 @@ std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
     }
     const bool with_weights = weights || r.inputs.need_weights;
     if ((with_weights &&
-         padded * engine_->model().spec().num_heads * s * 4 > kMaxBatchWeightsBytes) ||
+         padded * engine_->model().spec().num_heads * s * 4 > options_.max_batch_weights_bytes) ||
         BatchWorkingBytes(*engine_, items + r.call.batch, l, s, self_attention, with_weights) >
             options_.max_working_bytes) {
       continue;  // The batch's weights or working memory would grow too large.

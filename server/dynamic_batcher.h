@@ -54,6 +54,9 @@ struct BatchingOptions {
   // it stays under this; a request over it alone is refused before it is
   // queued. One batch computes at a time, so this is also the server's.
   int64_t max_working_bytes = int64_t{512} << 20;
+  // Largest float32 attention-weights buffer of a batch (the memory plan's
+  // value); at most DynamicBatcher::kMaxBatchWeightsBytes.
+  int64_t max_batch_weights_bytes = int64_t{512} << 20;
 };
 
 class DynamicBatcher {
@@ -74,7 +77,9 @@ class DynamicBatcher {
 
   // Queues `request`. OK: the batcher owns it and will call its `done`
   // exactly once. RESOURCE_EXHAUSTED when the queue is full, INVALID_ARGUMENT
-  // when the request alone exceeds max_batch_tokens, UNAVAILABLE after
+  // when the request alone exceeds max_batch_tokens, RESOURCE_EXHAUSTED
+  // when its attention weights alone exceed max_batch_weights_bytes,
+  // UNAVAILABLE after
   // Stop(); on error `done` is not called and the request is dropped.
   absl::Status Enqueue(std::unique_ptr<PendingRequest> request);
 
@@ -89,7 +94,8 @@ class DynamicBatcher {
   void SetSessionRunner(SessionRunner runner) { session_runner_ = std::move(runner); }
 
   // A batch needing attention weights keeps them all, (items, H, L, S')
-  // float32: never more than this, whatever max_working_bytes says.
+  // float32: never more than options.max_batch_weights_bytes (the memory
+  // plan's value, at most this), whatever max_working_bytes says.
   static constexpr int64_t kMaxBatchWeightsBytes = int64_t{512} << 20;
 
   const BatchingOptions& options() const { return options_; }

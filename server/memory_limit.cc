@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <string>
 
 namespace attention::server {
 namespace {
@@ -21,7 +22,29 @@ int64_t ReadLimit(const char* path) {
   }
 }
 
+// A "Name:   123 kB" line of /proc/self/status, in bytes.
+int64_t StatusBytes(const std::string& name) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.compare(0, name.size(), name) != 0 || line.size() <= name.size() ||
+        line[name.size()] != ':') {
+      continue;
+    }
+    try {
+      return std::stoll(line.substr(name.size() + 1)) * 1024;
+    } catch (...) {
+      return 0;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
+
+int64_t ResidentBytes() { return StatusBytes("VmRSS"); }
+
+int64_t PeakResidentBytes() { return StatusBytes("VmHWM"); }
 
 int64_t MemoryLimitBytes(std::string* source) {
   const int64_t physical = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);

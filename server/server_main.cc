@@ -10,10 +10,12 @@
 #include <malloc.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -23,8 +25,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "core/workspace.h"
+#include "server/allocator_trimmer.h"
 #include "server/attention_server.h"
 #include "server/memory_limit.h"
+#include "server/memory_plan.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on for gRPC and metrics.");
 ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one and print it).");
@@ -59,8 +64,8 @@ ABSL_FLAG(double, max_connection_age_grace_s, 30,
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long accepted requests may take to finish.");
 ABSL_FLAG(int64_t, session_memory_bytes, 0,
-          "Budget of every session's key/value cache, in bytes; 0: a quarter of the cgroup "
-          "memory limit (or of the machine's memory when there is none).");
+          "Budget of every session's key/value cache, in bytes; 0: its share of the memory "
+          "plan (a quarter of what the process's baseline leaves of 85% of the memory limit).");
 ABSL_FLAG(int64_t, max_sessions, 4096,
           "Default live sessions per model (config.json's max_sessions overrides); 0: none.");
 ABSL_FLAG(int64_t, max_session_tokens, 32768,
@@ -102,8 +107,14 @@ ABSL_FLAG(bool, auth_probes, false,
           "Default: health and reflection stay open for Kubernetes probes and tools.");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "Bytes of requests accepted and not yet answered, with the outputs and weights they "
-          "will produce; past it requests get RESOURCE_EXHAUSTED. 0: a quarter of the cgroup "
-          "memory limit (or of the machine's memory when there is none).");
+          "will produce and the memory computing them; past it requests get "
+          "RESOURCE_EXHAUSTED. 0: its share of the memory plan (30% of what the process's "
+          "baseline leaves of 85% of the memory limit).");
+ABSL_FLAG(int64_t, memory_limit_bytes, 0,
+          "The memory every budget is planned from (logged as a table at start); 0: the cgroup "
+          "memory limit (v2 memory.max or v1 memory.limit_in_bytes), or the machine's memory "
+          "when there is none. The server refuses to start when --max_inflight_bytes and "
+          "--session_memory_bytes with its own baseline exceed it.");
 ABSL_FLAG(bool, warmup, true, "Create oneDNN primitives for common shapes before serving.");
 
 namespace attention::server {
@@ -138,12 +149,32 @@ int Run() {
                              ? absl::GetFlag(FLAGS_threads)
                              : static_cast<int>(std::thread::hardware_concurrency());
   repo.warmup = absl::GetFlag(FLAGS_warmup);
+  // Every memory budget from one plan (see MemoryPlan), logged as a table.
+  MemoryPlanInputs plan_inputs;
+  if (absl::GetFlag(FLAGS_memory_limit_bytes) > 0) {
+    plan_inputs.limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
+    plan_inputs.limit_source = "--memory_limit_bytes";
+  } else {
+    plan_inputs.limit_bytes = MemoryLimitBytes(&plan_inputs.limit_source);
+  }
+  const int64_t resident_at_start = ResidentBytes();
+  plan_inputs.baseline_bytes =
+      MemoryPlan::EstimateBaseline(resident_at_start, repo.path, &plan_inputs.baseline_source);
+  plan_inputs.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  plan_inputs.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  plan_inputs.session_memory_bytes = absl::GetFlag(FLAGS_session_memory_bytes);
+  const absl::StatusOr<MemoryPlan> plan = MemoryPlan::Make(plan_inputs);
+  if (!plan.ok()) {
+    std::cerr << plan.status().message() << "\n";
+    return 1;
+  }
+  std::cerr << plan->Table();
+  options.max_inflight_bytes = plan->max_inflight_bytes();
+  options.grpc_receive_quota_bytes = plan->grpc_receive_quota_bytes();
+  repo.batching.max_batch_weights_bytes = plan->max_batch_weights_bytes();
+  Workspace::SetKeptLimit(static_cast<size_t>(plan->workspace_kept_bytes()));
   SessionOptions& sessions = options.sessions;
-  std::string memory_source;
-  const int64_t memory = MemoryLimitBytes(&memory_source);
-  sessions.memory_bytes = absl::GetFlag(FLAGS_session_memory_bytes) > 0
-                              ? absl::GetFlag(FLAGS_session_memory_bytes)
-                              : memory / 4;
+  sessions.memory_bytes = plan->session_memory_bytes();
   sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   sessions.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   sessions.ttl = absl::Seconds(absl::GetFlag(FLAGS_session_ttl_s));
@@ -157,20 +188,6 @@ int Run() {
     return 1;
   }
   sessions.advertise_address = absl::GetFlag(FLAGS_advertise_address);
-  std::cerr << "session memory budget " << sessions.memory_bytes << " bytes ("
-            << (absl::GetFlag(FLAGS_session_memory_bytes) > 0
-                    ? std::string("--session_memory_bytes")
-                    : absl::StrCat("a quarter of ", memory, " bytes of ", memory_source))
-            << ")\n";
-
-  options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes) > 0
-                                   ? absl::GetFlag(FLAGS_max_inflight_bytes)
-                                   : memory / 4;
-  std::cerr << "in-flight byte budget " << options.max_inflight_bytes << " bytes ("
-            << (absl::GetFlag(FLAGS_max_inflight_bytes) > 0
-                    ? std::string("--max_inflight_bytes")
-                    : absl::StrCat("a quarter of ", memory, " bytes of ", memory_source))
-            << ")\n";
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
@@ -188,12 +205,25 @@ int Run() {
     std::cerr << "cannot load models: " << loaded.message() << "\n";
     return 1;
   }
+  // What malloc keeps freed stays within the plan's allocator reserve.
+  AllocatorTrimmer::Options trim;
+  trim.reserve_bytes = plan->allocator_reserve_bytes();
+  trim.unmanaged_bytes = resident_at_start;
+  trim.mapped_elsewhere = [metrics = &(*server)->metrics()] {
+    return static_cast<int64_t>(metrics->session_memory_bytes().Value());
+  };
+  AllocatorTrimmer trimmer(std::move(trim));
+  const int64_t resident = ResidentBytes();
+  std::cerr << "memory plan: resident " << resident << " bytes once ready (baseline planned "
+            << plan->baseline_bytes() << ")"
+            << (resident > plan->baseline_bytes() ? ": over the plan's baseline" : "") << "\n";
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   std::cerr << "received " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
             << ": draining (up to " << absl::GetFlag(FLAGS_drain_timeout_s) << " s)\n";
   const bool drained = (*server)->Drain();
-  std::cerr << "stopped" << (drained ? "" : " (drain timed out)") << "\n";
+  std::cerr << "stopped" << (drained ? "" : " (drain timed out)") << "; peak resident "
+            << PeakResidentBytes() << " bytes, " << trimmer.trims() << " allocator trim(s)\n";
   return 0;
 }
 

@@ -1,0 +1,83 @@
+#include "core/workspace.h"
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace attention {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+// Restores the process-wide limit when a test ends.
+class WorkspaceTest : public ::testing::Test {
+ protected:
+  void TearDown() override { Workspace::SetKeptLimit(Workspace::kDefaultKeptLimit); }
+};
+
+TEST_F(WorkspaceTest, ReusesTheThreadsBufferPerSlot) {
+  std::thread([] {
+    void* first = nullptr;
+    {
+      Workspace w(Workspace::kContext, kMiB);
+      first = w.data();
+      std::memset(w.data(), 1, kMiB);
+    }
+    Workspace again(Workspace::kContext, kMiB / 2);
+    EXPECT_EQ(again.data(), first);
+    Workspace other(Workspace::kScores, kMiB);  // A different slot, in use at once.
+    EXPECT_NE(other.data(), again.data());
+    EXPECT_EQ(Workspace::KeptBytes(), 2 * kMiB);
+  }).join();
+}
+
+// Every thread's kept buffers together stay within the process-wide limit
+// (before it, each thread kept up to 64 MiB per slot: 24 slots x threads).
+TEST_F(WorkspaceTest, AllThreadsTogetherKeepAtMostTheLimit) {
+  const size_t before = Workspace::TotalKeptBytes();
+  Workspace::SetKeptLimit(before + 8 * kMiB);
+  constexpr int kThreads = 8;
+  std::vector<std::thread> threads;
+  std::vector<size_t> kept(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t, &kept] {
+      for (Workspace::Slot slot :
+           {Workspace::kBatchQuery, Workspace::kBatchOutput, Workspace::kProjected}) {
+        Workspace w(slot, 2 * kMiB);
+        std::memset(w.data(), t, 2 * kMiB);  // Usable whether kept or not.
+      }
+      kept[t] = Workspace::KeptBytes();
+    });
+  }
+  // 8 threads x 3 slots x 2 MiB = 48 MiB asked for, 8 MiB may be kept.
+  size_t kept_sum = 0;
+  for (int t = 0; t < kThreads; ++t) {
+    threads[t].join();
+    kept_sum += kept[t];
+  }
+  EXPECT_GT(kept_sum, 0u);
+  EXPECT_LE(kept_sum, 8 * kMiB);
+  // Threads that exit give their bytes back.
+  EXPECT_EQ(Workspace::TotalKeptBytes(), before);
+}
+
+TEST_F(WorkspaceTest, ABufferOverAQuarterOfTheLimitIsNotKept) {
+  Workspace::SetKeptLimit(Workspace::TotalKeptBytes() + 16 * kMiB);
+  EXPECT_EQ(Workspace::MaxKeptBufferBytes(), (Workspace::TotalKeptBytes() + 16 * kMiB) / 4);
+  std::thread([] {
+    {
+      Workspace big(Workspace::kScores, Workspace::MaxKeptBufferBytes() + 1);
+      std::memset(big.data(), 0, Workspace::MaxKeptBufferBytes() + 1);
+    }
+    EXPECT_EQ(Workspace::KeptBytes(), 0u);
+    { Workspace small(Workspace::kScores, kMiB); }
+    EXPECT_EQ(Workspace::KeptBytes(), kMiB);
+  }).join();
+  Workspace::SetKeptLimit(Workspace::kDefaultKeptLimit);
+  EXPECT_EQ(Workspace::MaxKeptBufferBytes(), Workspace::kMaxKeptBytes);
+}
+
+}  // namespace
+}  // namespace attention

@@ -1,0 +1,135 @@
+// File: server/memory_plan.h
+//
+// Every memory budget of the server, derived from one limit (the cgroup's,
+// or --memory_limit_bytes) so that their sum plus the process's own memory
+// stays under kTargetShare of it:
+//
+//   baseline            the process itself: code, models, runtime (measured)
+//   max_inflight_bytes  requests accepted and not yet answered, their
+//                       responses and the working memory computing them
+//   grpc_receive_quota  gRPC's buffers of messages still being received
+//   session_memory      every session's key/value cache
+//   workspaces_kept     engine scratch buffers threads keep between calls
+//   allocator_reserve   freed memory malloc keeps, fragmentation
+//
+// and, inside max_inflight_bytes, the weights cap: the largest float32
+// attention-weights buffer one batch may compute.
+//
+// A flag given explicitly (max_inflight_bytes, session_memory_bytes) is
+// taken as is; the other budgets get their share of what is left. If the
+// explicit ones and the baseline alone exceed the limit, Make() refuses.
+//
+//   MemoryPlanInputs in;
+//   in.limit_bytes = MemoryLimitBytes(&in.limit_source);
+//   ...
+//   ASSIGN_OR_RETURN(MemoryPlan plan, MemoryPlan::Make(in));
+//   std::cerr << plan.Table();
+//
+// A value type: immutable after Make(), safe to share.
+#ifndef ATTENTION_SERVER_MEMORY_PLAN_H_
+#define ATTENTION_SERVER_MEMORY_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace attention::server {
+
+struct MemoryPlanInputs {
+  // The memory the process may use, and where that figure came from.
+  int64_t limit_bytes = 0;
+  std::string limit_source;
+  // The process's own memory once serving (see MemoryPlan::EstimateBaseline).
+  int64_t baseline_bytes = 0;
+  std::string baseline_source;
+  // --max_message_bytes: gRPC's quota must hold at least one message.
+  int64_t max_message_bytes = 64 << 20;
+  // Explicit flags; 0 derives the budget from the limit.
+  int64_t max_inflight_bytes = 0;
+  int64_t session_memory_bytes = 0;
+};
+
+class MemoryPlan {
+ public:
+  // The share of the limit the plan fills; the rest is a margin for what no
+  // budget counts (thread stacks, gRPC's small allocations, page tables).
+  static constexpr double kTargetShare = 0.85;
+  // Shares of what the baseline leaves of the target, for derived budgets.
+  static constexpr double kInflightShare = 0.30;
+  static constexpr double kReceiveQuotaShare = 0.20;
+  static constexpr double kSessionShare = 0.25;
+  static constexpr double kWorkspaceShare = 0.10;
+  static constexpr double kAllocatorShare = 0.15;
+
+  // One row of the table.
+  struct Line {
+    std::string name;    // The budget (a flag's name where there is one).
+    int64_t bytes = 0;   // Its size.
+    std::string source;  // Where it came from.
+    bool summed = true;  // False: inside another line, not added again.
+  };
+
+  // The plan for `in`. INVALID_ARGUMENT when limit_bytes is not positive or
+  // an explicit flag is negative; FAILED_PRECONDITION when the explicit
+  // flags and the baseline alone exceed the limit (the message names each
+  // flag with its value, the baseline and the limit).
+  static absl::StatusOr<MemoryPlan> Make(const MemoryPlanInputs& in);
+
+  // The process's own memory once serving, estimated before models load:
+  // `rss_now` (the resident set at the call), plus kModelCopies times the
+  // bytes of the model files under `model_repository` (the demo model's
+  // when empty), plus kRuntimeBytes for what start-up adds (oneDNN's
+  // primitives and JIT code from warm-up, gRPC, the metrics exposer).
+  // *source says how it was made up.
+  static int64_t EstimateBaseline(int64_t rss_now, const std::string& model_repository,
+                                  std::string* source);
+  // Measured (float32 models): the engine keeps the loaded weights, its
+  // own compute-dtype copies (with the packed Q/K/V concatenation) and
+  // oneDNN's prepacked layout of each, 4.6x the model file in all
+  // (embed_dim 1024: 16 MiB file, +80 MiB; embed_dim 4096: 256 MiB file,
+  // +1.2 GiB).
+  static constexpr int64_t kModelCopies = 5;
+  // Measured: about 15 MiB from flag parsing to "ready" besides the model.
+  static constexpr int64_t kRuntimeBytes = int64_t{32} << 20;
+
+  int64_t limit_bytes() const { return limit_bytes_; }
+  int64_t baseline_bytes() const { return baseline_bytes_; }
+  int64_t max_inflight_bytes() const { return max_inflight_bytes_; }
+  int64_t grpc_receive_quota_bytes() const { return grpc_receive_quota_bytes_; }
+  int64_t session_memory_bytes() const { return session_memory_bytes_; }
+  int64_t workspace_kept_bytes() const { return workspace_kept_bytes_; }
+  int64_t allocator_reserve_bytes() const { return allocator_reserve_bytes_; }
+  // Inside max_inflight_bytes; at most DynamicBatcher::kMaxBatchWeightsBytes.
+  int64_t max_batch_weights_bytes() const { return max_batch_weights_bytes_; }
+  // The summed lines: baseline and every budget.
+  int64_t total_bytes() const;
+  // Problems that do not stop the server (over the target share, a budget
+  // below what one largest message needs), one sentence each.
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+  const std::vector<Line>& lines() const { return lines_; }
+  // The table logged at start: one line per budget, bytes and source, then
+  // the total against the limit, then any warnings.
+  std::string Table() const;
+
+ private:
+  MemoryPlan() = default;
+
+  int64_t limit_bytes_ = 0;
+  std::string limit_source_;
+  int64_t baseline_bytes_ = 0;
+  int64_t max_inflight_bytes_ = 0;
+  int64_t grpc_receive_quota_bytes_ = 0;
+  int64_t session_memory_bytes_ = 0;
+  int64_t workspace_kept_bytes_ = 0;
+  int64_t allocator_reserve_bytes_ = 0;
+  int64_t max_batch_weights_bytes_ = 0;
+  std::vector<Line> lines_;
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_MEMORY_PLAN_H_
