@@ -1,5 +1,6 @@
 #include "core/workspace.h"
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -41,14 +42,19 @@ TEST_F(WorkspaceTest, AllThreadsTogetherKeepAtMostTheLimit) {
   constexpr int kThreads = 8;
   std::vector<std::thread> threads;
   std::vector<size_t> kept(kThreads);
+  // Every thread stays alive until all have measured: an exited thread gives
+  // its bytes back, and a later one could keep them again.
+  std::atomic<int> measured{0};
   for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([t, &kept] {
+    threads.emplace_back([t, &kept, &measured] {
       for (Workspace::Slot slot :
            {Workspace::kBatchQuery, Workspace::kBatchOutput, Workspace::kProjected}) {
         Workspace w(slot, 2 * kMiB);
         std::memset(w.data(), t, 2 * kMiB);  // Usable whether kept or not.
       }
       kept[t] = Workspace::KeptBytes();
+      measured.fetch_add(1);
+      while (measured.load() < kThreads) std::this_thread::yield();
     });
   }
   // 8 threads x 3 slots x 2 MiB = 48 MiB asked for, 8 MiB may be kept.
