@@ -63,9 +63,13 @@ absl::StatusOr<MemoryPlan> MemoryPlan::Make(const MemoryPlanInputs& in) {
   // The explicit flags and the baseline alone must fit the limit.
   std::vector<std::string> named;
   int64_t fixed = in.baseline_bytes;
+  // An explicit in-flight budget brings the computing batch's cap with it.
+  const int64_t explicit_batch =
+      std::min(DynamicBatcher::kMaxBatchWeightsBytes, in.max_inflight_bytes / 2);
   if (in.max_inflight_bytes > 0) {
-    named.push_back(absl::StrCat("--max_inflight_bytes=", in.max_inflight_bytes));
-    fixed += in.max_inflight_bytes;
+    named.push_back(absl::StrCat("--max_inflight_bytes=", in.max_inflight_bytes,
+                                 " (and its batch's ", explicit_batch, ")"));
+    fixed += in.max_inflight_bytes + explicit_batch;
   }
   if (in.session_memory_bytes > 0) {
     named.push_back(absl::StrCat("--session_memory_bytes=", in.session_memory_bytes));
@@ -101,8 +105,9 @@ absl::StatusOr<MemoryPlan> MemoryPlan::Make(const MemoryPlanInputs& in) {
   double wanted_share = kReceiveQuotaShare + kWorkspaceShare + kAllocatorShare;
   if (inflight_derived) wanted_share += kInflightShare;
   if (sessions_derived) wanted_share += kSessionShare;
-  const int64_t left = std::max<int64_t>(0, room - (inflight_derived ? 0 : in.max_inflight_bytes) -
-                                                (sessions_derived ? 0 : in.session_memory_bytes));
+  const int64_t left =
+      std::max<int64_t>(0, room - (inflight_derived ? 0 : in.max_inflight_bytes + explicit_batch) -
+                               (sessions_derived ? 0 : in.session_memory_bytes));
   const double wanted = wanted_share * static_cast<double>(room);
   const double scale = wanted > static_cast<double>(left) ? left / wanted : 1.0;
   std::string scaled;
@@ -139,10 +144,12 @@ absl::StatusOr<MemoryPlan> MemoryPlan::Make(const MemoryPlanInputs& in) {
       {"allocator_reserve", plan.allocator_reserve_bytes_, derived_source(kAllocatorShare)});
   plan.max_batch_weights_bytes_ =
       std::min(DynamicBatcher::kMaxBatchWeightsBytes, plan.max_inflight_bytes_ / 2);
+  // The one batch computing holds its working memory (weights, padded
+  // inputs, projections, workspaces) beside the in-flight budget.
   plan.lines_.push_back({"max_batch_weights_bytes", plan.max_batch_weights_bytes_,
                          absl::StrCat("half of max_inflight_bytes, at most ",
-                                      MiB(DynamicBatcher::kMaxBatchWeightsBytes), " (inside it)"),
-                         /*summed=*/false});
+                                      MiB(DynamicBatcher::kMaxBatchWeightsBytes),
+                                      ": the computing batch's working memory, beside it")});
 
   if (plan.total_bytes() > target) {
     plan.warnings_.push_back(absl::StrCat("the plan's ", plan.total_bytes(), " bytes exceed ",

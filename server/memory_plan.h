@@ -12,8 +12,10 @@
 //   workspaces_kept     engine scratch buffers threads keep between calls
 //   allocator_reserve   freed memory malloc keeps, fragmentation
 //
-// and, inside max_inflight_bytes, the weights cap: the largest float32
-// attention-weights buffer one batch may compute.
+//   max_batch_weights   the working memory of the one batch computing (its
+//                       float32 attention weights, padded inputs,
+//                       projections, workspaces): half of max_inflight_bytes
+//                       at most, held beside it
 //
 // A flag given explicitly (max_inflight_bytes, session_memory_bytes) is
 // taken as is; the other budgets get their share of what is left. If the
@@ -57,7 +59,7 @@ class MemoryPlan {
   // budget counts (thread stacks, gRPC's small allocations, page tables).
   static constexpr double kTargetShare = 0.85;
   // Shares of what the baseline leaves of the target, for derived budgets.
-  static constexpr double kInflightShare = 0.30;
+  static constexpr double kInflightShare = 0.20;  // And half that for the batch computing.
   static constexpr double kReceiveQuotaShare = 0.20;
   static constexpr double kSessionShare = 0.25;
   static constexpr double kWorkspaceShare = 0.10;
@@ -101,7 +103,8 @@ class MemoryPlan {
   int64_t session_memory_bytes() const { return session_memory_bytes_; }
   int64_t workspace_kept_bytes() const { return workspace_kept_bytes_; }
   int64_t allocator_reserve_bytes() const { return allocator_reserve_bytes_; }
-  // Inside max_inflight_bytes; at most DynamicBatcher::kMaxBatchWeightsBytes.
+  // The per-batch working-memory and weights cap, beside max_inflight_bytes;
+  // at most DynamicBatcher::kMaxBatchWeightsBytes.
   int64_t max_batch_weights_bytes() const { return max_batch_weights_bytes_; }
   // The summed lines: baseline and every budget.
   int64_t total_bytes() const;

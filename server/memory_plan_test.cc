@@ -33,7 +33,8 @@ MemoryPlanInputs Inputs(int64_t limit, int64_t baseline = 80 * kMiB) {
 // Everything the plan sums, computed here from the accessors.
 int64_t Sum(const MemoryPlan& plan) {
   return plan.baseline_bytes() + plan.max_inflight_bytes() + plan.grpc_receive_quota_bytes() +
-         plan.session_memory_bytes() + plan.workspace_kept_bytes() + plan.allocator_reserve_bytes();
+         plan.session_memory_bytes() + plan.workspace_kept_bytes() +
+         plan.allocator_reserve_bytes() + plan.max_batch_weights_bytes();
 }
 
 TEST(MemoryPlanTest, DefaultsStayUnderTheTargetShareOfEveryLimit) {
@@ -53,7 +54,7 @@ TEST(MemoryPlanTest, DefaultsStayUnderTheTargetShareOfEveryLimit) {
     EXPECT_GT(plan->session_memory_bytes(), 0);
     EXPECT_GT(plan->workspace_kept_bytes(), 0);
     EXPECT_GE(plan->grpc_receive_quota_bytes(), 64 * kMiB);
-    // The weights cap lives inside the in-flight budget.
+    // The computing batch's cap: half the in-flight budget at most, beside it.
     EXPECT_LE(plan->max_batch_weights_bytes(), plan->max_inflight_bytes());
     EXPECT_LE(plan->max_batch_weights_bytes(), DynamicBatcher::kMaxBatchWeightsBytes);
     EXPECT_GT(plan->max_batch_weights_bytes(), 0);
@@ -75,14 +76,14 @@ TEST(MemoryPlanTest, OneGibibyteLeavesAMarginForWhatNoBudgetCounts) {
 
 TEST(MemoryPlanTest, ExplicitFlagsAreKeptAndTheOthersShrinkToFit) {
   MemoryPlanInputs in = Inputs(kGiB);
-  in.max_inflight_bytes = 400 * kMiB;
-  in.session_memory_bytes = 300 * kMiB;
+  in.max_inflight_bytes = 300 * kMiB;  // And 150 MiB for its computing batch.
+  in.session_memory_bytes = 250 * kMiB;
   auto plan = MemoryPlan::Make(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->max_inflight_bytes(), 400 * kMiB);
-  EXPECT_EQ(plan->session_memory_bytes(), 300 * kMiB);
-  // 80 + 400 + 300 leaves 90 MiB of 85%: the derived budgets share it, and
-  // the quota keeps one largest message (64 MiB).
+  EXPECT_EQ(plan->max_inflight_bytes(), 300 * kMiB);
+  EXPECT_EQ(plan->session_memory_bytes(), 250 * kMiB);
+  // 80 + 300 + 150 + 250 leaves 90 MiB of 85%: the derived budgets share
+  // it, and the quota keeps one largest message (64 MiB).
   EXPECT_LE(plan->workspace_kept_bytes() + plan->allocator_reserve_bytes(), 90 * kMiB);
   EXPECT_EQ(plan->grpc_receive_quota_bytes(), 64 * kMiB);
   EXPECT_LE(Sum(*plan), kGiB);
@@ -104,8 +105,9 @@ TEST(MemoryPlanTest, RefusesExplicitFlagsOverTheLimitNamingThem) {
   in.session_memory_bytes = 0;
   in.max_inflight_bytes = kGiB;
   EXPECT_THAT(MemoryPlan::Make(in).status(), StatusIs(absl::StatusCode::kFailedPrecondition, _));
-  // Just inside: starts, with a warning that the target is exceeded.
-  in.max_inflight_bytes = kGiB - 80 * kMiB - 64 * kMiB;
+  // Just inside (with its computing batch's half on top): starts, with a
+  // warning that the target is exceeded.
+  in.max_inflight_bytes = (kGiB - 80 * kMiB - 64 * kMiB) / 3 * 2;
   auto tight = MemoryPlan::Make(in);
   ASSERT_TRUE(tight.ok()) << tight.status();
   EXPECT_THAT(tight->Table(), HasSubstr("warning"));

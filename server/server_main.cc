@@ -172,6 +172,7 @@ int Run() {
   options.max_inflight_bytes = plan->max_inflight_bytes();
   options.grpc_receive_quota_bytes = plan->grpc_receive_quota_bytes();
   repo.batching.max_batch_weights_bytes = plan->max_batch_weights_bytes();
+  options.max_batch_working_bytes = plan->max_batch_weights_bytes();
   Workspace::SetKeptLimit(static_cast<size_t>(plan->workspace_kept_bytes()));
   SessionOptions& sessions = options.sessions;
   sessions.memory_bytes = plan->session_memory_bytes();
