@@ -61,7 +61,9 @@ TEST_P(FuzzRegressionTest, CommittedInputsAreHandled) {
 INSTANTIATE_TEST_SUITE_P(Targets, FuzzRegressionTest,
                          ::testing::Values(Target{"model_dir_fuzzer", FuzzOneModelDir},
                                            Target{"infer_request_fuzzer", FuzzOneInferRequest},
-                                           Target{"npy_fuzzer", FuzzOneNpy}),
+                                           Target{"npy_fuzzer", FuzzOneNpy},
+                                           Target{"session_fuzzer", FuzzOneSession},
+                                           Target{"oip_request_fuzzer", FuzzOneOipRequest}),
                          [](const ::testing::TestParamInfo<Target>& info) {
                            return std::string(info.param.name);
                          });
