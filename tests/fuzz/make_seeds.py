@@ -220,7 +220,7 @@ def round_bytes(chosen, steps, commit_in_run=True, keep=None):
 
 
 def session_setup(sessions=1, bf16_cache=False, no_memory=False):
-    return bytes([(1 if bf16_cache else 0) | (sessions - 1) << 1 | (0x70 if no_memory else 0)])
+    return bytes([(1 if bf16_cache else 0) | (sessions - 1) << 1 | (0xF0 if no_memory else 0)])
 
 
 def session_seeds():

@@ -88,12 +88,13 @@ void SetSequence(FuzzInput& in, Request* r, bool first_of_id) {
 std::shared_ptr<Request> Generate(FuzzInput& in, const std::vector<OipModelShape>& models,
                                   bool* sequence_started) {
   auto r = std::make_shared<Request>();
-  const int64_t pick = in.Range(0, static_cast<int64_t>(models.size()) + 1);
-  // "" is the default model (the first); past the list, an unknown name.
-  OipModelShape m = models[std::min<size_t>(pick, models.size() - 1)];
+  const int64_t n = static_cast<int64_t>(models.size());
+  const int64_t pick = in.Range(0, n + 1);
+  // 0: "", the default model (the first); 1..n: by name; n + 1: unknown.
+  const OipModelShape& m = models[static_cast<size_t>(std::clamp<int64_t>(pick - 1, 0, n - 1))];
   if (pick == 0) {
     r->set_model_name("");
-  } else if (pick <= static_cast<int64_t>(models.size())) {
+  } else if (pick <= n) {
     r->set_model_name(m.name);
   } else {
     r->set_model_name(in.Bytes(8));

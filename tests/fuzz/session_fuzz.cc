@@ -77,7 +77,9 @@ absl::StatusOr<const MhaEngine*> EngineFor(const MhaSpec& s, uint64_t seed) {
   if (engines->size() >= kMaxEngines) engines->clear();
   ASSIGN_OR_RETURN(std::shared_ptr<const MhaModel> model, MhaModel::Random(s, seed));
   ASSIGN_OR_RETURN(std::unique_ptr<MhaEngine> engine, MhaEngine::Create(std::move(model)));
-  return (*engines)[key] = std::move(engine), (*engines)[key].get();
+  const MhaEngine* made = engine.get();
+  (*engines)[key] = std::move(engine);
+  return made;
 }
 
 MhaSpec ReadSpec(FuzzInput& in, uint64_t* seed) {
@@ -150,7 +152,9 @@ absl::Status CreateCross(FuzzInput& in, const SessionEngine& engine, FuzzSession
   }
   CrossKeys keys_view{h.key.view(), h.value.view(), std::nullopt};
   if (h.key_padding_mask) keys_view.key_padding_mask = h.key_padding_mask->view();
-  const bool valid = bad == 0 && vdim == spec.vdim;  // A float16 mask is valid (as for Infer).
+  // A float16 mask is valid (Infer takes one).
+  const bool valid = kdim == spec.kdim && value_rows == keys && vdim == spec.vdim &&
+                     (!h.key_padding_mask || mask_len == keys);
   const absl::Status verdict = engine.ValidateCross(keys_view);
   if (valid && !verdict.ok()) {
     return Bug(absl::StrCat("ValidateCross refused valid keys: ", verdict.ToString()));
@@ -218,7 +222,10 @@ void ReadStep(FuzzInput& in, const SessionEngine& engine, size_t index, const Fu
     }
     p->not_key = std::move(m);
   }
-  p->valid = bad == 0 && (s.history.cross ? !send_not_key : self_ok);
+  const bool tokens_ok = t >= 1 && shape == Shape{t, e};
+  const bool not_key_ok =
+      !send_not_key || (!s.history.cross && static_cast<int64_t>(p->flags.size()) == t);
+  p->valid = tokens_ok && not_key_ok && (s.history.cross || self_ok);
   SessionStep& st = p->step;
   st.cache = s.cache.get();
   st.cross = s.history.cross;
@@ -326,7 +333,7 @@ absl::Status FuzzOneSession(const uint8_t* data, size_t size) {
   const uint8_t setup = in.Byte();
   const DType cache_dtype = (setup & 1) != 0 ? DType::kBFloat16 : DType::kFloat32;
   // Mostly room for everything; sometimes none, so every Reserve fails.
-  MemoryBudget budget((setup & 0x70) == 0x70 ? 0 : size_t{64} << 20);
+  MemoryBudget budget((setup & 0xF0) == 0xF0 ? 0 : size_t{64} << 20);
   SessionEngine engine(mha, cache_dtype);
   KvBlockPool pool(engine.block_bytes(), &budget);
   absl::Status status = [&]() -> absl::Status {
