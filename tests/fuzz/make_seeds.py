@@ -414,9 +414,9 @@ def oip_regressions():
         # Item 2: a step queued behind a prefill is estimated at length 0,
         # computed, committed, then refused by the encoder.
         "issue21_pipelined_step_applied_and_refused": oip_parsed(
-            model_infer(inputs=[("query", "FP32", [1, 64, e])],
+            model_infer(inputs=[("query", "FP32", [1, 48, e])],
                         params=[("sequence_id", "string", "a"), start]),
-            model_infer(inputs=[("query", "FP32", [1, 32, e])],
+            model_infer(inputs=[("query", "FP32", [1, 16, e])],
                         params=[("sequence_id", "string", "a"), ("need_weights", "bool", True),
                                 ("average_attn_weights", "bool", False)])),
     }

@@ -51,9 +51,12 @@ namespace {
 using server::AttentionServiceImpl;
 using server::RequestOutcome;
 
-constexpr int64_t kMaxResponseBytes = 16 << 10;  // Small: the size checks are reached.
+constexpr int64_t kMaxResponseBytes = 8 << 10;  // Small: the size checks are reached.
 constexpr int64_t kMaxInflightBytes = 64 << 10;
 constexpr absl::Duration kAnswerTimeout = absl::Seconds(20);
+// Identifiers longer than this are not repeated whole in error messages
+// (issue 21 item 3c: errors echoed unbounded input).
+constexpr size_t kMaxEchoedBytes = 1024;
 
 // The models ("self" is the default), the service and its repository, made
 // once per process (and never destroyed: the batcher threads idle until
@@ -128,6 +131,7 @@ absl::Status Bug(absl::string_view what) {
 // What became of one request.
 struct Answer {
   absl::Status status;     // As the client would see it.
+  std::string echo;        // An identifier it sent that no message may repeat whole.
   bool timeout = false;    // It had a `timeout` parameter.
   bool start = false;      // It had sequence_start.
   absl::Status invariant;  // A broken invariant found while answering it.
@@ -174,12 +178,24 @@ struct Sessions {
   std::unique_ptr<server::SequenceSessions> sequences;
 };
 
+// The request's model name or string sequence_id when longer than
+// kMaxEchoedBytes (else empty): a message may quote only part of it.
+std::string LongIdentifier(const inference::ModelInferRequest& request) {
+  if (request.model_name().size() > kMaxEchoedBytes) return request.model_name();
+  const auto it = request.parameters().find("sequence_id");
+  if (it != request.parameters().end() && it->second.string_param().size() > kMaxEchoedBytes) {
+    return it->second.string_param();
+  }
+  return "";
+}
+
 // Runs request `i` as ModelInfer does, up to queuing it; its answer comes
 // to `answers` (at once when refused before queuing).
 void Submit(Environment& env, Sessions& sessions, const inference::ModelInferRequest& request,
             grpc::CallbackServerContext* context, size_t i, Answers* answers) {
   AttentionServiceImpl& service = *env.service;
   Answer refused;
+  refused.echo = LongIdentifier(request);
   auto model = service.Admissible(context, request.model_name());
   absl::StatusOr<server::OipRequest> decoded =
       model.ok() ? server::DecodeModelInfer(request) : model.status();
@@ -207,11 +223,12 @@ void Submit(Environment& env, Sessions& sessions, const inference::ModelInferReq
   if (sequence) {
     status = sessions.sequences->Submit(
         context, request, *std::move(decoded), served, nullptr, nullptr,
-        [answers, i, outputs, timeout, start, label, self_possible,
-         served](RequestOutcome outcome) {
+        [answers, i, outputs, timeout, start, label, self_possible, served,
+         echo = refused.echo](RequestOutcome outcome) {
           Answer a;
           a.timeout = timeout;
           a.start = start;
+          a.echo = echo;
           inference::ModelInferResponse response;
           label(&response);
           a.status = outcome.status;
@@ -240,9 +257,11 @@ void Submit(Environment& env, Sessions& sessions, const inference::ModelInferReq
     if (status.ok()) {
       status = service.Submit(
           prepared, static_cast<int64_t>(request.ByteSizeLong()),
-          [answers, i, outputs, timeout, label, estimate](RequestOutcome outcome) {
+          [answers, i, outputs, timeout, label, estimate,
+           echo = refused.echo](RequestOutcome outcome) {
             Answer a;
             a.timeout = timeout;
+            a.echo = echo;
             inference::ModelInferResponse response;
             label(&response);
             a.status = outcome.status;
@@ -313,6 +332,11 @@ absl::Status FuzzOneOipRequest(const uint8_t* data, size_t size) {
       continue;
     }
     if (s.message().empty()) return Bug(absl::StrCat(s.ToString(), ": no message"));
+    if (!a.echo.empty() && s.message().find(a.echo) != absl::string_view::npos) {
+      return Bug(absl::StrCat("an error message of ", s.message().size(), " bytes repeats a whole ",
+                              a.echo.size(), "-byte identifier: ", s.message().substr(0, 120),
+                              "..."));
+    }
     if (s.code() == absl::StatusCode::kDeadlineExceeded && a.timeout) continue;
     if (IsFuzzBug(s)) return s;
     verdict = s;

@@ -73,7 +73,8 @@ void SetSequence(FuzzInput& in, Request* r, bool first_of_id) {
   const uint8_t form = in.Byte() % 8;
   const int64_t which = in.Range(0, 2);
   if (form < 4) {
-    params["sequence_id"].set_string_param(which == 2 ? "" : std::string(1, 'a' + which));
+    params["sequence_id"].set_string_param(which == 2 ? (in.Bool() ? "" : std::string(4096, 's'))
+                                                      : std::string(1, 'a' + which));
   } else if (form < 6) {
     params["sequence_id"].set_uint64_param(which == 2 ? (uint64_t{1} << 63) + 1 : which + 1);
   } else if (form == 6) {
@@ -85,11 +86,23 @@ void SetSequence(FuzzInput& in, Request* r, bool first_of_id) {
   if (in.Percent(20)) params["sequence_end"].set_bool_param(true);
 }
 
+// What the requests of one input share: with `shared`, one sequence (a
+// pipelining client's steps: its id and model), else only whether some
+// sequence has started.
+struct SequencePlan {
+  bool shared = false;
+  bool started = false;
+  int64_t pick = 0;
+  inference::InferParameter id;
+};
+
 std::shared_ptr<Request> Generate(FuzzInput& in, const std::vector<OipModelShape>& models,
-                                  bool* sequence_started) {
+                                  SequencePlan* plan) {
   auto r = std::make_shared<Request>();
   const int64_t n = static_cast<int64_t>(models.size());
-  const int64_t pick = in.Range(0, n + 1);
+  const bool same = plan->shared && plan->started && !in.Percent(5);
+  const int64_t pick = same ? plan->pick : in.Range(0, n + 1);
+  plan->pick = pick;
   // 0: "", the default model (the first); 1..n: by name; n + 1: unknown.
   const OipModelShape& m = models[static_cast<size_t>(std::clamp<int64_t>(pick - 1, 0, n - 1))];
   if (pick == 0) {
@@ -97,15 +110,21 @@ std::shared_ptr<Request> Generate(FuzzInput& in, const std::vector<OipModelShape
   } else if (pick <= n) {
     r->set_model_name(m.name);
   } else {
-    r->set_model_name(in.Bytes(8));
+    r->set_model_name(in.Percent(10) ? std::string(static_cast<size_t>(in.Range(2, 8)) << 10, 'm')
+                                     : in.Bytes(8));
   }
   if (in.Percent(5)) r->set_model_version(in.Bool() ? "1" : "2");
   if (in.Percent(20)) r->set_id(in.Bytes(16));
   if (in.Percent(3)) r->set_id(std::string(static_cast<size_t>(in.Range(1, 8)) << 10, 'i'));
-  const bool sequence = in.Percent(50);
-  if (sequence) {
-    SetSequence(in, r.get(), !*sequence_started);
-    *sequence_started = true;
+  if (same) {
+    auto& params = *r->mutable_parameters();
+    params["sequence_id"] = plan->id;
+    if (in.Percent(5)) params["sequence_start"].set_bool_param(true);
+    if (in.Percent(10)) params["sequence_end"].set_bool_param(true);
+  } else if (plan->shared || in.Percent(50)) {
+    SetSequence(in, r.get(), !plan->started);
+    plan->started = true;
+    plan->id = r->parameters().at("sequence_id");
   }
   if (in.Percent(50)) SetBool(in, r.get(), "need_weights");
   if (in.Percent(25)) SetBool(in, r.get(), "average_attn_weights");
@@ -120,7 +139,7 @@ std::shared_ptr<Request> Generate(FuzzInput& in, const std::vector<OipModelShape
   // A batch of one mostly ([1, T, E]), else unbatched or of two.
   const uint8_t layout = in.Byte() % 8;
   const int64_t batch = layout < 5 ? 1 : layout < 7 ? 0 : 2;
-  const int64_t t = in.Percent(20) ? in.Range(17, 64) : in.Range(1, 16);
+  const int64_t t = in.Percent(25) ? in.Range(17, 64) : in.Range(1, 16);
   auto shape = [batch](int64_t rows, int64_t width) {
     std::vector<int64_t> s = {rows, width};
     if (batch > 0) s.insert(s.begin(), batch);
@@ -164,11 +183,12 @@ std::vector<OipInputRequest> ReadOipRequests(FuzzInput& in,
   std::vector<OipInputRequest> out;
   const uint8_t form = in.Byte();
   const int count = 1 + (form >> 1) % kMaxOipRequests;
-  bool sequence_started = false;
+  SequencePlan plan;
+  if ((form & 1) != 0) plan.shared = in.Bool();
   for (int i = 0; i < count && (i == 0 || !in.empty()); ++i) {
     OipInputRequest r;
     if ((form & 1) != 0) {
-      r.request = Generate(in, models, &sequence_started);
+      r.request = Generate(in, models, &plan);
     } else {
       // A 2-byte little-endian length, then that many bytes of protobuf.
       const size_t length = std::min<size_t>(in.Byte() | size_t{in.Byte()} << 8, in.remaining());

@@ -19,19 +19,20 @@
 // terms is held to the terms' scale, not its own):
 // - float32 compute and cache: tol 1e-4. Both paths compute the same float32
 //   projections and softmax; they differ in summation order (GEMM blocking,
-//   per-row kernels vs batched matmuls) and exp implementation, a few ulp
-//   (1.2e-7) times sqrt(terms) (E, S <= 48): about 1e-6, so 1e-4 leaves a
-//   margin of 100.
+//   per-row kernels vs batched matmuls) and exp implementation: a few ulp
+//   (6e-8) times sqrt(terms) (E, S <= 48), about 1e-6.
 // - bfloat16 compute or cache: tol 4e-2. Each path rounds different
 //   intermediates to bfloat16 (unit roundoff u = 2^-8 = 3.9e-3): the cache
 //   rounds keys and values, the stateless path its matmul operands and
-//   probabilities. A score q.k/sqrt(d) (|score| <= ~8 here: inputs in
-//   [-4, 4), Xavier-scaled weights) moves by up to ~2u|score|, about 0.06 at
-//   worst, which moves a probability by as much relatively, and the rounded
-//   values add u: the worst row measured over 10^5 random inputs was 1.6e-2
-//   (see the report of issue 21 item 9); 4e-2 keeps a margin of 2.5 while a
-//   wrong key (a row attending to one token too many or too few) moves rows
-//   by far more.
+//   probabilities. A score q.k/sqrt(d) (|score| up to ~8 here: inputs in
+//   [-4, 4), Xavier-scaled weights) moves by up to ~2u|score| = 0.06 at
+//   worst, a probability by as much relatively, and the rounded values add
+//   u: a few u on typical rows, ~10u on the worst.
+// Measured over 82,583 inputs (two 4-minute libFuzzer runs, one from the
+// seeds, one from nothing with inputs up to 1500 bytes): worst
+// row float32 8.9e-7 (margin 110), bfloat16 9.7e-3 (margin 4). A key too
+// many or too few moves a row by about 1/keys of its value spread: caught
+// in float32 for every length here, in bfloat16 for short sequences.
 #include <omp.h>
 
 #include <cmath>
@@ -106,8 +107,10 @@ DType ReadFloatDType(FuzzInput& in) {
 // A tensor of `dtype` holding `values` (exact in every float dtype).
 Tensor MakeTensor(DType dtype, Shape shape, const std::vector<float>& values) {
   Tensor t(dtype, std::move(shape));
-  ConvertFloats(DType::kFloat32, values.data(), dtype, t.data(),
-                static_cast<size_t>(t.num_elements()));
+  if (!values.empty()) {
+    ConvertFloats(DType::kFloat32, values.data(), dtype, t.data(),
+                  static_cast<size_t>(t.num_elements()));
+  }
   return t;
 }
 
