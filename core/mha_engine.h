@@ -101,7 +101,8 @@ class MhaEngine {
   // beyond its valid_queries are computed but meaningless. `weights`, when
   // given, receives (N, H, L, S') float32 probabilities; the appended keys are
   // the last extra_keys() columns. Output (N, L, E) float32 into `output`.
-  // The caller has validated the shapes (the server's batcher does).
+  // Shapes are checked again here (InvalidArgument): a caller's mistake
+  // cannot make a projection read or write past a buffer.
   absl::Status ForwardBatch(const TensorView& query, const std::optional<TensorView>& key,
                             const std::optional<TensorView>& value,
                             const std::vector<ItemMask>& items, float* output,
@@ -111,9 +112,23 @@ class MhaEngine {
   // themselves (sessions): y (rows, E) float32 = x (rows, in) W^T + b for
   // dense x of any float dtype. kQuery has 1/sqrt(head_dim) folded in.
   // kQueryKeyValue (only when spec().packed_in_proj()) is all three in one
-  // GEMM: y (rows, 3E), each row q, k, v.
+  // GEMM: y (rows, 3E), each row q, k, v. InvalidArgument unless x is
+  // (rows, in) with `in` the part's input width (E, kdim or vdim).
   enum class Part { kQuery, kKey, kValue, kOut, kQueryKeyValue };
   absl::Status Project(Part part, const TensorView& x, float* y) const;
+
+  // An upper bound on the bytes ForwardBatch allocates (workspaces: the
+  // inputs in the compute dtype, the projections, the attention kernel's
+  // buffers, oneDNN's scratchpads) for `items` items of `queries` query and
+  // `keys` key rows (before the appended keys). The caller's output and
+  // weights buffers are not included. Tests check it with MemoryMeter.
+  int64_t WorkingBytes(int64_t items, int64_t queries, int64_t keys, bool self_attention,
+                       bool need_weights) const;
+  // The same for Project() of `rows` rows of `part`.
+  int64_t ProjectWorkingBytes(Part part, int64_t rows) const;
+  // oneDNN's scratchpad for one primitive run, at most (it comes from a
+  // workspace sized by the primitive; this bounds it for the estimates).
+  static constexpr int64_t kScratchpadAllowance = int64_t{4} << 20;
 
   const MhaModel& model() const { return *model_; }
   const PrimitiveCache& cache() const { return cache_; }
@@ -148,6 +163,11 @@ class MhaEngine {
   // Reorders `proj`'s weights once into the layout oneDNN's matmul prefers
   // for `dst_dtype` outputs, keeping the bytes in `storage`.
   void Pack(Projection* proj, DType dst_dtype, std::vector<Tensor>* storage);
+  // InvalidArgument unless ForwardBatch's tensors fit the model and each
+  // other (the widths every projection reads).
+  absl::Status CheckBatchShapes(const TensorView& query, const std::optional<TensorView>& key,
+                                const std::optional<TensorView>& value,
+                                const std::vector<ItemMask>& items) const;
   absl::Status RunForward(const TensorView& query, const std::optional<TensorView>& key,
                           const std::optional<TensorView>& value, const MaskPlan& plan,
                           float* output, float* weights, bool average_weights) const;

@@ -1,5 +1,9 @@
 #include "core/mha_engine.h"
 
+#include "core/kv_block_pool.h"
+#include "core/memory_budget.h"
+#include "core/session_engine.h"
+
 #include <random>
 
 #include "gmock/gmock.h"
@@ -96,6 +100,71 @@ TEST_F(MhaEngineValidationTest, RejectsBadMasks) {
   in = in_;
   in.output_dtype = DType::kBool;
   ExpectInvalid(in, "output_dtype");
+}
+
+// Every engine entry checks the widths it reads itself: a caller's mistake
+// (the server once sent E-wide tokens to the kdim-wide key projection of a
+// self session) is INVALID_ARGUMENT, never a write past a workspace.
+TEST_F(MhaEngineValidationTest, ProjectChecksItsInputWidth) {
+  std::vector<float> y(64 * 16, 0.0f);
+  Tensor tokens(DType::kFloat32, {5, 16});  // E wide, not kdim wide.
+  EXPECT_THAT(
+      engine_->Project(MhaEngine::Part::kKey, tokens.view(), y.data()),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected input of shape [*, 12]")));
+  EXPECT_THAT(engine_->Project(MhaEngine::Part::kValue, tokens.view(), y.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[*, 10], got [5, 16]")));
+  Tensor flat(DType::kFloat32, {60});
+  EXPECT_THAT(engine_->Project(MhaEngine::Part::kQuery, flat.view(), y.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("")));
+  EXPECT_TRUE(engine_
+                  ->Project(MhaEngine::Part::kKey, TensorView{DType::kFloat32, {10, 12}, k_.data()},
+                            y.data())
+                  .ok());
+}
+
+TEST_F(MhaEngineValidationTest, ForwardBatchChecksShapes) {
+  std::vector<float> out(2 * 4 * 16);
+  std::vector<ItemMask> items(2);
+  EXPECT_THAT(
+      engine_->ForwardBatch(q_.view(), std::nullopt, std::nullopt, items, out.data(), nullptr),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kdim 12 and vdim 10")));
+  EXPECT_THAT(
+      engine_->ForwardBatch(q_.view(), v_.view(), v_.view(), items, out.data(), nullptr),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("key: expected shape [2, *, 12]")));
+  std::vector<ItemMask> one(1);
+  EXPECT_THAT(engine_->ForwardBatch(q_.view(), k_.view(), v_.view(), one, out.data(), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("items")));
+}
+
+// PyTorch refuses self-attention when kdim or vdim differs from embed_dim;
+// so does a self session (it once projected E-wide tokens with the kdim-wide
+// key weights and overflowed the workspace: issue 21, item 1).
+TEST_F(MhaEngineValidationTest, SelfSessionsNeedKdimAndVdimEqualToEmbedDim) {
+  SessionEngine sessions(engine_.get(), DType::kFloat32);
+  EXPECT_THAT(sessions.SupportsSelf(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kdim 12 and vdim 10")));
+  Tensor tokens(DType::kFloat32, {5, 16});
+  EXPECT_THAT(sessions.ValidateStep(false, tokens.view(), std::nullopt),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("")));
+  EXPECT_TRUE(sessions.ValidateStep(true, tokens.view(), std::nullopt).ok());
+  // Run refuses a self step too, before touching the cache.
+  MemoryBudget budget(size_t{4} << 20);
+  KvBlockPool pool(sessions.block_bytes(), &budget);
+  KvCache cache(&pool, 2, 8, DType::kFloat32);
+  ASSERT_TRUE(cache.Reserve(5).ok());
+  std::vector<float> out(5 * 16);
+  SessionStep step;
+  step.cache = &cache;
+  step.tokens = tokens.view();
+  step.output = out.data();
+  EXPECT_THAT(sessions.Run({step}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("")));
+  EXPECT_EQ(cache.length(), 0);
+  // kdim == vdim > embed_dim: also refused (it once gave answers that
+  // depended on what an earlier request left in the workspace).
+  MhaSpec wide = testing::SelfAttentionSpec(16, 2);
+  wide.kdim = wide.vdim = 32;
+  auto engine = *MhaEngine::Create(*MhaModel::Random(wide, 4));
+  EXPECT_FALSE(SessionEngine(engine.get(), DType::kFloat32).SupportsSelf().ok());
 }
 
 }  // namespace

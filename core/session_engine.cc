@@ -1,5 +1,6 @@
 #include "core/session_engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -32,8 +33,19 @@ size_t SessionEngine::block_bytes() const {
   return KvCache::BlockBytes(spec().num_heads, spec().head_dim(), cache_dtype_);
 }
 
+absl::Status SessionEngine::SupportsSelf() const {
+  const MhaSpec& s = spec();
+  if (s.kdim == s.embed_dim && s.vdim == s.embed_dim) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "kind: a self-attention session stores its tokens as keys and values, so it needs kdim == "
+      "vdim == embed_dim ",
+      s.embed_dim, "; the model has kdim ", s.kdim, " and vdim ", s.vdim,
+      " (use a cross session with its own key and value)"));
+}
+
 absl::Status SessionEngine::ValidateStep(bool cross, const TensorView& tokens,
                                          const std::optional<TensorView>& not_key) const {
+  if (!cross) RETURN_IF_ERROR(SupportsSelf());
   RETURN_IF_ERROR(CheckFloatTensor(tokens, "tokens", 2));
   RETURN_IF_ERROR(CheckShape(tokens, "tokens", Shape{-1, spec().embed_dim}));
   if (!not_key) return absl::OkStatus();
@@ -56,10 +68,6 @@ absl::Status SessionEngine::ValidateCross(const CrossKeys& keys) const {
   RETURN_IF_ERROR(CheckFloatTensor(keys.value, "value", 2));
   RETURN_IF_ERROR(CheckShape(keys.value, "value", Shape{s, spec().vdim}));
   if (keys.key_padding_mask) {
-    if (keys.key_padding_mask->dtype == DType::kFloat16) {
-      return absl::InvalidArgumentError(
-          "key_padding_mask: expected bool, float32 or bfloat16, got float16");
-    }
     RETURN_IF_ERROR(CheckShape(*keys.key_padding_mask, "key_padding_mask", Shape{s}));
   }
   return absl::OkStatus();
@@ -92,6 +100,23 @@ int64_t SessionEngine::WeightColumns(const SessionStep& step) const {
   return stored + spec().extra_keys();
 }
 
+int64_t SessionEngine::StepWorkingBytes(int64_t t, int64_t columns, bool need_weights,
+                                        bool average_weights) const {
+  const int64_t e = spec().embed_dim, f32 = static_cast<int64_t>(sizeof(float));
+  // Tokens, q|k|v, the self tokens, k, v, context and out-projection in
+  // float32, and the row -> step map.
+  int64_t bytes = 9 * t * e * f32 + t * static_cast<int64_t>(sizeof(int32_t));
+  if (need_weights && average_weights) bytes += spec().num_heads * t * columns * f32;
+  // Each projection's own conversions (one runs at a time).
+  return bytes + engine_->ProjectWorkingBytes(MhaEngine::Part::kQueryKeyValue, t);
+}
+
+int64_t SessionEngine::CrossWorkingBytes(int64_t keys) const {
+  const int64_t e = spec().embed_dim, f32 = static_cast<int64_t>(sizeof(float));
+  return 2 * keys * e * f32 + std::max(engine_->ProjectWorkingBytes(MhaEngine::Part::kKey, keys),
+                                       engine_->ProjectWorkingBytes(MhaEngine::Part::kValue, keys));
+}
+
 absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps, bool commit) const {
   return ResourceExhaustedOnBadAlloc("SessionEngine::Run", [&]() -> absl::Status {
     const MhaSpec& s = spec();
@@ -112,6 +137,13 @@ absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps, bool comm
       if (st.need_weights && st.average_weights) averaged += heads * t * WeightColumns(st);
     }
     if (total == 0) return absl::OkStatus();
+    for (const SessionStep& st : steps) {
+      if (!st.cross) RETURN_IF_ERROR(SupportsSelf());
+      if (st.tokens.rank() != 2 || st.tokens.dim(1) != e) {
+        return absl::InvalidArgumentError(absl::StrCat("tokens: expected shape [*, ", e, "], got ",
+                                                       ShapeToString(st.tokens.shape)));
+      }
+    }
 
     // All tokens in float32, and their projections, one GEMM each.
     Workspace tokens(Workspace::kStepTokens, Floats(total * e));

@@ -75,9 +75,14 @@ class SessionEngine {
   size_t block_bytes() const;
   const MhaSpec& spec() const { return engine_->model().spec(); }
 
+  // OK when the model can hold self-attention sessions (kdim == vdim ==
+  // embed_dim, as PyTorch requires for self-attention); else
+  // InvalidArgument naming the model's kdim and vdim.
+  absl::Status SupportsSelf() const;
+
   // InvalidArgument naming the tensor when the step's tokens are not a
   // (T, E) float tensor or `not_key` is not a (T) bool tensor (or is given
-  // for a cross session).
+  // for a cross session), and for a self step when !SupportsSelf().
   absl::Status ValidateStep(bool cross, const TensorView& tokens,
                             const std::optional<TensorView>& not_key) const;
   absl::Status ValidateCross(const CrossKeys& keys) const;
@@ -89,6 +94,16 @@ class SessionEngine {
   // Columns of a step's weights rows: the keys it can see after the step
   // (stored tokens, then the model's extra keys).
   int64_t WeightColumns(const SessionStep& step) const;
+
+  // An upper bound on the bytes Run() allocates for a step of `tokens`
+  // tokens whose weights rows have `columns` columns (WeightColumns), with
+  // its weights averaged (a per-head copy is kept to average) or not. The
+  // steps of a batch add up: a batch takes at most the sum of its steps'.
+  // The caller's output and weights buffers are not included.
+  int64_t StepWorkingBytes(int64_t tokens, int64_t columns, bool need_weights,
+                           bool average_weights) const;
+  // The same for InitCross() of `keys` keys.
+  int64_t CrossWorkingBytes(int64_t keys) const;
 
   // Computes `steps` (of distinct sessions) together. With `commit`, the
   // self sessions' new tokens become part of them; without, the caller

@@ -33,12 +33,18 @@ std::string ShapeToString(const Shape& shape) {
 }
 
 Tensor::Tensor(DType dtype, Shape shape)
-    : dtype_(dtype), shape_(std::move(shape)), data_(AlignedAlloc(num_bytes())) {
+    : dtype_(dtype),
+      shape_(std::move(shape)),
+      data_(AlignedAlloc(num_bytes())),
+      charge_(static_cast<int64_t>(num_bytes())) {
   std::memset(data_.get(), 0, num_bytes());
 }
 
 Tensor::Tensor(DType dtype, Shape shape, NoFill)
-    : dtype_(dtype), shape_(std::move(shape)), data_(AlignedAlloc(num_bytes())) {}
+    : dtype_(dtype),
+      shape_(std::move(shape)),
+      data_(AlignedAlloc(num_bytes())),
+      charge_(static_cast<int64_t>(num_bytes())) {}
 
 Tensor Tensor::Uninitialized(DType dtype, Shape shape) {
   return Tensor(dtype, std::move(shape), NoFill{});

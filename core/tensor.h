@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "core/dtype.h"
+#include "core/memory_meter.h"
 
 namespace attention {
 
@@ -101,6 +102,7 @@ class Tensor {
   DType dtype_ = DType::kFloat32;
   Shape shape_;
   std::unique_ptr<void, Free> data_;
+  MeterCharge charge_;  // num_bytes(), on the MemoryMeter.
 };
 
 // The bytes of float-like `t` in float-like `dtype`: t.data itself when it

@@ -15,7 +15,7 @@ Kept* ThreadSlots() {
 
 }  // namespace
 
-Workspace::Workspace(Slot slot, size_t bytes) {
+Workspace::Workspace(Slot slot, size_t bytes) : charge_(static_cast<int64_t>(bytes)) {
   if (bytes > kMaxKeptBytes) {
     own_ = AlignedBuffer(bytes);
     data_ = own_.data();

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/memory_meter.h"
 #include "core/tensor.h"
 
 namespace attention {
@@ -76,7 +77,8 @@ class Workspace {
   static size_t KeptBytes();
 
  private:
-  AlignedBuffer own_;  // Only for requests over kMaxKeptBytes.
+  AlignedBuffer own_;   // Only for requests over kMaxKeptBytes.
+  MeterCharge charge_;  // The bytes asked for, on the MemoryMeter.
   void* data_ = nullptr;
 };
 

@@ -39,8 +39,9 @@ test_pkgs=(
   python3 python3-numpy python3-grpcio python3-protobuf python3-torch libopenblas0-pthread
   # Monitoring tests, and the container test (no Docker engine here: podman).
   prometheus podman buildah runc debootstrap podman-compose uidmap python3-yaml fuse-overlayfs
-  # scripts/sanitize.sh: clang, its sanitizer and libFuzzer runtimes, llvm-symbolizer.
-  clang-14 libclang-rt-14-dev llvm-14
+  # scripts/sanitize.sh: clang, its sanitizer and libFuzzer runtimes, llvm-symbolizer, and
+  # LLVM's omp.h (clang-14 cannot parse GCC 12's; the code still links GCC's libgomp).
+  clang-14 libclang-rt-14-dev llvm-14 libomp-14-dev
 )
 bench_pkgs=(python3-matplotlib python3-onnx)
 runtime_pkgs=(

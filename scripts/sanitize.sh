@@ -10,11 +10,19 @@
 # are built. Prints the wall time of each phase and the total. Exits non-zero
 # on any sanitizer report, failing test or fuzzer crash.
 #
+# First, a probe: tiny programs compiled the way the builds compile (omp.h
+# with -fopenmp=libgomp; -fsanitize=fuzzer,address,undefined; -fsanitize=thread)
+# and the symbolizer. If one fails, it names the Debian package that is
+# missing (scripts/install_deps.sh installs them all) and exits 1 before
+# building anything.
+#
 # Usage: scripts/sanitize.sh [--fuzz-seconds N] [--fuzz-jobs N] [--fuzz-only] [--no-fuzz]
+#                            [--probe-only]
 #   --fuzz-seconds N  how long each fuzz target runs (default 60)
 #   --fuzz-jobs N     fuzz targets run at once (default 2, one per core here)
 #   --fuzz-only       build the fuzzers and fuzz, nothing else (for long runs)
 #   --no-fuzz         the sanitizer test runs only
+#   --probe-only      the toolchain probe only
 #
 # A crash leaves its input in the printed artifacts folder: fix the bug, then
 # copy the input into tests/fuzz/regressions/<target>/ so that
@@ -27,13 +35,15 @@ fuzz_seconds=60
 fuzz_jobs=2
 do_tests=1
 do_fuzz=1
+probe_only=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --fuzz-seconds) fuzz_seconds=$2; shift 2 ;;
     --fuzz-jobs) fuzz_jobs=$2; shift 2 ;;
     --fuzz-only) do_tests=0; shift ;;
     --no-fuzz) do_fuzz=0; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --probe-only) probe_only=1; shift ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "sanitize.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -45,6 +55,53 @@ if ! command -v "$cxx" >/dev/null 2>&1; then
 fi
 export ASAN_SYMBOLIZER_PATH=/usr/lib/llvm-14/bin/llvm-symbolizer
 export TSAN_SYMBOLIZER_PATH=$ASAN_SYMBOLIZER_PATH
+
+# The toolchain probe. Each check: what is compiled, the package that
+# provides what it needs, and the compiler's first error.
+probe() {
+  local dir
+  dir=$(mktemp -d /tmp/sanitize-probe.XXXXXX)
+  local missing=()
+  check() {  # package, what, file, compiler args...
+    local package=$1 what=$2 file=$3
+    shift 3
+    if ! "$cxx" "$@" "$dir/$file" -o "$dir/a.out" >"$dir/log" 2>&1; then
+      echo "sanitize.sh: probe failed: $what" >&2
+      grep -m1 -E "error|cannot find|not found" "$dir/log" | sed 's/^/    /' >&2 || true
+      echo "    missing Debian package: $package" >&2
+      missing+=("$package")
+    fi
+  }
+  printf '#include <omp.h>\nint main() { return omp_get_max_threads() > 0 ? 0 : 1; }\n' \
+    >"$dir/omp.cc"
+  printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' \
+    >"$dir/fuzz.cc"
+  printf 'int main() { return 0; }\n' >"$dir/main.cc"
+  # LLVM's omp.h, in clang's resource directory; the build links GCC's libgomp.
+  check libomp-14-dev "'#include <omp.h>' with $cxx -fopenmp=libgomp" omp.cc -fopenmp=libgomp -c
+  check libclang-rt-14-dev "$cxx -fsanitize=fuzzer,address,undefined (libFuzzer, ASan, UBSan)" \
+    fuzz.cc -fsanitize=fuzzer,address,undefined
+  check libclang-rt-14-dev "$cxx -fsanitize=thread (TSan)" main.cc -fsanitize=thread
+  if [[ ! -x $ASAN_SYMBOLIZER_PATH ]]; then
+    echo "sanitize.sh: probe failed: $ASAN_SYMBOLIZER_PATH not found" >&2
+    echo "    missing Debian package: llvm-14" >&2
+    missing+=(llvm-14)
+  fi
+  if [[ $(g++ -print-file-name=libgomp.so) != /* ]]; then
+    echo "sanitize.sh: probe failed: GCC's libgomp.so not found (g++ -print-file-name=libgomp.so)" >&2
+    echo "    missing Debian package: libgcc-12-dev" >&2
+    missing+=(libgcc-12-dev)
+  fi
+  rm -rf "$dir"
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    echo "sanitize.sh: missing Debian package(s): $(printf '%s\n' "${missing[@]}" | sort -u | paste -sd ' ')" >&2
+    echo "    install them with: sudo scripts/install_deps.sh (or apt-get install them)" >&2
+    return 1
+  fi
+  echo "== sanitize: toolchain probe ok ($cxx: omp.h, libFuzzer, ASan, UBSan, TSan, symbolizer)"
+}
+probe || exit 1
+[[ $probe_only == 1 ]] && exit 0
 
 total_start=$(date +%s)
 timings=()
@@ -88,7 +145,7 @@ configure() {  # dir, flags, extra cmake args...
 
 asan_tests=(core_test wire_codec_test client_cli_unit_test fuzz_regression_test server_test
             server_batching_test server_admission_test server_metrics_test server_session_test
-            server_session_lifecycle_test)
+            server_session_lifecycle_test server_shutdown_test)
 fuzzers=(model_dir_fuzzer infer_request_fuzzer npy_fuzzer session_fuzzer oip_request_fuzzer)
 # TSan: the batcher, the service (unary and streams), drain, and the engine
 # called from many threads. (Not the session tests: they reach the server

@@ -45,8 +45,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
     s->exposer_->RegisterCollectable(s->process_metrics_);
     std::cerr << "metrics on http://" << address << "/metrics\n";
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                   MakeServerCredentials(options.tls));
+  ASSIGN_OR_RETURN(ServerTransport transport, MakeServerTransport(options.tls));
+  s->tls_identity_ = std::move(transport.identity);
   ServiceOptions service_options;
   service_options.max_response_bytes = options.max_message_bytes;
   service_options.max_stream_pending = options.max_stream_pending;
@@ -102,7 +102,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
                         s->reflection_v1alpha_.get());
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
-  builder.AddListeningPort(address, credentials, &s->port_);
+  builder.AddListeningPort(address, transport.credentials, &s->port_);
   // gRPC sets SO_REUSEPORT by default, so a second server on the same port
   // would start and silently take half the connections (and half of every
   // client's sessions). Refuse to start instead.
@@ -179,8 +179,12 @@ bool AttentionServer::Drain() {
       std::max(absl::ZeroDuration(), start + options_.drain_timeout - absl::Now());
   server_->Shutdown(absl::ToChronoTime(absl::Now() + left));
   server_->Wait();
-  repository_.reset();
+  // Dependency order: the session manager first (its reaper ends expired
+  // sessions, reading their models), then the models. Every call has ended,
+  // and a call ends only after its batcher work answered, so no batcher holds
+  // session work any more.
   sessions_.reset();
+  repository_.reset();
   return idle;
 }
 

@@ -113,9 +113,12 @@ class AttentionServer {
   std::unique_ptr<HealthServiceImpl> health_service_;
   std::unique_ptr<ReflectionServiceV1> reflection_v1_;
   std::unique_ptr<ReflectionServiceV1Alpha> reflection_v1alpha_;
+  std::unique_ptr<TlsIdentityWatcher> tls_identity_;  // Null for plaintext; outlives server_.
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<ModelRepository> repository_;  // Outlives nothing that uses it after Drain.
-  std::unique_ptr<SessionManager> sessions_;     // Destroyed after the repository's batchers.
+  // Destroyed in dependency order (Drain, else members in reverse): the
+  // session manager, which reads the models, before the repository.
+  std::unique_ptr<ModelRepository> repository_;
+  std::unique_ptr<SessionManager> sessions_;
   int port_ = 0;
   bool drained_ = false;
 };

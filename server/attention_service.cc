@@ -10,6 +10,8 @@
 #include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
 #include "proto/codec/tensor_codec.h"
+#include "server/batch_runner.h"
+#include "server/identifiers.h"
 #include "server/message_limit.h"
 #include "server/stream_reactor.h"
 
@@ -75,9 +77,12 @@ int64_t SaturatingProduct(std::initializer_list<int64_t> factors) {
 
 }  // namespace
 
-absl::Status AttentionServiceImpl::CheckResponseSize(const MhaSpec& spec, const MhaInputs& in,
+absl::Status AttentionServiceImpl::CheckResponseSize(const ServedModel& model, const MhaInputs& in,
                                                      const MhaCall& c, size_t id_bytes,
                                                      int64_t* response_bytes) const {
+  const MhaSpec& spec = model.model->spec();
+  const MhaEngine& engine = *model.engine;
+  const int64_t max_working = model.batcher->options().max_working_bytes;
   const int64_t out_size =
       static_cast<int64_t>(DTypeSize(in.output_dtype.value_or(in.query.dtype)));
   const int64_t total_keys = c.keys + spec.extra_keys();
@@ -104,11 +109,20 @@ absl::Status AttentionServiceImpl::CheckResponseSize(const MhaSpec& spec, const 
                      ", attn_weights ", weights_bytes, "), over the server's max_message_bytes ",
                      options_.max_response_bytes));
   }
+  const int64_t working =
+      BatchWorkingBytes(engine, c.batch, c.queries, c.keys, c.self_attention, in.need_weights);
+  if (working > max_working) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request: computing it takes about ", working,
+                     " bytes of working memory (padded inputs, projections, attention buffers",
+                     in.need_weights ? ", weights" : "", "), over the server's limit of ",
+                     max_working, " per batch; send fewer or shorter sequences"));
+  }
   return absl::OkStatus();
 }
 
 AttentionServiceImpl::AttentionServiceImpl(Metrics* metrics, ServiceOptions options)
-    : metrics_(metrics), options_(options) {}
+    : metrics_(metrics), options_(options), budget_(options.max_inflight_bytes, metrics) {}
 
 void AttentionServiceImpl::SetRepository(const ModelRepository* repository) {
   repository_.store(repository);
@@ -170,47 +184,37 @@ absl::StatusOr<const ServedModel*> AttentionServiceImpl::FindModel(const Princip
                                                                    const std::string& name) const {
   const ModelRepository* repository = repository_.load();
   if (repository == nullptr) return absl::UnavailableError("server is not ready yet");
+  RETURN_IF_ERROR(CheckIdentifier(name, "model"));
+  if (name.empty() && principal != nullptr && !principal->all_models) {
+    // The default among the caller's own models (the server's default when
+    // it may use that, else its first served model by name), so that a
+    // refusal never names a model the caller may not know of.
+    const ServedModel* fallback = repository->Find(name);
+    if (fallback != nullptr && principal->MayUse(fallback->name)) return fallback;
+    for (const ServedModel* m : repository->models()) {
+      if (principal->MayUse(m->name)) return m;
+    }
+    metrics_->CountRefusal(absl::StatusCode::kPermissionDenied);
+    return absl::PermissionDeniedError(
+        absl::StrCat("model: caller '", principal->name, "' may use no served model"));
+  }
   const ServedModel* model = repository->Find(name);
   const std::string& shown = model != nullptr ? model->name : name;
   if (principal != nullptr && !principal->MayUse(shown) &&
       (model != nullptr || !principal->all_models)) {
     metrics_->CountRefusal(absl::StatusCode::kPermissionDenied);
-    return absl::PermissionDeniedError(
-        absl::StrCat("model: caller '", principal->name, "' may not use model '", shown, "'"));
+    return absl::PermissionDeniedError(absl::StrCat("model: caller '", principal->name,
+                                                    "' may not use model '", Shown(shown), "'"));
   }
   if (model == nullptr) {
-    return absl::NotFoundError(absl::StrCat("model: '", name, "' is not served"));
+    return absl::NotFoundError(absl::StrCat("model: '", Shown(name), "' is not served"));
   }
   return model;
 }
 
-absl::Status AttentionServiceImpl::Admit(int64_t bytes) {
-  const int64_t limit = options_.max_inflight_bytes;
-  int64_t current = inflight_bytes_.load();
-  do {
-    if (bytes > limit - current) {
-      metrics_->CountRefusal(absl::StatusCode::kResourceExhausted);
-      if (bytes > limit) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("request: needs ", bytes,
-                         " bytes with its response, more than the server's whole "
-                         "--max_inflight_bytes ",
-                         limit));
-      }
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "request: needs ", bytes, " bytes with its response; ", current, " of the server's ",
-          "--max_inflight_bytes ", limit, " are in flight; retry later"));
-    }
-  } while (!inflight_bytes_.compare_exchange_weak(current, current + bytes));
-  metrics_->inflight_bytes().Increment(static_cast<double>(bytes));
-  return absl::OkStatus();
-}
+absl::Status AttentionServiceImpl::Admit(int64_t bytes) { return budget_.Admit(bytes); }
 
-void AttentionServiceImpl::Release(int64_t bytes) {
-  if (bytes == 0) return;
-  inflight_bytes_.fetch_sub(bytes);
-  metrics_->inflight_bytes().Decrement(static_cast<double>(bytes));
-}
+void AttentionServiceImpl::Release(int64_t bytes) { budget_.Release(bytes); }
 
 absl::StatusOr<const ServedModel*> AttentionServiceImpl::Admissible(
     grpc::CallbackServerContext* context, const std::string& model,
@@ -227,8 +231,8 @@ absl::Status AttentionServiceImpl::Finalize(std::unique_ptr<PendingRequest> pend
                                             grpc::CallbackServerContext* context,
                                             Prepared* prepared) {
   ASSIGN_OR_RETURN(pending->call, prepared->model->engine->Validate(pending->inputs));
-  RETURN_IF_ERROR(CheckResponseSize(prepared->model->model->spec(), pending->inputs, pending->call,
-                                    id_bytes, &prepared->response_bytes));
+  RETURN_IF_ERROR(CheckResponseSize(*prepared->model, pending->inputs, pending->call, id_bytes,
+                                    &prepared->response_bytes));
   pending->keep_alive = std::move(keep_alive);
   BindCall(context, pending.get());
   prepared->pending = std::move(pending);
@@ -237,21 +241,22 @@ absl::Status AttentionServiceImpl::Finalize(std::unique_ptr<PendingRequest> pend
 
 absl::Status AttentionServiceImpl::Submit(Prepared& prepared, int64_t request_bytes,
                                           std::function<void(RequestOutcome)> done) {
-  const int64_t admitted = request_bytes + prepared.response_bytes;
-  RETURN_IF_ERROR(Admit(admitted));
-  prepared.pending->done = [this, admitted, done = std::move(done)](RequestOutcome outcome) {
-    Release(admitted);
+  ASSIGN_OR_RETURN(std::shared_ptr<Admission> held,
+                   budget_.Take(request_bytes + prepared.response_bytes));
+  // Released before `done` answers, so a client that has its response sees
+  // the bytes back in the budget.
+  prepared.pending->done = [held, done = std::move(done)](RequestOutcome outcome) mutable {
+    held.reset();
     done(std::move(outcome));
   };
-  const absl::Status queued = prepared.model->batcher->Enqueue(std::move(prepared.pending));
-  if (!queued.ok()) Release(admitted);
-  return queued;
+  return prepared.model->batcher->Enqueue(std::move(prepared.pending));
 }
 
 absl::Status AttentionServiceImpl::Prepare(const v1::InferRequest& request,
                                            std::shared_ptr<const void> keep_alive,
                                            grpc::CallbackServerContext* context,
                                            Prepared* prepared) {
+  RETURN_IF_ERROR(CheckIdentifier(request.request_id(), "request_id"));
   ASSIGN_OR_RETURN(prepared->model, Admissible(context, request.model()));
   auto pending = std::make_unique<PendingRequest>();
   MhaInputs& in = pending->inputs;
@@ -311,7 +316,7 @@ grpc::ServerBidiReactor<v1::InferRequest, v1::InferResponse>* AttentionServiceIm
         out.status = Prepare(*request, request, call, prepared.get());
         out.model = prepared->model;
         out.response_bytes = prepared->response_bytes;
-        out.submit = [this, prepared](Reactor::Reply reply) {
+        out.submit = [this, prepared](Reactor::Reply reply, Admission*) {
           const int64_t max_bytes = options_.max_response_bytes;
           prepared->pending->done = [reply, max_bytes](RequestOutcome outcome) {
             v1::InferResponse response;

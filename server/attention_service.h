@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attention/v1/attention.grpc.pb.h"
+#include "server/inflight_budget.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/pending_request.h"
@@ -132,7 +133,8 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   // naming the limit. Every admitted byte is released with Release().
   absl::Status Admit(int64_t bytes);
   void Release(int64_t bytes);
-  int64_t inflight_bytes() const { return inflight_bytes_.load(); }
+  int64_t inflight_bytes() const { return budget_.used(); }
+  InflightBudget& budget() { return budget_; }
 
   const ServiceOptions& options() const { return options_; }
   // Null until SetRepository().
@@ -141,16 +143,17 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
 
  private:
   // RESOURCE_EXHAUSTED, naming the sizes, when the response to `in` (output,
-  // weights, framing) would exceed max_response_bytes or its weights buffer
-  // the batcher's cap; else OK with the estimate in *response_bytes.
-  absl::Status CheckResponseSize(const MhaSpec& spec, const MhaInputs& in, const MhaCall& call,
+  // weights, framing) would exceed max_response_bytes, or its weights buffer
+  // or working memory the batcher's caps; else OK with the estimate in
+  // *response_bytes.
+  absl::Status CheckResponseSize(const ServedModel& model, const MhaInputs& in, const MhaCall& call,
                                  size_t id_bytes, int64_t* response_bytes) const;
 
   Metrics* const metrics_;
   const ServiceOptions options_;
   std::atomic<const ModelRepository*> repository_{nullptr};
   std::atomic<bool> draining_{false};
-  std::atomic<int64_t> inflight_bytes_{0};
+  InflightBudget budget_;
   absl::Mutex mu_;
   int64_t inflight_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -31,6 +31,19 @@ double ForwardFlops(const MhaSpec& s, int64_t items, int64_t queries, int64_t ke
   return 4.0 * n * l * e * e + 2.0 * n * k * (s.kdim + s.vdim) * e + 4.0 * n * l * total_keys * e;
 }
 
+int64_t BatchWorkingBytes(const MhaEngine& engine, int64_t items, int64_t queries, int64_t keys,
+                          bool self_attention, bool need_weights) {
+  const MhaSpec& s = engine.model().spec();
+  const int64_t f32 = static_cast<int64_t>(sizeof(float));
+  int64_t bytes = 2 * items * queries * s.embed_dim * f32;  // Query and output.
+  if (!self_attention) bytes += items * keys * (s.kdim + s.vdim) * f32;
+  if (need_weights) bytes += items * s.num_heads * queries * (keys + s.extra_keys()) * f32;
+  // The masks, and the row that gathers one request's weights.
+  bytes += items * static_cast<int64_t>(sizeof(ItemMask)) + (keys + s.extra_keys()) * f32;
+  return bytes + engine.WorkingBytes(items, queries, self_attention ? queries : keys,
+                                     self_attention, need_weights);
+}
+
 std::vector<RequestOutcome> RunBatch(const MhaEngine& engine,
                                      const std::vector<std::unique_ptr<PendingRequest>>& batch,
                                      BatchStats* stats) {

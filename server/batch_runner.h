@@ -29,6 +29,13 @@ std::vector<RequestOutcome> RunBatch(const MhaEngine& engine,
                                      const std::vector<std::unique_ptr<PendingRequest>>& batch,
                                      BatchStats* stats);
 
+// An upper bound on the bytes RunBatch allocates for a batch of `items`
+// items padded to `queries` and `keys` rows: its padded float32 inputs,
+// output and weights, and the engine's working memory. The responses' own
+// bytes are not included (each request's admission counts them).
+int64_t BatchWorkingBytes(const MhaEngine& engine, int64_t items, int64_t queries, int64_t keys,
+                          bool self_attention, bool need_weights);
+
 // FLOPs of a forward pass of `items` sequences of `queries` x `keys` (counted
 // as the core benchmark does).
 double ForwardFlops(const MhaSpec& spec, int64_t items, int64_t queries, int64_t keys);

@@ -118,9 +118,12 @@ std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
             options_.max_padding_ratio * static_cast<double>(real_keys + r.key_tokens())) {
       continue;
     }
-    if ((weights || r.inputs.need_weights) &&
-        padded * engine_->model().spec().num_heads * s * 4 > kMaxBatchWeightsBytes) {
-      continue;  // The batch's weights buffer would grow too large.
+    const bool with_weights = weights || r.inputs.need_weights;
+    if ((with_weights &&
+         padded * engine_->model().spec().num_heads * s * 4 > kMaxBatchWeightsBytes) ||
+        BatchWorkingBytes(*engine_, items + r.call.batch, l, s, self_attention, with_weights) >
+            options_.max_working_bytes) {
+      continue;  // The batch's weights or working memory would grow too large.
     }
     max_s = s;
     weights |= r.inputs.need_weights;
@@ -139,6 +142,7 @@ std::vector<size_t> DynamicBatcher::PickSessionBatch(bool* ready) const {
   // session's creation goes alone.
   std::vector<size_t> picked = {0};
   int64_t tokens = queue_.front()->tokens();
+  int64_t working = queue_.front()->working_bytes;
   *ready = options_.max_batch_size == 1 ||
            queue_.front()->session->kind == SessionWork::Kind::kInitCross;
   for (size_t i = 1; i < queue_.size() && !*ready; ++i) {
@@ -149,6 +153,9 @@ std::vector<size_t> DynamicBatcher::PickSessionBatch(bool* ready) const {
       *ready = true;
       break;
     }
+    // Steps' working memory adds up; a step that does not fit waits.
+    if (working + r.working_bytes > options_.max_working_bytes) continue;
+    working += r.working_bytes;
     tokens += r.tokens();
     picked.push_back(i);
   }
@@ -224,6 +231,26 @@ void DynamicBatcher::Loop() {
   }
 }
 
+int64_t DynamicBatcher::EstimateWorking(
+    const std::vector<std::unique_ptr<PendingRequest>>& batch) const {
+  if (batch.front()->session != nullptr) {
+    int64_t working = 0;
+    for (const auto& r : batch) working += r->working_bytes;
+    return working;
+  }
+  int64_t items = 0, max_l = 0, max_s = 0;
+  bool weights = false;
+  for (const auto& r : batch) {
+    items += r->call.batch;
+    max_l = std::max(max_l, r->call.queries);
+    max_s = std::max(max_s, r->call.keys);
+    weights |= r->inputs.need_weights;
+  }
+  const bool self_attention = batch.front()->call.self_attention;
+  return BatchWorkingBytes(*engine_, items, max_l, self_attention ? max_l : max_s, self_attention,
+                           weights);
+}
+
 void DynamicBatcher::Execute(std::vector<std::unique_ptr<PendingRequest>> batch) {
   absl::Time start;
   absl::Duration compute;
@@ -235,6 +262,10 @@ void DynamicBatcher::Execute(std::vector<std::unique_ptr<PendingRequest>> batch)
     // Small batches run on one thread: waking an OpenMP team for each of a
     // forward pass's primitives costs more than it saves below ~32 MFLOP.
     const bool sessions = batch.front()->session != nullptr;
+    const int64_t working = EstimateWorking(batch);
+    for (int64_t peak = peak_working_.load();
+         working > peak && !peak_working_.compare_exchange_weak(peak, working);) {
+    }
     omp_set_num_threads(!sessions && EstimateFlops(batch) < kSmallBatchFlops ? 1
                                                                              : compute_threads_);
     try {

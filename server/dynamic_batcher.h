@@ -22,6 +22,7 @@
 #ifndef ATTENTION_SERVER_DYNAMIC_BATCHER_H_
 #define ATTENTION_SERVER_DYNAMIC_BATCHER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -47,6 +48,12 @@ struct BatchingOptions {
   int64_t max_queue_delay_us = 500;  // Longest wait of the oldest request for company.
   int64_t max_queue_size = 1024;     // Queued requests before RESOURCE_EXHAUSTED.
   double max_padding_ratio = 2.0;    // Padded / real tokens a batch may reach.
+  // Memory one batch may take to compute, besides its requests' messages and
+  // responses: padded inputs, attention weights, the engine's workspaces
+  // (BatchWorkingBytes, AppendWorkingBytes). Requests join a batch only while
+  // it stays under this; a request over it alone is refused before it is
+  // queued. One batch computes at a time, so this is also the server's.
+  int64_t max_working_bytes = int64_t{512} << 20;
 };
 
 class DynamicBatcher {
@@ -82,12 +89,16 @@ class DynamicBatcher {
   void SetSessionRunner(SessionRunner runner) { session_runner_ = std::move(runner); }
 
   // A batch needing attention weights keeps them all, (items, H, L, S')
-  // float32: requests join it only while that stays under this, and a
-  // request needing more by itself is refused before it is queued.
+  // float32: never more than this, whatever max_working_bytes says.
   static constexpr int64_t kMaxBatchWeightsBytes = int64_t{512} << 20;
 
   const BatchingOptions& options() const { return options_; }
   int64_t queue_depth() const;
+  // The largest working memory (estimated, an upper bound) of a batch
+  // computed since the last ResetPeakWorking(): what tests compare the
+  // MemoryMeter's peak with.
+  int64_t peak_working_bytes() const { return peak_working_.load(); }
+  void ResetPeakWorking() { peak_working_.store(0); }
 
  private:
   DynamicBatcher(const MhaEngine* engine, BatchingOptions options, const ModelMetrics* metrics,
@@ -104,6 +115,8 @@ class DynamicBatcher {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Execute(std::vector<std::unique_ptr<PendingRequest>> batch);
   double EstimateFlops(const std::vector<std::unique_ptr<PendingRequest>>& batch) const;
+  // An upper bound on the working memory of computing `batch`.
+  int64_t EstimateWorking(const std::vector<std::unique_ptr<PendingRequest>>& batch) const;
 
   // Below this a batch computes on one thread.
   static constexpr double kSmallBatchFlops = 32e6;
@@ -114,6 +127,7 @@ class DynamicBatcher {
   absl::Mutex* const compute_mutex_;
   const int compute_threads_;
   SessionRunner session_runner_;
+  std::atomic<int64_t> peak_working_{0};
 
   mutable absl::Mutex mu_;
   absl::CondVar wake_;

@@ -1,5 +1,7 @@
 #include "server/health_service.h"
 
+#include "server/identifiers.h"
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -120,8 +122,9 @@ grpc::ServerUnaryReactor* HealthServiceImpl::Check(grpc::CallbackServerContext* 
     status = StatusOfLocked(request->service());
   }
   if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                 absl::StrCat("service: '", request->service(), "' is unknown")));
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::NOT_FOUND,
+                     absl::StrCat("service: '", Shown(request->service()), "' is unknown")));
     return reactor;
   }
   response->set_status(status);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
+#include "server/identifiers.h"
 #include "server/sequence_sessions.h"
 
 namespace attention::server {
@@ -31,11 +32,12 @@ InferenceServiceImpl::InferenceServiceImpl(AttentionServiceImpl* requests,
 absl::StatusOr<const ServedModel*> InferenceServiceImpl::Model(
     grpc::CallbackServerContext* context, const std::string& name, const std::string& version,
     std::shared_ptr<const Principal>* caller) {
+  RETURN_IF_ERROR(CheckIdentifier(version, "model_version"));
   ASSIGN_OR_RETURN(const ServedModel* model, requests_->Admissible(context, name, caller));
   if (!version.empty() && version != kModelVersion) {
     return absl::NotFoundError(absl::StrCat("model_version: model '", model->name,
                                             "' has version '", kModelVersion, "' only, got '",
-                                            version, "'"));
+                                            Shown(version), "'"));
   }
   return model;
 }
@@ -45,7 +47,7 @@ void InferenceServiceImpl::Label(const inference::ModelInferRequest& request,
                                  inference::ModelInferResponse* response) {
   response->set_model_name(model != nullptr ? model->name : request.model_name());
   response->set_model_version(kModelVersion);
-  response->set_id(request.id());
+  response->set_id(Echoed(request.id()));
 }
 
 // Probes answer without a token unless --auth_probes.
@@ -171,6 +173,7 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::ModelInfer(
     reactor->Finish(wire::ToGrpcStatus(status));
   };
   absl::Status status = decoded.status();
+  if (status.ok()) status = CheckIdentifier(request->id(), "id");
   if (status.ok()) {
     const int64_t max_bytes = requests_->options().max_response_bytes;
     std::vector<OipOutput> outputs = decoded->outputs;
@@ -214,6 +217,7 @@ InferenceServiceImpl::ModelStreamInfer(grpc::CallbackServerContext* context) {
             model.ok() ? DecodeModelInfer(*request) : absl::StatusOr<OipRequest>(model.status());
         out.model = model.ok() ? *model : nullptr;
         out.status = decoded.status();
+        if (out.status.ok()) out.status = CheckIdentifier(request->id(), "id");
         if (!out.status.ok()) return out;
         if (decoded->sequence_id) {
           out.status = absl::UnimplementedError(
@@ -227,7 +231,8 @@ InferenceServiceImpl::ModelStreamInfer(grpc::CallbackServerContext* context) {
         out.response_bytes = prepared->response_bytes;
         const int64_t max_bytes = requests_->options().max_response_bytes;
         const ServedModel* served = out.model;
-        out.submit = [prepared, outputs, max_bytes, served, request](Reactor::Reply reply) {
+        out.submit = [prepared, outputs, max_bytes, served, request](Reactor::Reply reply,
+                                                                     Admission*) {
           prepared->pending->done = [reply, outputs, max_bytes, served,
                                      request](RequestOutcome outcome) {
             inference::ModelStreamInferResponse response;

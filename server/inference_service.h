@@ -18,6 +18,7 @@
 
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "server/attention_service.h"
+#include "server/identifiers.h"
 #include "server/oip_codec.h"
 #include "server/stream_reactor.h"
 
@@ -32,8 +33,8 @@ struct StreamCodec<inference::ModelInferRequest, inference::ModelStreamInferResp
   static std::string Id(const inference::ModelInferRequest& request) { return request.id(); }
   static void Complete(const std::string& id, const absl::Status& status,
                        inference::ModelStreamInferResponse* response) {
-    if (!status.ok()) response->set_error_message(std::string(status.message()));
-    response->mutable_infer_response()->set_id(id);
+    if (!status.ok()) response->set_error_message(std::string(status.message().substr(0, 4096)));
+    response->mutable_infer_response()->set_id(Echoed(id));
   }
 };
 

@@ -50,7 +50,9 @@ Metrics::Metrics(const std::string& version)
                    "Time from receiving an append to sending its response.", *registry_)),
       session_ends_(Register(prometheus::BuildCounter(), "attention_session_ends_total",
                              "Sessions ended, by reason: closed by the client, expired "
-                             "after their idle TTL, or evicted for memory or count.",
+                             "after their idle TTL, or evicted (evicted_memory, "
+                             "evicted_tenant_memory, evicted_model_sessions, "
+                             "evicted_tenant_sessions: the limit that needed the room).",
                              *registry_)),
       inflight_(&Register(prometheus::BuildGauge(), "attention_inflight_requests",
                           "Requests received and not yet answered.", *registry_)
@@ -107,9 +109,8 @@ const ModelMetrics* Metrics::AddModel(const std::string& model) {
   m->sessions = &sessions_.Add(labels);
   m->session_tokens = &session_tokens_.Add(labels);
   m->append_duration = &append_duration_.Add(labels, DurationBuckets());
-  const char* ends[kNumSessionEnds] = {"closed", "expired", "evicted"};
   for (int i = 0; i < kNumSessionEnds; ++i) {
-    m->session_ends[i] = &session_ends_.Add({{"model", model}, {"reason", ends[i]}});
+    m->session_ends[i] = &session_ends_.Add({{"model", model}, {"reason", kSessionEndLabels[i]}});
   }
   const char* methods[kNumMethods] = {"Infer",        "InferStream",   "CreateSession",
                                       "Append",       "SessionStream", "GetSession",

@@ -38,9 +38,27 @@ enum class Method {
 };
 inline constexpr int kNumMethods = 9;
 
-// Why a session ended (attention_session_ends_total{reason}).
-enum class SessionEnd { kClosed = 0, kExpired = 1, kEvicted = 2 };
-inline constexpr int kNumSessionEnds = 3;
+// Why a session ended (attention_session_ends_total{reason}): closed by its
+// caller, expired after its idle TTL, or evicted (idle past the grace) for
+// one of four limits: the server's session memory, the caller's own memory
+// limit, the model's max_sessions, or the caller's max_sessions_per_tenant.
+// The last three only ever evict the caller's own sessions.
+enum class SessionEnd {
+  kClosed = 0,
+  kExpired = 1,
+  kEvictedMemory = 2,          // "evicted_memory": --session_memory_bytes.
+  kEvictedTenantMemory = 3,    // "evicted_tenant_memory": --session_memory_per_tenant_bytes.
+  kEvictedModelSessions = 4,   // "evicted_model_sessions": the model's max_sessions.
+  kEvictedTenantSessions = 5,  // "evicted_tenant_sessions": --max_sessions_per_tenant.
+};
+inline constexpr int kNumSessionEnds = 6;
+// The reason label of each SessionEnd.
+inline constexpr const char* kSessionEndLabels[kNumSessionEnds] = {"closed",
+                                                                   "expired",
+                                                                   "evicted_memory",
+                                                                   "evicted_tenant_memory",
+                                                                   "evicted_model_sessions",
+                                                                   "evicted_tenant_sessions"};
 
 // One model's series.
 struct ModelMetrics {

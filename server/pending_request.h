@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "core/memory_meter.h"
 #include "core/mha_engine.h"
 #include "core/session_engine.h"
 #include "core/tensor.h"
@@ -26,13 +27,16 @@ namespace attention::server {
 struct OutputTensor {
   DType dtype = DType::kFloat32;
   Shape shape;
-  std::string bytes;  // product(shape) elements of dtype, row-major.
+  std::string bytes;   // product(shape) elements of dtype, row-major.
+  MeterCharge charge;  // The bytes, on the MemoryMeter, until encoded.
 
   // A tensor of `shape` in `dtype` whose bytes the caller fills.
   static OutputTensor Sized(DType dtype, Shape shape) {
     OutputTensor t;
     t.dtype = dtype;
-    t.bytes.resize(static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype));
+    const size_t size = static_cast<size_t>(NumElements(shape)) * DTypeSize(dtype);
+    t.bytes.resize(size);
+    t.charge = MeterCharge(static_cast<int64_t>(size));
     t.shape = std::move(shape);
     return t;
   }
@@ -49,6 +53,7 @@ struct RequestOutcome {
 };
 
 struct Session;
+class Admission;
 
 // A session's step, queued and batched like a request: an append, or a cross
 // session's creation (projecting its fixed keys and values).
@@ -60,6 +65,18 @@ struct SessionWork {
   std::optional<TensorView> not_key;  // Append, self sessions: (T) bool.
   CrossKeys cross;                    // kInitCross.
   int64_t key_count = 0;              // kInitCross: S.
+  // Appends: checked again when the append runs, against the session's
+  // length then (an append is applied if and only if its response is OK).
+  int64_t max_response_bytes = 0;  // The server's max_message_bytes.
+  int64_t id_bytes = 0;            // Echoed ids in the response.
+  int64_t request_bytes = 0;       // The request message, held while queued.
+  // The in-flight budget held for it (null in tests without a server),
+  // grown when the exact response is larger than the estimate. Owned by the
+  // front-end, which holds it until the response is sent.
+  Admission* admission = nullptr;
+  // Takes the append's tokens off its session's queued_tokens when the work
+  // goes (its deleter does; it holds no object).
+  std::shared_ptr<void> queued;
 };
 
 struct PendingRequest {
@@ -74,6 +91,9 @@ struct PendingRequest {
   // then carries need_weights, average_attn_weights and output_dtype, and
   // `call` the token count (batch 1, queries T).
   std::unique_ptr<SessionWork> session;
+  // Session work: an upper bound of the working memory computing it takes
+  // (the batcher keeps a batch's sum under its cap).
+  int64_t working_bytes = 0;
 
   // Real query tokens: items x query length.
   int64_t tokens() const { return call.batch * call.queries; }

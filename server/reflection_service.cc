@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "proto/codec/status_codes.h"
+#include "server/identifiers.h"
 
 namespace attention::server {
 namespace {
@@ -173,6 +174,16 @@ ReflectionService<Service, Request, Response>::ServerReflectionInfo(
 template <typename Service, typename Request, typename Response>
 Response ReflectionService<Service, Request, Response>::Answer(const Request& request) const {
   Response response;
+  // Nothing a caller sends is echoed past the identifier limit: an oversized
+  // request gets a short error (a response echoed it whole, twice, before).
+  if (request.ByteSizeLong() > 4 * kMaxIdentifierBytes) {
+    response.mutable_error_response()->set_error_code(
+        static_cast<int>(absl::StatusCode::kInvalidArgument));
+    response.mutable_error_response()->set_error_message(absl::StrCat(
+        "request: ", request.ByteSizeLong(), " bytes; its host and names are limited to ",
+        kMaxIdentifierBytes, " bytes each"));
+    return response;
+  }
   response.set_valid_host(request.host());
   *response.mutable_original_request() = request;
   absl::Status status;

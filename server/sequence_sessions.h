@@ -6,8 +6,11 @@
 // sequence appends its `query` tokens to it (so attention over the sequence
 // is causal and incremental, as with SessionService.Append), and
 // `sequence_end` closes it after its append. A sequence is named by the
-// caller (its token's principal, with authentication) and `sequence_id`, so
-// callers cannot reach each other's sequences.
+// caller (its token's Principal::id, with authentication), the model and
+// `sequence_id` (at most kMaxIdentifierBytes), so callers cannot reach each
+// other's sequences. A start's session is created only once its step has
+// been validated and admitted, and ended again if the step fails, so a
+// refused start holds nothing.
 //
 // Thread-safe. The session service (and its manager) and the attention
 // service must outlive it.
@@ -17,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -49,17 +53,21 @@ class SequenceSessions {
   size_t size() const;
 
  private:
-  // The session of sequence `key`, created anew when `start`.
-  absl::StatusOr<std::shared_ptr<Session>> SessionOf(const std::string& key, bool start,
-                                                     const ServedModel* model,
-                                                     const Principal* caller);
-  void Forget(const std::string& key, const std::string& session_id);
+  // A sequence: its caller (the token's Principal::id, empty without
+  // authentication), its model and its id; typed, so no two differ only in
+  // where one field ends (Triton keeps sequence ids per model too).
+  using Key = std::tuple<std::string, std::string, std::string>;
+
+  // The live session of sequence `key`; NOT_FOUND otherwise.
+  absl::StatusOr<std::shared_ptr<Session>> Find(const Key& key);
+  // Maps `key` to `session`, ending the session it had (a restart).
+  void Start(const Key& key, const std::shared_ptr<Session>& session);
+  void Forget(const Key& key, const std::string& session_id);
 
   AttentionServiceImpl* const requests_;
   SessionServiceImpl* const sessions_;
   mutable absl::Mutex mu_;
-  // Caller and sequence id -> session id.
-  absl::flat_hash_map<std::string, std::string> sequences_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Key, std::string> sequences_ ABSL_GUARDED_BY(mu_);  // -> session id.
 };
 
 }  // namespace attention::server

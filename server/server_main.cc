@@ -68,6 +68,18 @@ ABSL_FLAG(int64_t, max_session_tokens, 32768,
 ABSL_FLAG(int64_t, session_ttl_s, 600,
           "Default idle seconds before a session expires (config.json's session_ttl_s and "
           "CreateSession's ttl_s override).");
+ABSL_FLAG(int64_t, max_session_ttl_s, 86400,
+          "Longest ttl_s a CreateSession may ask for; longer is refused with INVALID_ARGUMENT "
+          "(not clamped). --session_ttl_s may not exceed it.");
+ABSL_FLAG(int64_t, max_sessions_per_tenant, 0,
+          "Live sessions of one model one caller (token) may hold; a new one past it may evict "
+          "only that caller's own idle sessions. 0: a quarter of the model's max_sessions with "
+          "--auth_tokens_file, the model's max_sessions without (every caller is then one "
+          "tenant).");
+ABSL_FLAG(int64_t, session_memory_per_tenant_bytes, 0,
+          "Session cache bytes one caller (token) may hold, all models together; past it its "
+          "appends may evict only its own idle sessions. 0: a quarter of --session_memory_bytes "
+          "with --auth_tokens_file, all of it without.");
 ABSL_FLAG(double, session_evict_grace_s, 2,
           "Only sessions idle at least this long may be evicted to make room for others.");
 ABSL_FLAG(std::string, advertise_address, "",
@@ -136,6 +148,14 @@ int Run() {
   sessions.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   sessions.ttl = absl::Seconds(absl::GetFlag(FLAGS_session_ttl_s));
   sessions.evict_grace = absl::Seconds(absl::GetFlag(FLAGS_session_evict_grace_s));
+  sessions.max_ttl = absl::Seconds(absl::GetFlag(FLAGS_max_session_ttl_s));
+  sessions.max_sessions_per_tenant = absl::GetFlag(FLAGS_max_sessions_per_tenant);
+  sessions.memory_per_tenant_bytes = absl::GetFlag(FLAGS_session_memory_per_tenant_bytes);
+  if (absl::GetFlag(FLAGS_session_ttl_s) > absl::GetFlag(FLAGS_max_session_ttl_s)) {
+    std::cerr << "--session_ttl_s " << absl::GetFlag(FLAGS_session_ttl_s)
+              << " exceeds --max_session_ttl_s " << absl::GetFlag(FLAGS_max_session_ttl_s) << "\n";
+    return 1;
+  }
   sessions.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   std::cerr << "session memory budget " << sessions.memory_bytes << " bytes ("
             << (absl::GetFlag(FLAGS_session_memory_bytes) > 0

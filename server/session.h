@@ -11,6 +11,7 @@
 #ifndef ATTENTION_SERVER_SESSION_H_
 #define ATTENTION_SERVER_SESSION_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -31,11 +32,18 @@ struct Session {
   SessionModel* model = nullptr;  // Owned by SessionManager; outlives the session.
   bool cross = false;
   bool is_causal = false;  // Cross sessions.
-  std::string owner;       // The creating caller's principal name; empty without auth.
+  // The creating caller's Principal::id (its token's SHA-256, hex), never its
+  // name (two token entries may share a name); empty without authentication.
+  // Also the session's tenant for the per-tenant limits.
+  std::string owner;
   absl::Time created;
   absl::Duration ttl;
   std::unique_ptr<KvCache> cache;  // Null once ended.
   int64_t position = 0;            // Cross sessions: queries appended.
+  // Tokens of appends read and not yet done (queued, waiting or computing):
+  // with the length, an upper bound on the length an append will run at, so
+  // its response is sized right when it is read (see SessionWork).
+  std::atomic<int64_t> queued_tokens{0};
 
   absl::Mutex mu;
   absl::Time last_used ABSL_GUARDED_BY(mu);
@@ -47,6 +55,9 @@ struct Session {
   int64_t length ABSL_GUARDED_BY(mu) = 0;  // Tokens appended.
   int64_t keys ABSL_GUARDED_BY(mu) = 0;    // Keys held (cross: S).
   int64_t bytes ABSL_GUARDED_BY(mu) = 0;   // Cache bytes held.
+  // Cache bytes charged to the owner's tenant (blocks held, reserved ones
+  // included) until the cache is freed; changed with SessionManager's mu_ held too.
+  int64_t charged ABSL_GUARDED_BY(mu) = 0;
 };
 
 }  // namespace attention::server

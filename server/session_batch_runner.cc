@@ -1,9 +1,11 @@
 #include "server/session_batch_runner.h"
 
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/inflight_budget.h"
 
 namespace attention::server {
 namespace {
@@ -15,17 +17,108 @@ struct Admitted {
   SessionStep step;
   DType out_dtype = DType::kFloat32;
   std::vector<float> output, weights;
+  MeterCharge charge;  // Of output and weights.
   Shape weights_shape;
 };
 
+// Checks and allocates everything the append needs before the engine runs:
+// its response against max_message_bytes and the in-flight budget (sized by
+// the session's length now), its cache blocks, its buffers.
+absl::Status Admit(SessionManager& manager, SessionModel& model, const PendingRequest& r,
+                   RequestOutcome& out, Admitted& a) {
+  const SessionEngine& engine = *model.engine;
+  const MhaSpec& spec = engine.spec();
+  const SessionWork& work = *r.session;
+  Session& session = *work.session;
+  const int64_t t = work.tokens.dim(0), e = spec.embed_dim;
+  SessionStep& step = a.step;
+  step.cache = session.cache.get();
+  step.cross = session.cross;
+  step.is_causal = session.is_causal;
+  step.position = session.position;
+  step.tokens = work.tokens;
+  step.not_key = work.not_key;
+  step.need_weights = r.inputs.need_weights;
+  step.average_weights = r.inputs.average_attn_weights;
+  a.out_dtype = r.inputs.output_dtype.value_or(work.tokens.dtype);
+  const int64_t columns = engine.WeightColumns(step);
+  const int64_t response = AppendResponseBytes(spec, t, columns, a.out_dtype, step.need_weights,
+                                               step.average_weights, work.id_bytes);
+  if (work.max_response_bytes > 0 && response > work.max_response_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "response: would be about ", response, " bytes with the session at length ",
+        step.cross ? session.position : step.cache->length(),
+        ", over the server's max_message_bytes ", work.max_response_bytes,
+        "; the append was not applied (append fewer tokens or leave need_weights off)"));
+  }
+  if (work.admission != nullptr) {
+    absl::Status held = work.admission->AtLeast(work.request_bytes + response);
+    if (!held.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(held.message(), "; the append was not applied"));
+    }
+  }
+  try {
+    out.output = OutputTensor::Sized(a.out_dtype, {t, e});
+    int64_t buffers = 0;
+    if (a.out_dtype == DType::kFloat32) {
+      step.output = reinterpret_cast<float*>(out.output.bytes.data());
+    } else {
+      a.output.resize(static_cast<size_t>(t * e));
+      step.output = a.output.data();
+      buffers += t * e;
+    }
+    if (step.need_weights) {
+      a.weights_shape =
+          step.average_weights ? Shape{t, columns} : Shape{spec.num_heads, t, columns};
+      // Allocated now: nothing after the engine run may fail.
+      out.attn_weights = OutputTensor::Sized(a.out_dtype, a.weights_shape);
+      if (a.out_dtype == DType::kFloat32) {
+        step.weights = reinterpret_cast<float*>(out.attn_weights->bytes.data());
+      } else {
+        a.weights.resize(static_cast<size_t>(NumElements(a.weights_shape)));
+        step.weights = a.weights.data();
+        buffers += NumElements(a.weights_shape);
+      }
+    }
+    a.charge = MeterCharge(buffers * static_cast<int64_t>(sizeof(float)));
+  } catch (const std::bad_alloc&) {
+    out.output = OutputTensor();
+    out.attn_weights.reset();
+    return absl::ResourceExhaustedError(
+        "out of memory for the append's results; it was not applied; retry later");
+  }
+  if (!session.cross) return manager.Reserve(session, t);
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+int64_t AppendResponseBytes(const MhaSpec& spec, int64_t tokens, int64_t columns, DType out_dtype,
+                            bool need_weights, bool average_weights, int64_t id_bytes) {
+  const int64_t out_size = static_cast<int64_t>(DTypeSize(out_dtype));
+  int64_t bytes = tokens * spec.embed_dim * out_size + kResponseFramingBytes + id_bytes;
+  if (need_weights) bytes += (average_weights ? 1 : spec.num_heads) * tokens * columns * out_size;
+  return bytes;
+}
+
+int64_t AppendWorkingBytes(const SessionEngine& engine, int64_t tokens, int64_t columns,
+                           DType out_dtype, bool need_weights, bool average_weights) {
+  const MhaSpec& spec = engine.spec();
+  const int64_t f32 = static_cast<int64_t>(sizeof(float));
+  int64_t bytes = engine.StepWorkingBytes(tokens, columns, need_weights, average_weights);
+  if (out_dtype != DType::kFloat32) bytes += tokens * spec.embed_dim * f32;
+  if (need_weights && out_dtype != DType::kFloat32) {
+    bytes += (average_weights ? 1 : spec.num_heads) * tokens * columns * f32;
+  }
+  return bytes;
+}
 
 std::vector<RequestOutcome> RunSessionBatch(
     SessionManager& manager, SessionModel& model,
     const std::vector<std::unique_ptr<PendingRequest>>& batch, BatchStats* stats) {
   const SessionEngine& engine = *model.engine;
-  const MhaSpec& spec = engine.spec();
-  const int64_t e = spec.embed_dim, heads = spec.num_heads;
+  const int64_t e = engine.spec().embed_dim;
   std::vector<RequestOutcome> outcomes(batch.size());
   std::vector<Admitted> admitted;
   admitted.reserve(batch.size());
@@ -58,42 +151,29 @@ std::vector<RequestOutcome> RunSessionBatch(
     const int64_t length = session.cross ? session.position : session.cache->length();
     if (length + t > model.max_session_tokens) {
       out.status = absl::FailedPreconditionError(
-          absl::StrCat("tokens: appending ", t, " tokens to a session of ", length,
-                       " would pass the model's max_session_tokens ", model.max_session_tokens));
+          session.cross
+              ? absl::StrCat("tokens: this cross session has been sent ", length, " queries; ", t,
+                             " more would pass the model's max_session_tokens ",
+                             model.max_session_tokens,
+                             ", which caps the queries a cross session takes over its life (they "
+                             "are not stored; it holds ",
+                             session.cache->length(), " keys); create a new session")
+              : absl::StrCat("tokens: appending ", t, " tokens to a session holding ", length,
+                             " would pass the model's max_session_tokens ",
+                             model.max_session_tokens));
       continue;
-    }
-    if (!session.cross) {
-      out.status = manager.Reserve(session, t);
-      if (!out.status.ok()) continue;
     }
     Admitted a;
     a.index = b;
-    SessionStep& step = a.step;
-    step.cache = session.cache.get();
-    step.cross = session.cross;
-    step.is_causal = session.is_causal;
-    step.position = session.position;
-    step.tokens = work.tokens;
-    step.not_key = work.not_key;
-    step.need_weights = r.inputs.need_weights;
-    step.average_weights = r.inputs.average_attn_weights;
-    a.out_dtype = r.inputs.output_dtype.value_or(work.tokens.dtype);
-    out.output = OutputTensor::Sized(a.out_dtype, {t, e});
-    if (a.out_dtype == DType::kFloat32) {
-      step.output = reinterpret_cast<float*>(out.output.bytes.data());
-    } else {
-      a.output.resize(static_cast<size_t>(t * e));
-      step.output = a.output.data();
-    }
-    if (step.need_weights) {
-      const int64_t columns = engine.WeightColumns(step);
-      a.weights_shape = step.average_weights ? Shape{t, columns} : Shape{heads, t, columns};
-      a.weights.resize(static_cast<size_t>(NumElements(a.weights_shape)));
-      step.weights = a.weights.data();
+    out.status = Admit(manager, model, r, out, a);
+    if (!out.status.ok()) {
+      out.output = OutputTensor();
+      out.attn_weights.reset();
+      continue;
     }
     stats->real_tokens += t;
     stats->flops += 2.0 * t * e * e * (session.cross ? 2 : 4) +
-                    4.0 * t * (step.cross ? step.cache->length() : length + t) * e;
+                    4.0 * t * (session.cross ? a.step.cache->length() : length + t) * e;
     admitted.push_back(std::move(a));
   }
   stats->padded_tokens = stats->real_tokens;
@@ -104,6 +184,8 @@ std::vector<RequestOutcome> RunSessionBatch(
   for (const Admitted& a : admitted) steps.push_back(a.step);
   const absl::Status status = engine.Run(steps, /*commit=*/false);
   const absl::Time now = absl::Now();
+  // From here nothing allocates: every append is either committed with its
+  // response complete, or dropped with its session unchanged.
   for (Admitted& a : admitted) {
     RequestOutcome& out = outcomes[a.index];
     const PendingRequest& r = *batch[a.index];
@@ -119,6 +201,7 @@ std::vector<RequestOutcome> RunSessionBatch(
     }
     if (!out.status.ok()) {
       out.output = OutputTensor();
+      out.attn_weights.reset();
       continue;
     }
     const int64_t t = a.step.tokens.dim(0);
@@ -126,8 +209,7 @@ std::vector<RequestOutcome> RunSessionBatch(
       ConvertFloats(DType::kFloat32, a.output.data(), a.out_dtype, out.output.bytes.data(),
                     a.output.size());
     }
-    if (a.step.need_weights) {
-      out.attn_weights = OutputTensor::Sized(a.out_dtype, a.weights_shape);
+    if (a.step.need_weights && a.out_dtype != DType::kFloat32) {
       ConvertFloats(DType::kFloat32, a.weights.data(), a.out_dtype, out.attn_weights->bytes.data(),
                     a.weights.size());
     }

@@ -16,7 +16,10 @@ SessionManager::SessionManager(const ModelRepository* repository, Metrics* metri
     : repository_(repository),
       metrics_(metrics),
       options_(std::move(options)),
-      budget_(static_cast<size_t>(std::max<int64_t>(0, options_.memory_bytes))) {
+      budget_(static_cast<size_t>(std::max<int64_t>(0, options_.memory_bytes))),
+      tenants_(options_.max_sessions_per_tenant, options_.memory_per_tenant_bytes,
+               static_cast<int64_t>(budget_.capacity())),
+      ended_(options_.remembered_ends) {
   for (const ServedModel* served : repository_->models()) {
     const ServingConfig& config = served->model->serving();
     auto m = std::make_unique<SessionModel>();
@@ -65,6 +68,21 @@ int64_t SessionManager::live_sessions() const {
   return static_cast<int64_t>(sessions_.size());
 }
 
+SessionManager::TenantUsage SessionManager::tenant_usage(const std::string& owner) const {
+  absl::MutexLock lock(&mu_);
+  return {tenants_.Sessions(owner), tenants_.Bytes(owner)};
+}
+
+void SessionManager::ChargeLocked(Session& session, int64_t delta) {
+  tenants_.Charge(session.owner, delta);
+  session.charged += delta;
+}
+
+void SessionManager::FreeCacheLocked(Session& session) {
+  session.cache.reset();
+  ChargeLocked(session, -session.charged);
+}
+
 void SessionManager::StopAccepting() {
   absl::MutexLock lock(&mu_);
   accepting_ = false;
@@ -94,10 +112,14 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(const ServedMode
         absl::StrCat("model: '", served->name, "' allows no sessions (max_sessions 0)"));
   }
   for (;;) {
+    SessionEnd why;
+    int64_t mine = 0, tenant_limit = 0;
     {
       absl::MutexLock lock(&mu_);
       if (!accepting_) return absl::UnavailableError("server is shutting down");
-      if (m->live < m->max_sessions) {
+      mine = tenants_.Live(owner, m);
+      tenant_limit = tenants_.SessionLimit(owner, m->max_sessions);
+      if (mine < tenant_limit && m->live < m->max_sessions) {
         auto s = std::make_shared<Session>();
         s->id = NewId();
         s->model = m;
@@ -115,30 +137,26 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(const ServedMode
         }
         sessions_[s->id] = s;
         ++m->live;
+        tenants_.AddSession(owner, m);
         served->metrics->sessions->Set(static_cast<double>(m->live));
         return s;
       }
+      // The tenant's own limit is named when it is the tighter one.
+      why = mine >= tenant_limit && tenant_limit < m->max_sessions
+                ? SessionEnd::kEvictedTenantSessions
+                : SessionEnd::kEvictedModelSessions;
     }
-    if (!EvictOne(m, /*only_prefer=*/true, nullptr)) {
+    // Over a count: only the caller's own idle sessions of the model may go.
+    if (!EvictOne(owner, m, Victims::kOwnOfModel, nullptr, why)) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("model '", served->name, "' has its max_sessions ", m->max_sessions,
-                       " live sessions and none has been idle for ",
-                       absl::FormatDuration(options_.evict_grace), " to evict"));
+          TenantLedger::CountRefusal(served->name, why == SessionEnd::kEvictedTenantSessions, mine,
+                                     tenant_limit, m->max_sessions, options_.evict_grace));
     }
   }
 }
 
 absl::Status SessionManager::NotFoundLocked(const std::string& id) const {
-  auto it = ended_.find(id);
-  if (it != ended_.end()) {
-    return absl::NotFoundError(absl::StrCat("session_id: session '", id, "' ",
-                                            EndReason(it->second),
-                                            "; create a new session and re-send its prefix"));
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "session_id: session '", id,
-      "' is not known to this server (created on another replica, or before a restart); "
-      "create a new session and re-send its prefix"));
+  return ended_.NotFound(id);
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(const std::string& id) const {
@@ -184,7 +202,7 @@ void SessionManager::Finished(const std::shared_ptr<Session>& session) {
       session->last_used = absl::Now();
       if (!session->ended.empty()) {  // Ended while its append computed.
         session->busy = false;
-        session->cache.reset();
+        FreeCacheLocked(*session);
         break;
       }
       if (session->waiting.empty()) {
@@ -208,35 +226,17 @@ void SessionManager::Finished(const std::shared_ptr<Session>& session) {
   UpdateMemoryMetrics();
 }
 
-std::string SessionManager::EndReason(Ended ended) {
-  switch (ended.end) {
-    case SessionEnd::kClosed:
-      return "was closed";
-    case SessionEnd::kExpired:
-      return absl::StrCat("expired after ", ended.idle_s, "s idle");
-    case SessionEnd::kEvicted:
-      return absl::StrCat("was evicted after ", ended.idle_s,
-                          "s idle to free memory for other sessions");
-  }
-  return "ended";
-}
-
 void SessionManager::EndLocked(Session& session, SessionEnd end, absl::Duration idle,
                                std::vector<std::unique_ptr<PendingRequest>>* failed) {
-  const Ended ended{end, absl::ToInt64Seconds(idle)};
-  session.ended = EndReason(ended);
+  session.ended = EndedSessions::Reason(end, idle);
   sessions_.erase(session.id);
-  ended_[session.id] = ended;
-  ended_order_.push_back(session.id);
-  while (static_cast<int64_t>(ended_order_.size()) > options_.remembered_ends) {
-    ended_.erase(ended_order_.front());
-    ended_order_.pop_front();
-  }
+  ended_.Remember(session.id, end, idle);
   SessionModel& m = *session.model;
   --m.live;
+  tenants_.RemoveSession(session.owner, &m);
   m.served->metrics->sessions->Set(static_cast<double>(m.live));
   m.served->metrics->session_ends[static_cast<int>(end)]->Increment();
-  if (!session.busy) session.cache.reset();
+  if (!session.busy) FreeCacheLocked(session);  // Else Finished frees it.
   for (auto& r : session.waiting) failed->push_back(std::move(r));
   session.waiting.clear();
 }
@@ -264,19 +264,27 @@ absl::StatusOr<int64_t> SessionManager::Close(const std::string& id) {
   return bytes;
 }
 
-bool SessionManager::EvictOne(const SessionModel* prefer, bool only_prefer, const Session* keep) {
+bool SessionManager::EvictOne(const std::string& owner, const SessionModel* model, Victims victims,
+                              const Session* keep, SessionEnd why) {
   std::shared_ptr<Session> victim;
   std::vector<std::unique_ptr<PendingRequest>>
       failed;  // Stays empty: idle sessions wait for nothing.
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
+    const int64_t fair_share = tenants_.FairShare(owner);
+    auto eligible = [&](const Session& candidate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (candidate.owner == owner) {
+        return victims != Victims::kOwnOfModel || candidate.model == model;
+      }
+      // Another tenant's: only for the budget, and never one at or below its fair share.
+      return victims == Victims::kFairShare && tenants_.Bytes(candidate.owner) > fair_share;
+    };
     bool victim_preferred = false;
     absl::Time victim_used;
     for (const auto& [id, candidate] : sessions_) {
-      if (candidate.get() == keep) continue;
-      const bool preferred = candidate->model == prefer;
-      if (only_prefer && !preferred) continue;
+      if (candidate.get() == keep || !eligible(*candidate)) continue;
+      const bool preferred = candidate->model == model;
       absl::MutexLock session_lock(&candidate->mu);
       if (candidate->busy || now - candidate->last_used < options_.evict_grace) continue;
       if (victim == nullptr || (preferred && !victim_preferred) ||
@@ -288,26 +296,63 @@ bool SessionManager::EvictOne(const SessionModel* prefer, bool only_prefer, cons
     }
     if (victim == nullptr) return false;
     absl::MutexLock session_lock(&victim->mu);
-    EndLocked(*victim, SessionEnd::kEvicted, now - victim_used, &failed);
+    EndLocked(*victim, why, now - victim_used, &failed);
   }
   UpdateMemoryMetrics();
   return true;
 }
 
 absl::Status SessionManager::Reserve(Session& session, int64_t tokens) {
+  KvCache& cache = *session.cache;
+  const int64_t block_bytes = static_cast<int64_t>(session.model->pool->block_bytes());
+  const int64_t capacity = static_cast<int64_t>(budget_.capacity());
   for (;;) {
-    absl::Status status = session.cache->Reserve(tokens);
+    const int64_t blocks =
+        (cache.length() + tokens + KvCache::kBlockTokens - 1) / KvCache::kBlockTokens -
+        cache.capacity() / KvCache::kBlockTokens;
+    const int64_t need = std::max<int64_t>(0, blocks) * block_bytes;
+    int64_t held = 0, limit = 0;
+    bool over = false;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::MutexLock session_lock(&session.mu);
+      ChargeLocked(session, static_cast<int64_t>(cache.bytes()) - session.charged);
+      held = tenants_.Bytes(session.owner);
+      limit = tenants_.MemoryLimit(session.owner);
+      // A limit of the whole budget is the budget's check below.
+      over = limit < capacity && need > 0 && held + need > limit;
+      if (!over) ChargeLocked(session, need);  // Held while the pool is asked.
+    }
+    if (over) {
+      if (EvictOne(session.owner, session.model, Victims::kOwn, &session,
+                   SessionEnd::kEvictedTenantMemory)) {
+        continue;
+      }
+      return absl::ResourceExhaustedError(
+          TenantLedger::MemoryRefusal(held, tokens, need, limit, options_.evict_grace));
+    }
+    absl::Status status = cache.Reserve(tokens);
+    {
+      absl::MutexLock lock(&mu_);
+      absl::MutexLock session_lock(&session.mu);
+      ChargeLocked(session, static_cast<int64_t>(cache.bytes()) - session.charged);
+    }
     if (status.ok()) {
       UpdateMemoryMetrics();
       return status;
     }
     if (status.code() != absl::StatusCode::kResourceExhausted) return status;
-    if (!EvictOne(session.model, /*only_prefer=*/false, &session)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session memory: no room for ", tokens, " more tokens (", status.message(),
-          ") and no other session has been idle for ", absl::FormatDuration(options_.evict_grace),
-          " to evict; close sessions or raise --session_memory_bytes"));
+    if (EvictOne(session.owner, session.model, Victims::kFairShare, &session,
+                 SessionEnd::kEvictedMemory)) {
+      continue;
     }
+    int64_t fair_share = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      fair_share = tenants_.FairShare(session.owner);
+    }
+    return absl::ResourceExhaustedError(
+        TenantLedger::BudgetRefusal(tokens, status.message(), fair_share, options_.evict_grace));
   }
 }
 

@@ -2,8 +2,19 @@
 //
 // SessionManager holds every session of the server: their ids, their
 // key/value caches (one KvBlockPool per model, all under one MemoryBudget),
-// the per-model limits, and their ends (closed, expired after their idle
-// TTL, evicted for memory or count).
+// the per-model and per-tenant limits, and their ends (closed, expired after
+// their idle TTL, evicted for memory or count).
+//
+// Tenants. A session's tenant is its owner, the creating caller's
+// Principal::id ("" without authentication: every caller is then one
+// tenant). Each tenant may hold at most max_sessions_per_tenant live sessions
+// of a model and memory_per_tenant_bytes of cache. Eviction never lets one
+// tenant take another's room: a new session over a count limit (the model's
+// or the tenant's) may evict only the caller's own idle sessions; an append
+// over the tenant's memory limit likewise; an append that finds the whole
+// budget spent may evict the caller's own idle sessions or those of a tenant
+// holding more than its fair share (the budget over the tenants holding
+// session memory, the caller included), never of one at or below it.
 //
 // Appends to one session are serialised in arrival order: while one is
 // queued or computing (the session is "busy"), later ones wait in the
@@ -39,9 +50,11 @@
 #include "core/kv_block_pool.h"
 #include "core/memory_budget.h"
 #include "core/session_engine.h"
+#include "server/ended_sessions.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/session.h"
+#include "server/tenant_ledger.h"
 
 namespace attention::server {
 
@@ -51,6 +64,17 @@ struct SessionOptions {
   int64_t max_sessions = 4096;
   int64_t max_session_tokens = 32768;
   absl::Duration ttl = absl::Minutes(10);
+  // Longest ttl_s a CreateSession may ask for (longer: INVALID_ARGUMENT).
+  absl::Duration max_ttl = absl::Hours(24);
+  // Live sessions of one model one tenant may hold. 0: a quarter of the
+  // model's max_sessions (at least 1) for an authenticated caller, the
+  // model's max_sessions for the unauthenticated one (then every caller is
+  // one tenant, and a quarter would only shrink what it had).
+  int64_t max_sessions_per_tenant = 0;
+  // Cache bytes one tenant's sessions may hold, all models together. 0: a
+  // quarter of memory_bytes for an authenticated caller, all of it for the
+  // unauthenticated one.
+  int64_t memory_per_tenant_bytes = 0;
   // Only sessions idle this long may be evicted to make room.
   absl::Duration evict_grace = absl::Seconds(2);
   // Appended to session ids ("<hex>@<address>") so clients find the replica.
@@ -88,11 +112,13 @@ class SessionManager {
   SessionManager(const SessionManager&) = delete;
   SessionManager& operator=(const SessionManager&) = delete;
 
-  // A new session of `model`. RESOURCE_EXHAUSTED when the model is at its
-  // max_sessions and no idle session of it can be evicted;
-  // FAILED_PRECONDITION when the model allows none. A cross session's keys
-  // are then projected by its first work, SessionWork::kInitCross.
-  // `owner` names the creating caller (empty without authentication).
+  // A new session of `model` owned by `owner`, the creating caller's
+  // Principal::id (empty without authentication). RESOURCE_EXHAUSTED, naming
+  // the limit, when the owner is at its max_sessions_per_tenant for the model
+  // or the model at its max_sessions and none of the owner's own sessions of
+  // the model has been idle for evict_grace to evict; FAILED_PRECONDITION
+  // when the model allows none. A cross session's keys are then projected by
+  // its first work, SessionWork::kInitCross.
   absl::StatusOr<std::shared_ptr<Session>> Create(const ServedModel* model, bool cross,
                                                   bool is_causal, absl::Duration ttl,
                                                   const std::string& owner = "");
@@ -110,7 +136,9 @@ class SessionManager {
   absl::StatusOr<int64_t> Close(const std::string& id);
 
   // Batcher thread, session busy: room for `tokens` more tokens in its
-  // cache, evicting idle sessions if needed. RESOURCE_EXHAUSTED if none can go.
+  // cache, within its tenant's memory limit and the budget, evicting idle
+  // sessions as the class comment says. RESOURCE_EXHAUSTED naming the limit
+  // (the tenant's or the server's) if none can go; the session is unchanged.
   absl::Status Reserve(Session& session, int64_t tokens);
   // After session work succeeds: records the new length and memory.
   void Committed(Session& session, int64_t tokens);
@@ -118,6 +146,12 @@ class SessionManager {
   SessionSnapshot Snapshot(Session& session) const;
   SessionModel* model(const ServedModel* served) const;
   int64_t live_sessions() const;
+  // What tenant `owner` holds now: live sessions (all models) and cache bytes.
+  struct TenantUsage {
+    int64_t sessions = 0;
+    int64_t bytes = 0;
+  };
+  TenantUsage tenant_usage(const std::string& owner) const;
   const SessionOptions& options() const { return options_; }
 
   // Refuses new sessions and appends with UNAVAILABLE from now on.
@@ -135,17 +169,21 @@ class SessionManager {
   void EndLocked(Session& session, SessionEnd end, absl::Duration idle,
                  std::vector<std::unique_ptr<PendingRequest>>* failed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, session.mu);
-  // How an ended session is remembered.
-  struct Ended {
-    SessionEnd end;
-    int64_t idle_s;
+  // Which sessions an eviction may take.
+  enum class Victims {
+    kOwnOfModel,  // The owner's sessions of the model (count limits).
+    kOwn,         // The owner's sessions of any model (its memory limit).
+    kFairShare,   // Those, and any of a tenant over its fair share (the budget).
   };
-  // "was closed", "expired after 10s idle", ...
-  static std::string EndReason(Ended ended);
-  // Evicts the least recently used session idle for evict_grace (of
-  // `prefer` first, then, unless `only_prefer`, of any model), never `keep`.
-  // False if there is none.
-  bool EvictOne(const SessionModel* prefer, bool only_prefer, const Session* keep);
+  // Evicts the least recently used session idle for evict_grace among
+  // `victims` of `owner` (of `model` first), never `keep`, and counts it as
+  // `why`. False if there is none.
+  bool EvictOne(const std::string& owner, const SessionModel* model, Victims victims,
+                const Session* keep, SessionEnd why);
+  // Adds `delta` to the bytes charged to `session` and its tenant.
+  void ChargeLocked(Session& session, int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, session.mu);
+  // Frees `session`'s cache and its tenant's charge for it.
+  void FreeCacheLocked(Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, session.mu);
   // "session_id: ..." NOT_FOUND for an id not in the table.
   absl::Status NotFoundLocked(const std::string& id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void Reap();
@@ -160,8 +198,8 @@ class SessionManager {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, Ended> ended_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);
+  TenantLedger tenants_ ABSL_GUARDED_BY(mu_);
+  EndedSessions ended_ ABSL_GUARDED_BY(mu_);
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reaper_;

@@ -6,14 +6,14 @@
 #include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
 #include "proto/codec/tensor_codec.h"
+#include "server/identifiers.h"
+#include "server/inflight_budget.h"
 #include "server/message_limit.h"
+#include "server/session_batch_runner.h"
 #include "server/stream_reactor.h"
 
 namespace attention::server {
 namespace {
-
-// Field tags and lengths, ids, shapes, timings: well under this.
-constexpr int64_t kFramingBytes = 1024;
 
 int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
 
@@ -37,11 +37,17 @@ SessionServiceImpl::SessionServiceImpl(AttentionServiceImpl* requests) : request
 absl::StatusOr<std::shared_ptr<Session>> SessionServiceImpl::FindForCaller(
     SessionManager* manager, grpc::CallbackServerContext* context, const std::string& id) const {
   ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, requests_->Authenticate(context));
+  if (id.empty()) {
+    return absl::InvalidArgumentError(
+        "session_id: required (the id CreateSession returned), got an empty one");
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session, manager->Find(id));
   if (principal != nullptr) {
-    if (session->owner != principal->name) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "session_id: the session belongs to another caller than '", principal->name, "'"));
+    // Owned by the token entry (its hash), not by its name: two entries may share a name.
+    if (session->owner != principal->id) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("session_id: the session belongs to another token than this caller's ('",
+                       principal->name, "')"));
     }
     RETURN_IF_ERROR(requests_->FindModel(principal.get(), session->model->served->name).status());
   }
@@ -78,7 +84,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
                        : absl::StatusOr<const ServedModel*>(principal.status());
     status = found.status();
     if (found.ok()) served = *found;
-    if (principal.ok() && *principal != nullptr) owner = (*principal)->name;
+    if (principal.ok() && *principal != nullptr) owner = (*principal)->id;
   }
   const bool cross = request->kind() == v1::SESSION_KIND_CROSS;
   if (status.ok() && request->kind() != v1::SESSION_KIND_SELF && !cross) {
@@ -86,9 +92,12 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
         absl::StrCat("kind: expected SESSION_KIND_SELF or SESSION_KIND_CROSS, got ",
                      v1::SessionKind_Name(request->kind())));
   }
-  if (status.ok() && request->ttl_s() < 0) {
+  const int64_t max_ttl_s =
+      manager != nullptr ? absl::ToInt64Seconds(manager->options().max_ttl) : 0;
+  if (status.ok() && (request->ttl_s() < 0 || request->ttl_s() > max_ttl_s)) {
     status = absl::InvalidArgumentError(
-        absl::StrCat("ttl_s: expected >= 0 (0: the model's default), got ", request->ttl_s()));
+        absl::StrCat("ttl_s: expected 0 (the model's default) to ", max_ttl_s,
+                     " (the server's --max_session_ttl_s), got ", request->ttl_s()));
   }
   auto work = std::make_unique<SessionWork>();
   if (status.ok() && cross) {
@@ -102,6 +111,13 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
       SessionModel* m = manager->model(served);
       RETURN_IF_ERROR(m->engine->ValidateCross(work->cross));
       work->key_count = work->cross.key.dim(0);
+      const int64_t working = m->engine->CrossWorkingBytes(work->key_count);
+      const int64_t limit = served->batcher->options().max_working_bytes;
+      if (working > limit) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "key: projecting ", work->key_count, " keys takes about ", working,
+            " bytes of working memory, over the server's limit of ", limit, " per batch"));
+      }
       if (work->key_count > m->max_session_tokens) {
         return absl::FailedPreconditionError(
             absl::StrCat("key: ", work->key_count, " keys exceed the model's max_session_tokens ",
@@ -115,6 +131,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
         "key: a self-attention session takes no key, value or key_padding_mask; its appended "
         "tokens are its keys");
   }
+  if (status.ok() && !cross) status = manager->model(served)->engine->SupportsSelf();
   // A cross session's keys and values are held until projected.
   const int64_t admitted = cross ? static_cast<int64_t>(request->ByteSizeLong()) : 0;
   if (status.ok() && cross) status = requests_->Admit(admitted);
@@ -138,6 +155,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   // The keys are projected on the batcher; the request's bytes live until Finish.
   auto pending = std::make_unique<PendingRequest>();
   BindCall(context, pending.get());
+  pending->working_bytes = manager->model(served)->engine->CrossWorkingBytes(work->key_count);
   work->kind = SessionWork::Kind::kInitCross;
   work->session = session;
   pending->session = std::move(work);
@@ -168,6 +186,8 @@ absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
   SessionManager* manager = ReadyManager(&status);
   if (manager == nullptr) return status;
   if (requests_->draining()) return absl::UnavailableError("server is shutting down");
+  RETURN_IF_ERROR(CheckIdentifier(request.request_id(), "request_id"));
+  RETURN_IF_ERROR(CheckIdentifier(request.session_id(), "session_id"));
   ASSIGN_OR_RETURN(prepared->session, FindForCaller(manager, context, request.session_id()));
   Step step;
   ASSIGN_OR_RETURN(step.tokens, wire::DecodeTensor(request.tokens(), "tokens"));
@@ -179,25 +199,32 @@ absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
     step.output_dtype = out;
   }
   step.id_bytes = request.request_id().size() + request.session_id().size();
-  return PrepareStep(step, std::move(keep_alive), context, prepared);
+  Session& session = *prepared->session;
+  return PrepareStep(step, *session.model, session.cross, HeldKeys(session), std::move(keep_alive),
+                     context, prepared);
 }
 
-absl::Status SessionServiceImpl::PrepareStep(const Step& step,
+int64_t SessionServiceImpl::HeldKeys(Session& session) {
+  absl::MutexLock lock(&session.mu);
+  return session.cross ? session.keys : session.keys + session.queued_tokens.load();
+}
+
+absl::Status SessionServiceImpl::PrepareStep(const Step& step, const SessionModel& m, bool cross,
+                                             int64_t held_keys,
                                              std::shared_ptr<const void> keep_alive,
                                              grpc::CallbackServerContext* context,
                                              PreparedAppend* prepared) {
-  const SessionModel& m = *prepared->session->model;
   prepared->model = m.served;
   auto work = std::make_unique<SessionWork>();
   work->tokens = step.tokens;
   work->not_key = step.not_key;
-  RETURN_IF_ERROR(m.engine->ValidateStep(prepared->session->cross, work->tokens, work->not_key));
+  RETURN_IF_ERROR(m.engine->ValidateStep(cross, work->tokens, work->not_key));
   const int64_t t = work->tokens.dim(0);
-  const int64_t max_tokens = m.served->batcher->options().max_batch_tokens;
-  if (t > max_tokens) {
+  const BatchingOptions& batching = m.served->batcher->options();
+  if (t > batching.max_batch_tokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("tokens: ", t, " tokens in one append exceed the model's max_batch_tokens ",
-                     max_tokens, "; append them in chunks"));
+                     batching.max_batch_tokens, "; append them in chunks"));
   }
   if (step.output_dtype == DType::kBool) {
     return absl::InvalidArgumentError(
@@ -208,23 +235,33 @@ absl::Status SessionServiceImpl::PrepareStep(const Step& step,
   in.need_weights = step.need_weights;
   in.average_attn_weights = step.average_attn_weights;
   in.output_dtype = step.output_dtype;
-  // The response: output, and weights over every key held after the append.
+  // The response: output, and weights over every key held after the append
+  // (at most: appends queued before it may still fail). It is sized again,
+  // exactly, when the append runs.
   const MhaSpec& spec = m.engine->spec();
-  const int64_t out_size =
-      static_cast<int64_t>(DTypeSize(in.output_dtype.value_or(work->tokens.dtype)));
-  const SessionSnapshot now = manager_.load()->Snapshot(*prepared->session);
-  const int64_t columns = (prepared->session->cross ? now.keys : now.keys + t) + spec.extra_keys();
+  const DType out_dtype = in.output_dtype.value_or(work->tokens.dtype);
+  const int64_t columns =
+      std::min(held_keys + (cross ? 0 : t), m.max_session_tokens) + spec.extra_keys();
+  const int64_t max_response = requests_->options().max_response_bytes;
   prepared->response_bytes =
-      t * spec.embed_dim * out_size + kFramingBytes + static_cast<int64_t>(step.id_bytes);
-  if (in.need_weights) {
-    prepared->response_bytes +=
-        (in.average_attn_weights ? 1 : spec.num_heads) * t * columns * out_size;
+      AppendResponseBytes(spec, t, columns, out_dtype, in.need_weights, in.average_attn_weights,
+                          static_cast<int64_t>(step.id_bytes));
+  if (prepared->response_bytes > max_response) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("response: would be about ", prepared->response_bytes,
+                     " bytes, over the server's max_message_bytes ", max_response,
+                     "; append fewer tokens or leave need_weights off"));
   }
-  if (prepared->response_bytes > requests_->options().max_response_bytes) {
+  pending->working_bytes = AppendWorkingBytes(*m.engine, t, columns, out_dtype, in.need_weights,
+                                              in.average_attn_weights);
+  if (pending->working_bytes > batching.max_working_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "response: would be about ", prepared->response_bytes,
-        " bytes, over the server's max_message_bytes ", requests_->options().max_response_bytes,
-        "; append fewer tokens or leave need_weights off"));
+        "tokens: computing this append takes about ", pending->working_bytes,
+        " bytes of working memory (its projections",
+        in.need_weights ? " and attention weights over " : "",
+        in.need_weights ? absl::StrCat(columns, " keys") : "", "), over the server's limit of ",
+        batching.max_working_bytes, " per batch; append fewer tokens",
+        in.need_weights ? " or leave need_weights off" : ""));
   }
   pending->call.batch = 1;
   pending->call.queries = t;
@@ -232,10 +269,24 @@ absl::Status SessionServiceImpl::PrepareStep(const Step& step,
   pending->keep_alive = std::move(keep_alive);
   BindCall(context, pending.get());
   work->kind = SessionWork::Kind::kAppend;
-  work->session = prepared->session;
+  work->max_response_bytes = max_response;
+  work->id_bytes = static_cast<int64_t>(step.id_bytes);
   pending->session = std::move(work);
   prepared->pending = std::move(pending);
   return absl::OkStatus();
+}
+
+void SessionServiceImpl::Attach(std::shared_ptr<Session> session, Admission* admission,
+                                int64_t request_bytes, PreparedAppend* prepared) const {
+  SessionWork& work = *prepared->pending->session;
+  const int64_t t = work.tokens.dim(0);
+  session->queued_tokens.fetch_add(t);
+  work.queued =
+      std::shared_ptr<void>(nullptr, [session, t](void*) { session->queued_tokens.fetch_sub(t); });
+  work.session = session;
+  work.admission = admission;
+  work.request_bytes = request_bytes;
+  prepared->session = std::move(session);
 }
 
 absl::Status SessionServiceImpl::EncodeAppend(RequestOutcome& outcome,
@@ -264,20 +315,22 @@ grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext
   PreparedAppend prepared;
   absl::Status status = PrepareAppend(*request, nullptr, context, &prepared);
   const ServedModel* model = prepared.model;
-  const int64_t admitted =
-      status.ok() ? static_cast<int64_t>(request->ByteSizeLong()) + prepared.response_bytes : 0;
-  if (status.ok()) status = requests_->Admit(admitted);
+  const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
+  absl::StatusOr<std::shared_ptr<Admission>> held =
+      status.ok() ? requests_->budget().Take(request_bytes + prepared.response_bytes)
+                  : absl::StatusOr<std::shared_ptr<Admission>>(status);
+  status = held.status();
   if (status.ok()) {
+    Attach(prepared.session, held->get(), request_bytes, &prepared);
     prepared.pending->done = [this, reactor, response, received, model,
-                              admitted](RequestOutcome outcome) {
+                              held = *held](RequestOutcome outcome) mutable {
       absl::Status result = outcome.status;
       if (result.ok()) result = EncodeAppend(outcome, response);
-      requests_->Release(admitted);
+      held.reset();
       requests_->Answered(model, Method::kAppend, result.code(), received);
       reactor->Finish(wire::ToGrpcStatus(result));
     };
     status = manager_.load()->Submit(prepared.session, std::move(prepared.pending));
-    if (!status.ok()) requests_->Release(admitted);
   }
   if (!status.ok()) {
     requests_->Answered(model, Method::kAppend, status.code(), received);
@@ -297,8 +350,11 @@ grpc::ServerBidiReactor<v1::AppendRequest, v1::AppendResponse>* SessionServiceIm
         out.status = PrepareAppend(*request, request, call, prepared.get());
         out.model = prepared->model;
         out.response_bytes = prepared->response_bytes;
-        const std::string session_id = request->session_id();
-        out.submit = [this, prepared, session_id](Reactor::Reply reply) {
+        const std::string session_id = Echoed(request->session_id());
+        const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
+        out.submit = [this, prepared, session_id, request_bytes](Reactor::Reply reply,
+                                                                 Admission* admission) {
+          Attach(prepared->session, admission, request_bytes, prepared.get());
           prepared->pending->done = [this, reply, session_id](RequestOutcome outcome) {
             v1::AppendResponse response;
             absl::Status result = outcome.status;

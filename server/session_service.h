@@ -62,12 +62,25 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
     std::optional<DType> output_dtype;
     size_t id_bytes = 0;  // Ids echoed in the response.
   };
-  // Validates `step` against prepared->session (set by the caller) into
-  // prepared->pending, ready for SessionManager::Submit once `done` is set.
-  // INVALID_ARGUMENT (tokens, not_key, output_dtype), RESOURCE_EXHAUSTED
-  // (the response would be too large).
-  absl::Status PrepareStep(const Step& step, std::shared_ptr<const void> keep_alive,
+  // Validates `step` for a session of `model` (cross or self) that will
+  // hold at most `held_keys` keys when the step runs, into prepared->pending
+  // (session work without its session yet: see Attach), ready for
+  // SessionManager::Submit once `done` is set. Sizes its response and
+  // working memory. INVALID_ARGUMENT (tokens, not_key, output_dtype; a self
+  // step on a model whose kdim or vdim is not embed_dim), RESOURCE_EXHAUSTED
+  // (the response, or the memory computing it, would be too large).
+  absl::Status PrepareStep(const Step& step, const SessionModel& model, bool cross,
+                           int64_t held_keys, std::shared_ptr<const void> keep_alive,
                            grpc::CallbackServerContext* context, PreparedAppend* prepared);
+  // Gives prepared->pending its session, counting its tokens as queued in
+  // it until the work goes, and `admission` (held by the caller until the
+  // response is sent; grown if the exact response is larger), for a request
+  // message of `request_bytes`.
+  void Attach(std::shared_ptr<Session> session, Admission* admission, int64_t request_bytes,
+              PreparedAppend* prepared) const;
+  // Keys a session will hold when an append read now runs, at most: its
+  // keys plus the tokens of appends queued before it (self sessions).
+  static int64_t HeldKeys(Session& session);
   // Null until SetManager().
   SessionManager* manager() const { return manager_.load(); }
 

@@ -14,9 +14,10 @@
 // reactor stops reading; each completed write resumes reading once below both
 // caps. A client that never reads its responses therefore holds a bounded
 // amount of server memory and slows only itself. Across streams and unary
-// calls, each request's bytes are also admitted against the service's
-// in-flight budget (AttentionServiceImpl::Admit) until its response is
-// written or dropped.
+// calls, each request's bytes (and a refused request's error response) are
+// also admitted against the service's in-flight budget until its response
+// is written or dropped; while that budget is spent, a stream reads on only
+// once it has nothing pending, so refusals cannot pile up either.
 //
 // Requests are started in the order they were read (the next read starts
 // only after the previous request is queued), and a request is reported
@@ -41,6 +42,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/attention_service.h"
+#include "server/identifiers.h"
+#include "server/inflight_budget.h"
 
 namespace attention::server {
 
@@ -54,9 +57,9 @@ struct StreamCodec {
   static void Complete(const std::string& id, const absl::Status& status, Response* response) {
     if (!status.ok()) {
       response->mutable_error()->set_code(static_cast<int>(status.code()));
-      response->mutable_error()->set_message(std::string(status.message()));
+      response->mutable_error()->set_message(std::string(status.message().substr(0, 4096)));
     }
-    response->set_request_id(id);
+    response->set_request_id(Echoed(id));
   }
 };
 
@@ -72,8 +75,10 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
     const ServedModel* model = nullptr;  // Once known, for metrics.
     int64_t response_bytes = 0;          // The response's estimated size.
     // Queues the request: OK once queued (then `reply` will be called),
-    // else the error to answer it with.
-    std::function<absl::Status(Reply reply)> submit;
+    // else the error to answer it with. `admission` holds the request's
+    // bytes of the in-flight budget until its response is written; work
+    // that learns its exact size only when it runs may grow it.
+    std::function<absl::Status(Reply reply, Admission* admission)> submit;
   };
   // Decodes and validates `request`, which it may keep alive.
   using Start = std::function<Prepared(std::shared_ptr<Request> request,
@@ -96,8 +101,9 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
   void OnDone() override { delete this; }
 
  private:
-  // An error response's size, charged against the stream's byte cap.
-  static constexpr int64_t kErrorResponseBytes = 256;
+  // An error response's size at most (its message is cut to 4 KiB and its
+  // echoed id to kMaxIdentifierBytes), admitted like any response.
+  static constexpr int64_t kErrorResponseBytes = 4096 + 512 + kMaxIdentifierBytes;
 
   // A response waiting to be written, and what to report once it is.
   struct Outgoing {
@@ -105,8 +111,8 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
     const ServedModel* model = nullptr;
     absl::StatusCode code = absl::StatusCode::kOk;
     absl::Time received;
-    int64_t charge = 0;    // Bytes counted against max_stream_pending_bytes.
-    int64_t admitted = 0;  // Bytes of the service's in-flight budget.
+    int64_t charge = 0;               // Bytes counted against max_stream_pending_bytes.
+    std::shared_ptr<Admission> held;  // Its bytes of the in-flight budget.
   };
 
   void StartNextRead() {
@@ -117,12 +123,15 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
   // `admitted` bytes of the service's in-flight budget are released once the
   // response is written or dropped.
   void Respond(Response response, const ServedModel* model, absl::StatusCode code,
-               absl::Time received, int64_t charge, int64_t admitted);
+               absl::Time received, int64_t charge, std::shared_ptr<Admission> held);
   // True when another request may be read now.
   bool MayReadLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const ServiceOptions& o = service_->options();
+    // While the server's in-flight budget is spent, a stream holds at most
+    // one request: what it reads is refused, and refusals are admitted too.
+    const bool budget_spent = service_->budget().used() >= service_->budget().limit();
     return !reads_done_ && !broken_ && pending_ < o.max_stream_pending &&
-           pending_bytes_ < o.max_stream_pending_bytes;
+           pending_bytes_ < o.max_stream_pending_bytes && (pending_ == 0 || !budget_spent);
   }
   // True once (and only once) the stream is done: half-closed, every request
   // answered, every response written.
@@ -170,10 +179,18 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
   const std::string id = StreamCodec<Request, Response>::Id(*request);
   Prepared prepared = start_(request, context_);
   const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
-  int64_t admitted = 0;  // Of the server-wide in-flight byte budget.
+  InflightBudget& budget = service_->budget();
+  std::shared_ptr<Admission> held;  // Of the server-wide in-flight byte budget.
   if (prepared.status.ok()) {
-    prepared.status = service_->Admit(request_bytes + prepared.response_bytes);
-    if (prepared.status.ok()) admitted = request_bytes + prepared.response_bytes;
+    auto taken = budget.Take(request_bytes + prepared.response_bytes);
+    prepared.status = taken.status();
+    if (taken.ok()) held = *std::move(taken);
+  }
+  if (!prepared.status.ok()) {
+    // A refusal's response is admitted like any other (past the limit if
+    // need be: the stream then stops reading while it has one pending).
+    budget.Force(kErrorResponseBytes);
+    held = std::make_shared<Admission>(&budget, kErrorResponseBytes);
   }
   const int64_t charge =
       request_bytes + (prepared.status.ok() ? prepared.response_bytes : kErrorResponseBytes);
@@ -184,15 +201,17 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
     pending_bytes_ += charge;
   }
   const ServedModel* model = prepared.model;
-  Reply reply = [this, id, received, model, charge, admitted](Response response,
-                                                              const absl::Status& status) {
+  Admission* admission = held.get();
+  Reply reply = [this, id, received, model, charge, held](Response response,
+                                                          const absl::Status& status) {
     // A failure (an oversized response included) is this request's own
     // error; the stream goes on.
     StreamCodec<Request, Response>::Complete(id, status, &response);
-    Respond(std::move(response), model, status.code(), received, charge, admitted);
+    Respond(std::move(response), model, status.code(), received, charge, held);
   };
+  held.reset();  // The reply holds it now.
   absl::Status status = prepared.status;
-  if (status.ok()) status = prepared.submit(reply);
+  if (status.ok()) status = prepared.submit(reply, admission);
   if (!status.ok()) reply(Response(), status);
   // The next read starts only after this request is queued, so a stream's
   // requests reach the queue in the order they were sent. `reading_` stays
@@ -218,7 +237,7 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
 template <typename Request, typename Response>
 void StreamReactor<Request, Response>::Respond(Response response, const ServedModel* model,
                                                absl::StatusCode code, absl::Time received,
-                                               int64_t charge, int64_t admitted) {
+                                               int64_t charge, std::shared_ptr<Admission> held) {
   AttentionServiceImpl* const service = service_;  // `this` may be gone after Finish().
   const Method method = method_;
   const Response* write = nullptr;
@@ -237,7 +256,7 @@ void StreamReactor<Request, Response>::Respond(Response response, const ServedMo
       out.code = code;
       out.received = received;
       out.charge = charge;
-      out.admitted = admitted;
+      out.held = std::move(held);
       writes_.push_back(std::move(out));
       if (!writing_) {
         writing_ = true;
@@ -249,7 +268,7 @@ void StreamReactor<Request, Response>::Respond(Response response, const ServedMo
   // gRPC calls are made without the lock held.
   if (write != nullptr) this->StartWrite(write);
   if (dropped) {
-    service->Release(admitted);
+    held.reset();
     service->Answered(model, method, code, received);
   }
   if (finish) this->Finish(grpc::Status::OK);
@@ -286,8 +305,8 @@ void StreamReactor<Request, Response>::OnWriteDone(bool ok) {
     finish = ShouldFinishLocked();
   }
   AttentionServiceImpl* const service = service_;
-  for (const Outgoing& o : done) {
-    service->Release(o.admitted);
+  for (Outgoing& o : done) {
+    o.held.reset();
     service->Answered(o.model, method_, o.code, o.received);
   }
   if (next != nullptr) this->StartWrite(next);

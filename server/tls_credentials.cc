@@ -40,14 +40,15 @@ std::string DescribeTransport(const TlsOptions& options) {
   return options.client_ca_file.empty() ? "TLS" : "mutual TLS";
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsOptions& options) {
+absl::StatusOr<ServerTransport> MakeServerTransport(const TlsOptions& options) {
+  ServerTransport transport;
   if (!options.enabled()) {
     if (!options.client_ca_file.empty()) {
       return absl::InvalidArgumentError(
           "--tls_client_ca_file: mutual TLS needs --tls_cert_file and --tls_key_file too");
     }
-    return grpc::InsecureServerCredentials();
+    transport.credentials = grpc::InsecureServerCredentials();
+    return transport;
   }
   if (options.cert_file.empty()) {
     return absl::InvalidArgumentError("--tls_key_file is set but --tls_cert_file is not");
@@ -65,9 +66,16 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   if (mutual) {
     RETURN_IF_ERROR(CheckPemFile("--tls_client_ca_file", options.client_ca_file, "CERTIFICATE"));
   }
+  // gRPC reads the identity from the watcher's in-memory copy, which holds
+  // only pairs that match (the chain, then the key: one file for both), and
+  // re-reads it every second; the watcher checks the files themselves every
+  // --tls_reload_interval_s. The client CA is read by gRPC directly.
+  ASSIGN_OR_RETURN(transport.identity,
+                   TlsIdentityWatcher::Start(options.cert_file, options.key_file,
+                                             absl::Seconds(options.reload_interval_s)));
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      options.key_file, options.cert_file, mutual ? options.client_ca_file : "",
-      static_cast<unsigned int>(options.reload_interval_s));
+      transport.identity->path(), transport.identity->path(), mutual ? options.client_ca_file : "",
+      /*refresh_interval_sec=*/1);
   grpc::experimental::TlsServerCredentialsOptions tls(provider);
   tls.watch_identity_key_cert_pairs();
   if (mutual) {
@@ -76,7 +84,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   } else {
     tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   }
-  return grpc::experimental::TlsServerCredentials(tls);
+  transport.credentials = grpc::experimental::TlsServerCredentials(tls);
+  return transport;
 }
 
 }  // namespace attention::server

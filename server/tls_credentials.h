@@ -1,11 +1,13 @@
 // File: server/tls_credentials.h
 //
 // The gRPC port's transport security: plaintext (the default, for local use),
-// TLS, or mutual TLS, from PEM files that are re-read while the server runs
-// (gRPC's FileWatcherCertificateProvider), so that a rotated Kubernetes Secret
-// or cert-manager certificate takes effect without a restart.
+// TLS, or mutual TLS, from PEM files that are re-read while the server runs,
+// so that a rotated Kubernetes Secret or cert-manager certificate takes effect
+// without a restart. The key must match the certificate, at start-up and at
+// every reload (TlsIdentityWatcher): a pair that does not is refused.
 //
-// Thread-safe (stateless); the credentials returned own their file watcher.
+// Thread-safe (stateless). The ServerTransport returned owns the identity
+// watcher, which must outlive the server using its credentials.
 #ifndef ATTENTION_SERVER_TLS_CREDENTIALS_H_
 #define ATTENTION_SERVER_TLS_CREDENTIALS_H_
 
@@ -15,6 +17,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/tls_identity_watcher.h"
 
 namespace attention::server {
 
@@ -27,11 +30,19 @@ struct TlsOptions {
   bool enabled() const { return !cert_file.empty() || !key_file.empty(); }
 };
 
+// The gRPC port's credentials, and with TLS what keeps gRPC's identity a
+// matching pair.
+struct ServerTransport {
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Null for plaintext. Must outlive the server built with `credentials`.
+  std::unique_ptr<TlsIdentityWatcher> identity;
+};
+
 // Credentials for the gRPC port. INVALID_ARGUMENT for a key without a
-// certificate (or the reverse), a client CA without a certificate, or a file
-// that is not PEM of the right kind; NOT_FOUND for a file that cannot be read.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsOptions& options);
+// certificate (or the reverse), a client CA without a certificate, a file
+// that is not PEM of the right kind, or a key that is not the certificate's
+// (naming both files); NOT_FOUND for a file that cannot be read.
+absl::StatusOr<ServerTransport> MakeServerTransport(const TlsOptions& options);
 
 // "plaintext", "TLS" or "mutual TLS", for the start-up log.
 std::string DescribeTransport(const TlsOptions& options);

@@ -16,12 +16,22 @@
 namespace attention::server {
 namespace {
 
-// "inode size mtime" of `path` (following symlinks, as a Kubernetes Secret
-// swaps its ..data link), or empty if it cannot be read.
+// "inode size ctime mtime" of `path` (following symlinks, as a Kubernetes
+// Secret swaps its ..data link), or empty if it cannot be read. Every write
+// changes ctime, which (unlike mtime) the writer cannot set.
 std::string FileIdentity(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return "";
-  return absl::StrCat(st.st_ino, " ", st.st_size, " ", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+  return absl::StrCat(st.st_ino, " ", st.st_size, " ", st.st_ctim.tv_sec, ".", st.st_ctim.tv_nsec,
+                      " ", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+}
+
+constexpr size_t kMaxNameLength = 128;
+
+// A name that can be written into a log line as it is: [A-Za-z0-9._:@/-].
+bool IsAllowedNameChar(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
+         c == '@' || c == '/' || c == '-';
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -77,8 +87,23 @@ absl::StatusOr<std::vector<TokenAuthenticator::Entry>> TokenAuthenticator::Parse
       }
       entry.hash[i] = static_cast<uint8_t>(hi * 16 + lo);
     }
+    const absl::string_view name = fields[1];
+    if (name.size() > kMaxNameLength) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "the name has ", name.size(),
+                                                     " characters; at most ", kMaxNameLength));
+    }
+    for (const char c : name) {
+      if (!IsAllowedNameChar(c)) {
+        // The character by its code: it may be one a log line cannot show.
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "the name has the character 0x",
+                         absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2),
+                         "; a name is made of letters, digits and . _ : @ / -"));
+      }
+    }
     auto principal = std::make_shared<Principal>();
-    principal->name = std::string(fields[1]);
+    principal->id = absl::AsciiStrToLower(fields[0]);
+    principal->name = std::string(name);
     for (absl::string_view model : absl::StrSplit(fields[2], ',', absl::SkipEmpty())) {
       if (model == "*") {
         principal->all_models = true;
@@ -114,6 +139,7 @@ absl::StatusOr<std::unique_ptr<TokenAuthenticator>> TokenAuthenticator::Open(
     absl::MutexLock lock(&auth->mu_);
     auth->entries_ = std::make_shared<const std::vector<Entry>>(*std::move(entries));
     auth->file_identity_ = identity;
+    auth->seen_identity_ = identity;
   }
   auth->watcher_ = std::thread([a = auth.get()] { a->WatchLoop(); });
   return auth;
@@ -145,19 +171,27 @@ void TokenAuthenticator::ReloadIfChanged() {
   const std::string identity = FileIdentity(path_);
   {
     absl::MutexLock lock(&mu_);
-    if (identity == file_identity_) return;
+    // Only a file that has not changed since the previous check is read: one
+    // being written (truncated, then filled) is read once it is complete.
+    const bool stable = identity == seen_identity_;
+    seen_identity_ = identity;
+    if (!stable || identity == file_identity_) return;
   }
-  absl::StatusOr<std::vector<Entry>> entries = [&]() -> absl::StatusOr<std::vector<Entry>> {
-    auto text = ReadFile(path_);
-    if (!text.ok()) return text.status();
-    return Parse(*text, path_);
-  }();
+  absl::StatusOr<std::string> text = ReadFile(path_);
+  // Written while being read: read it again once it is stable.
+  if (FileIdentity(path_) != identity) return;
+  absl::StatusOr<std::vector<Entry>> entries =
+      text.ok() ? Parse(*text, path_) : absl::StatusOr<std::vector<Entry>>(text.status());
   absl::MutexLock lock(&mu_);
   file_identity_ = identity;  // A broken file is reported once, not every interval.
   if (!entries.ok()) {
     std::cerr << "auth tokens: reload failed, keeping the previous " << entries_->size()
               << " token(s): " << entries.status().message() << "\n";
     return;
+  }
+  if (entries->empty()) {
+    std::cerr << "auth tokens: " << path_ << " holds no token (unchanged for two checks): "
+              << "every token is revoked\n";
   }
   entries_ = std::make_shared<const std::vector<Entry>>(*std::move(entries));
   std::cerr << "auth tokens: reloaded " << entries_->size() << " token(s) from " << path_ << "\n";

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <sstream>
 
 #include "absl/strings/escaping.h"
 #include "absl/time/clock.h"
@@ -18,6 +19,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
+#include "server/tls_identity_watcher.h"
 #include "server/token_authenticator.h"
 #include "tests/server_test_util.h"
 #include "tests/test_certificates.h"
@@ -219,6 +221,93 @@ TEST_F(SecurityTest, StartUpErrorsNameTheFlag) {
   options.metrics_port = 0;
   options.auth_tokens_file = certs_->Path("missing.tokens");
   EXPECT_EQ(AttentionServer::Listen(options).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A key that is not the certificate's: refused at start-up naming both files
+// (before, the server started and every handshake failed).
+TEST_F(SecurityTest, StartUpRefusesAKeyThatIsNotTheCertificates) {
+  ServerOptions options;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.metrics_port = 0;
+  options.tls.cert_file = certs_->Path("server-ca1.pem");
+  options.tls.key_file = certs_->Path("client-ca1.key");
+  const absl::Status status = AttentionServer::Listen(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("--tls_key_file: '" + certs_->Path("client-ca1.key") +
+                                          "' is not the private key of the certificate in "
+                                          "--tls_cert_file '" +
+                                          certs_->Path("server-ca1.pem") + "'"));
+}
+
+// A key replaced by one that does not match the certificate is refused at
+// reload: the pair in force stays served. (Before, gRPC's file watcher
+// installed the pair and every new connection failed.) Then a matching pair
+// is served.
+TEST_F(SecurityTest, MismatchedKeyOnReloadKeepsThePairInForce) {
+  const std::string dir = TestDir() + "/mismatch";
+  std::filesystem::create_directories(dir);
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::filesystem::copy_file(certs_->Path(from), dir + "/" + to + ".new",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
+  };
+  replace("server-ca1.pem", "tls.crt");
+  replace("server-ca1.key", "tls.key");
+  auto server = StartServer([&](ServerOptions& o) {
+    o.tls.cert_file = dir + "/tls.crt";
+    o.tls.key_file = dir + "/tls.key";
+    o.tls.reload_interval_s = 1;
+  });
+  ASSERT_NE(server, nullptr);
+  const std::string target = Target(*server);
+  ASSERT_TRUE(Infer(TlsChannel(target, certs_->Read("ca1.pem"))).ok());
+  replace("server-ca2.key", "tls.key");  // The certificate stays ca1's.
+  // Three reload intervals: a reload that took the pair would have by now.
+  absl::SleepFor(absl::Seconds(3));
+  const grpc::Status kept = Infer(TlsChannel(target, certs_->Read("ca1.pem")));
+  EXPECT_TRUE(kept.ok()) << "the mismatched pair was installed: " << kept.error_message();
+  replace("server-ca2.pem", "tls.crt");  // Now a matching pair.
+  EXPECT_TRUE(Eventually([&] { return Infer(TlsChannel(target, certs_->Read("ca2.pem"))).ok(); },
+                         absl::Seconds(30)))
+      << "the matching pair was not served";
+}
+
+// The watcher itself: what gRPC reads (path()) changes only to matching pairs.
+TEST_F(SecurityTest, IdentityWatcherInstallsOnlyMatchingPairs) {
+  using ::attention::server::TlsIdentityWatcher;
+  const std::string dir = TestDir() + "/watcher";
+  std::filesystem::create_directories(dir);
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::filesystem::copy_file(certs_->Path(from), dir + "/" + to + ".new",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
+  };
+  auto served = [](const TlsIdentityWatcher& w) {
+    std::ifstream in(w.path(), std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  replace("server-ca1.pem", "tls.crt");
+  replace("server-ca1.key", "tls.key");
+  auto watcher =
+      TlsIdentityWatcher::Start(dir + "/tls.crt", dir + "/tls.key", absl::Milliseconds(20));
+  ASSERT_TRUE(watcher.ok()) << watcher.status();
+  const std::string first = served(**watcher);
+  EXPECT_THAT(first, HasSubstr(certs_->Read("server-ca1.pem")));
+  EXPECT_THAT(first, HasSubstr(certs_->Read("server-ca1.key")));
+  replace("server-ca2.key", "tls.key");
+  ASSERT_TRUE(Eventually([&] { return (*watcher)->refused() > 0; }, absl::Seconds(20)));
+  EXPECT_EQ(served(**watcher), first) << "a mismatched pair replaced the one in force";
+  replace("server-ca2.pem", "tls.crt");
+  ASSERT_TRUE(Eventually([&] { return (*watcher)->installed() > 0; }, absl::Seconds(20)));
+  EXPECT_THAT(served(**watcher), HasSubstr(certs_->Read("server-ca2.pem")));
+  EXPECT_THAT(served(**watcher), HasSubstr(certs_->Read("server-ca2.key")));
+  EXPECT_EQ(TlsIdentityWatcher::CheckPair(certs_->Read("server-ca1.pem"),
+                                          certs_->Read("server-ca2.key"), "c.pem", "k.pem")
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // ---- Bearer tokens.

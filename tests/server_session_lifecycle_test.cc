@@ -1,12 +1,14 @@
 // Sessions across a server's life: eviction under memory pressure (and not
-// before the grace), a drain with an append queued, and a second server on a
-// port in use.
+// before the grace), a drain with an append queued, a second server on a
+// port in use, and the limits of a session's life a caller may trip on (its
+// TTL, its id, a cross session's queries).
 #include <unistd.h>
 
 #include <grpcpp/grpcpp.h>
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -137,7 +139,7 @@ TEST(SessionEvictionTest, IdleSessionsAreEvictedOnlyAfterTheGrace) {
       EXPECT_THAT(first.error_message(), HasSubstr("evicted"));
     } else {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-      EXPECT_THAT(status.error_message(), HasSubstr("no other session has been idle"));
+      EXPECT_THAT(status.error_message(), HasSubstr("no session may be evicted for them"));
       // The sessions that fit are intact.
       grpc::ClientContext context;
       v1::GetSessionRequest get;
@@ -150,6 +152,80 @@ TEST(SessionEvictionTest, IdleSessionsAreEvictedOnlyAfterTheGrace) {
     EXPECT_TRUE(server->Drain());
     delete server;
   }
+}
+
+// Issue 21 item 8: a TTL above --max_session_ttl_s (1 day by default) is
+// refused, not clamped; an empty session_id is a bad argument, not a
+// session of another replica; a cross session's max_session_tokens refusal
+// says that it caps queries and how many keys the session holds.
+TEST(SessionArgumentsTest, TtlIdAndCrossQueryLimitsAreNamed) {
+  AttentionServer* server = StartServer("session_arguments", 16 << 20, absl::Hours(1));
+  auto stub = v1::SessionService::NewStub(server->InProcessChannel());
+  for (const int64_t ttl_s : {int64_t{86401}, std::numeric_limits<int64_t>::max()}) {
+    grpc::ClientContext context;
+    v1::CreateSessionRequest request;
+    request.set_kind(v1::SESSION_KIND_SELF);
+    request.set_ttl_s(ttl_s);
+    v1::SessionInfo info;
+    const grpc::Status status = stub->CreateSession(&context, request, &info);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << ttl_s;
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("ttl_s: expected 0 (the model's default) to 86400 (the server's "
+                          "--max_session_ttl_s), got"));
+  }
+  {
+    grpc::ClientContext context;
+    v1::CreateSessionRequest request;
+    request.set_kind(v1::SESSION_KIND_SELF);
+    request.set_ttl_s(86400);
+    v1::SessionInfo info;
+    ASSERT_TRUE(stub->CreateSession(&context, request, &info).ok());
+    EXPECT_EQ(info.ttl_s(), 86400);
+  }
+  std::mt19937 rng(21);
+  {
+    grpc::ClientContext append_context, get_context, close_context;
+    v1::AppendRequest append;
+    ToProto(RandomTensor({1, kE}, rng), append.mutable_tokens());
+    v1::AppendResponse appended;
+    v1::SessionInfo info;
+    v1::CloseSessionResponse closed;
+    for (const grpc::Status& status :
+         {stub->Append(&append_context, append, &appended),
+          stub->GetSession(&get_context, v1::GetSessionRequest(), &info),
+          stub->CloseSession(&close_context, v1::CloseSessionRequest(), &closed)}) {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+      EXPECT_THAT(status.error_message(), HasSubstr("session_id: required"));
+    }
+  }
+  // "small" as a cross session: 9 keys; 41 queries, then 41 more pass its
+  // max_session_tokens 64.
+  v1::SessionInfo cross;
+  {
+    grpc::ClientContext context;
+    v1::CreateSessionRequest request;
+    request.set_kind(v1::SESSION_KIND_CROSS);
+    ToProto(RandomTensor({9, kE}, rng), request.mutable_key());
+    ASSERT_TRUE(stub->CreateSession(&context, request, &cross).ok());
+  }
+  auto append_41 = [&] {
+    grpc::ClientContext context;
+    v1::AppendRequest append;
+    append.set_session_id(cross.session_id());
+    ToProto(RandomTensor({41, kE}, rng), append.mutable_tokens());
+    v1::AppendResponse response;
+    return stub->Append(&context, append, &response);
+  };
+  grpc::Status status = append_41();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  status = append_41();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("this cross session has been sent 41 queries; 41 more would pass the "
+                        "model's max_session_tokens 64"));
+  EXPECT_THAT(status.error_message(), HasSubstr("it holds 9 keys"));
+  EXPECT_TRUE(server->Drain());
+  delete server;
 }
 
 }  // namespace

@@ -128,7 +128,7 @@ TEST_F(ServerTest, BadInputsGetSpecificErrorsAndTheServerKeepsServing) {
       {"unknown model", [](auto& r) { r.set_model("nope"); }, grpc::StatusCode::NOT_FOUND,
        "model: 'nope' is not served"},
       {"missing query", [](auto& r) { r.clear_query(); }, grpc::StatusCode::INVALID_ARGUMENT,
-       "query: dtype must be"},
+       "query: required, but the request does not set it"},
       {"short data", [](auto& r) { r.mutable_query()->mutable_data()->resize(12); },
        grpc::StatusCode::INVALID_ARGUMENT,
        "query: data has 12 bytes but shape [2, 5, 32] of float32 needs 1280"},

@@ -6,7 +6,14 @@ namespace attention::wire {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // grpc-message travels in trailing metadata (8 KiB by default): a longer
+  // message would turn the error into RESOURCE_EXHAUSTED on the client.
+  constexpr size_t kMaxMessageBytes = 4096;
+  absl::string_view message = status.message();
+  std::string text(message.substr(0, kMaxMessageBytes));
+  if (message.size() > kMaxMessageBytes) text += "... (message cut)";
+  if (text.empty()) text = "error";  // Triton's clients take an empty message for success.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::move(text));
 }
 
 absl::string_view StatusCodeName(absl::StatusCode code) {

@@ -1,6 +1,7 @@
 #include "proto/codec/tensor_codec.h"
 
 #include <utility>
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 #include "core/checked_math.h"
@@ -18,10 +19,14 @@ absl::StatusOr<DType> FromProtoDType(v1::DataType dtype, absl::string_view field
     case v1::DATA_TYPE_BOOL:
       return DType::kBool;
     default:
+      // Masks may be bool; tensors of values may not, and say so.
+      const bool mask = absl::StrContains(field, "mask") || field == "not_key";
       return absl::InvalidArgumentError(absl::StrCat(
           field,
-          ": dtype must be DATA_TYPE_FLOAT32, DATA_TYPE_BFLOAT16, DATA_TYPE_FLOAT16 or "
-          "DATA_TYPE_BOOL, got ",
+          mask ? ": dtype must be DATA_TYPE_FLOAT32, DATA_TYPE_BFLOAT16, DATA_TYPE_FLOAT16 or "
+                 "DATA_TYPE_BOOL, got "
+               : ": dtype must be DATA_TYPE_FLOAT32, DATA_TYPE_BFLOAT16 or DATA_TYPE_FLOAT16, "
+                 "got ",
           v1::DataType_Name(dtype).empty() ? absl::StrCat(static_cast<int>(dtype))
                                            : v1::DataType_Name(dtype)));
   }
@@ -42,6 +47,11 @@ v1::DataType ToProtoDType(DType dtype) {
 }
 
 absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, absl::string_view field) {
+  if (tensor.dtype() == v1::DATA_TYPE_UNSPECIFIED && tensor.shape_size() == 0 &&
+      tensor.data().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": required, but the request does not set it (dtype, shape, data)"));
+  }
   auto dtype = FromProtoDType(tensor.dtype(), field);
   if (!dtype.ok()) return dtype.status();
   return CheckedView(*dtype, Shape(tensor.shape().begin(), tensor.shape().end()),

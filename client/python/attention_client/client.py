@@ -334,6 +334,12 @@ class AttentionClient:
     def _make_channel(self, target, config):
         """A channel to `target` with service config `config` and the client's security."""
         options = _channel_options(config) + self._security.options
+        if "healthCheckConfig" in config:
+            # Its subchannels are its own, not shared with the client's other channels to the
+            # same target. Debian's grpcio 1.51 crashes the process (SIGSEGV) when two channels
+            # to one unreachable target share subchannels and one health-checks them: health()
+            # on the pick_first health channel, then infer() or models() here.
+            options.append(("grpc.use_local_subchannel_pool", 1))
         if self._security.credentials is not None:
             return grpc.secure_channel(target, self._security.credentials, options=options)
         channel = grpc.insecure_channel(target, options=options)

@@ -557,6 +557,35 @@ class ChannelTest(unittest.TestCase):
             self.client(f"127.0.0.1:{free_port()}").health_status()
         self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
 
+    def test_health_then_calls_while_the_server_is_down_raise(self):
+        # A readiness script: health() or health_status() first, then infer() and models()
+        # while nothing listens. Debian's grpcio 1.51 crashed the caller's process here
+        # (SIGSEGV: two channels to one target, one with healthCheckConfig, sharing
+        # subchannels). Run in a child process, so that a crash fails this test instead of
+        # killing the test runner.
+        script = """
+import sys
+import numpy as np
+from attention_client import AttentionClient, AttentionError
+client = AttentionClient(sys.argv[1], timeout=2)
+assert client.health() is False
+for call in (lambda: client.infer(np.ones((1, 2, 8), np.float32)), client.models,
+             client.health_status, lambda: client.infer(np.ones((1, 2, 8), np.float32))):
+    try:
+        call()
+        sys.exit("a call to an unreachable server returned")
+    except AttentionError as e:
+        print(e.code.name)
+client.close()
+print("no crash")
+"""
+        child = subprocess.run([sys.executable, "-c", script, f"127.0.0.1:{free_port()}"],
+                               capture_output=True, text=True, timeout=120, env=os.environ)
+        self.assertEqual(child.returncode, 0,
+                         f"exit {child.returncode} (-11: SIGSEGV); stdout: {child.stdout}; "
+                         f"stderr: {child.stderr[-2000:]}")
+        self.assertEqual(child.stdout.split(), ["UNAVAILABLE"] * 4 + ["no", "crash"])
+
 
 if __name__ == "__main__":
     unittest.main()

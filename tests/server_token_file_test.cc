@@ -1,0 +1,160 @@
+// TokenAuthenticator's token file (issue 21, items 5 and 8c): a file rewritten
+// in place is never installed empty or half-written, an empty file revokes
+// only once it stays empty, names are refused unless they can be logged as
+// they are, and a principal is identified by its entry's hash.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/token_authenticator.h"
+
+namespace attention {
+namespace {
+
+using ::attention::server::TokenAuthenticator;
+using ::testing::HasSubstr;
+
+std::string HashHex(const std::string& token) {
+  const TokenAuthenticator::Sha256 h = TokenAuthenticator::Hash(token);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h.data()), 32));
+}
+
+std::string TestFile(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/token_file_test_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  return dir + "/" + name;
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+// write(2) all of `text` to `fd`.
+void WriteAll(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    ASSERT_GT(n, 0) << "write failed";
+    done += static_cast<size_t>(n);
+  }
+}
+
+bool Known(const TokenAuthenticator& auth, const std::string& token) {
+  const std::string header = "Bearer " + token;
+  const absl::string_view value = header;
+  return auth.Authenticate(&value).ok();
+}
+
+// What a shell redirect of a slow command does (`vault ... > tokens`): the
+// file is truncated, then written 40 ms later, a line at a time. Each state
+// in between lasts less than one reload interval, so none is stable across
+// two checks: no call with a valid token may be refused. (Before the fix the
+// checker installed the empty and the one-line file as they were seen.)
+TEST(TokenFileTest, FileRewrittenInPlaceNeverRevokesAValidToken) {
+  const std::string path = TestFile("rewritten");
+  const std::string alice = HashHex("alice-secret") + " alice *\n";
+  const std::string bob = HashHex("bob-secret") + " bob *\n";
+  WriteFile(path, alice + bob);
+  auto auth = TokenAuthenticator::Open(path, absl::Milliseconds(200));
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  ASSERT_EQ((*auth)->size(), 2u);
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0}, refused{0};
+  std::thread caller([&] {
+    while (!stop.load()) {
+      for (const char* token : {"alice-secret", "bob-secret"}) {
+        calls.fetch_add(1);
+        if (!Known(**auth, token)) refused.fetch_add(1);
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  });
+  for (int cycle = 0; cycle < 20; ++cycle) {
+    const int fd = open(path.c_str(), O_WRONLY | O_TRUNC);
+    ASSERT_GE(fd, 0);
+    absl::SleepFor(absl::Milliseconds(40));
+    WriteAll(fd, alice);
+    absl::SleepFor(absl::Milliseconds(40));
+    WriteAll(fd, bob);
+    close(fd);
+    absl::SleepFor(absl::Milliseconds(60));
+  }
+  stop.store(true);
+  caller.join();
+  EXPECT_GT(calls.load(), 0);
+  EXPECT_EQ(refused.load(), 0) << "of " << calls.load()
+                               << " calls with valid tokens while the file was rewritten";
+  EXPECT_EQ((*auth)->size(), 2u);
+}
+
+// An empty file that stays empty is a deliberate revocation: after two
+// checks no token is known.
+TEST(TokenFileTest, FileThatStaysEmptyRevokesEveryToken) {
+  const std::string path = TestFile("emptied");
+  WriteFile(path, HashHex("alice-secret") + " alice *\n");
+  auto auth = TokenAuthenticator::Open(path, absl::Milliseconds(20));
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  ASSERT_TRUE(Known(**auth, "alice-secret"));
+  WriteFile(path, "");
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  while (Known(**auth, "alice-secret") && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_FALSE(Known(**auth, "alice-secret")) << "the empty file was never installed";
+  EXPECT_EQ((*auth)->size(), 0u);
+}
+
+// Names end up in log lines and messages: only [A-Za-z0-9._:@/-], at most
+// 128 characters; anything else is refused naming the line.
+TEST(TokenFileTest, NamesOutsideTheAllowedSetAreRefused) {
+  const std::string hash = HashHex("x");
+  auto ok = TokenAuthenticator::Parse(hash + " svc.team-1_a:b@c/d *\n", "f");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)[0].principal->name, "svc.team-1_a:b@c/d");
+  for (const std::string& name :
+       {std::string("bad\x1b[2Kname"), std::string("nul\x01"), std::string("caf\xc3\xa9"),
+        std::string("quote\"d"), std::string("semi;colon"), std::string("back\\slash")}) {
+    auto parsed = TokenAuthenticator::Parse("# comment\n" + hash + " " + name + " *\n", "f");
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("f:2: the name has the character 0x")) << name;
+    // The message itself never carries the character.
+    EXPECT_THAT(parsed.status().message(), ::testing::Not(HasSubstr(name))) << name;
+  }
+  auto too_long = TokenAuthenticator::Parse(hash + " " + std::string(129, 'a') + " *\n", "f");
+  EXPECT_THAT(too_long.status().message(), HasSubstr("f:1: the name has 129 characters"));
+  EXPECT_TRUE(TokenAuthenticator::Parse(hash + " " + std::string(128, 'a') + " *\n", "f").ok());
+}
+
+// Two entries may share a name; each is its own principal, identified by its
+// hash (what sessions and sequences are owned by).
+TEST(TokenFileTest, PrincipalIdIsTheEntrysHash) {
+  const std::string path = TestFile("ids");
+  // Upper-case hex in the file: the id is lower-case all the same.
+  WriteFile(path, absl::AsciiStrToUpper(HashHex("team-one")) + " team *\n" + HashHex("team-two") +
+                      " team *\n");
+  auto auth = TokenAuthenticator::Open(path);
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  const std::string one = "Bearer team-one", two = "Bearer team-two";
+  const absl::string_view one_view = one, two_view = two;
+  auto first = (*auth)->Authenticate(&one_view);
+  auto second = (*auth)->Authenticate(&two_view);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ((*first)->name, (*second)->name);
+  EXPECT_EQ((*first)->id, HashHex("team-one"));
+  EXPECT_EQ((*second)->id, HashHex("team-two"));
+  EXPECT_NE((*first)->id, (*second)->id);
+}
+
+}  // namespace
+}  // namespace attention
