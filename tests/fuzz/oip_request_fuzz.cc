@@ -19,7 +19,10 @@
 // DEADLINE_EXCEEDED for a request with a `timeout`) with a message; a
 // computed stateless response is no larger than its admitted estimate; a
 // sequence step that changed its session was answered OK (issue 21 item 2);
-// every admitted byte is released.
+// no session is left by a refused sequence_start (item 3c); no error message
+// repeats a long identifier whole (item 3c); what was allocated stays within
+// what was admitted (item 3, see MemoryCheck); every admitted byte is
+// released.
 #include <omp.h>
 #include <stdlib.h>
 
@@ -30,10 +33,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "core/memory_meter.h"
 #include "core/status_macros.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/server_context.h"
 #include "server/attention_service.h"
+#include "server/identifiers.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/oip_codec.h"
@@ -190,19 +195,29 @@ std::string LongIdentifier(const inference::ModelInferRequest& request) {
 }
 
 // Runs request `i` as ModelInfer does, up to queuing it; its answer comes
-// to `answers` (at once when refused before queuing).
-void Submit(Environment& env, Sessions& sessions, const inference::ModelInferRequest& request,
-            grpc::CallbackServerContext* context, size_t i, Answers* answers) {
+// to `answers` (at once when refused before queuing). Returns the bytes of
+// the request message admitted with it (0 when refused before queuing).
+int64_t Submit(Environment& env, Sessions& sessions, const inference::ModelInferRequest& request,
+               grpc::CallbackServerContext* context, size_t i, Answers* answers) {
   AttentionServiceImpl& service = *env.service;
   Answer refused;
   refused.echo = LongIdentifier(request);
-  auto model = service.Admissible(context, request.model_name());
+  // InferenceServiceImpl::Model (private): the version's length, the model;
+  // its check of the version's value is not reachable from here.
+  const absl::Status version = server::CheckIdentifier(request.model_version(), "model_version");
+  const absl::StatusOr<const server::ServedModel*> model =
+      version.ok() ? service.Admissible(context, request.model_name())
+                   : absl::StatusOr<const server::ServedModel*>(version);
   absl::StatusOr<server::OipRequest> decoded =
       model.ok() ? server::DecodeModelInfer(request) : model.status();
+  if (decoded.ok()) {
+    const absl::Status id = server::CheckIdentifier(request.id(), "id");
+    if (!id.ok()) decoded = id;
+  }
   if (!decoded.ok()) {
     refused.status = decoded.status();
     answers->Set(i, refused);
-    return;
+    return 0;
   }
   const server::ServedModel* served = *model;
   refused.timeout = decoded->timeout.has_value();
@@ -216,7 +231,7 @@ void Submit(Environment& env, Sessions& sessions, const inference::ModelInferReq
   auto label = [&request, served](inference::ModelInferResponse* response) {
     response->set_model_name(served->name);
     response->set_model_version("1");
-    response->set_id(request.id());
+    response->set_id(server::Echoed(request.id()));
   };
   absl::Status status;
   answers->Expect();
@@ -280,8 +295,53 @@ void Submit(Environment& env, Sessions& sessions, const inference::ModelInferReq
   if (!status.ok()) {
     refused.status = status;
     answers->Done(i, refused);
+    return 0;
   }
+  return static_cast<int64_t>(request.ByteSizeLong());
 }
+
+// What admission held (the in-flight budget's peak, less the request
+// messages whose bytes it holds but the meter does not count, plus the
+// largest batch's working-memory estimate) against what the engines and
+// result buffers allocated (MemoryMeter's peak), as
+// tests/server_memory_accounting_test.cc measures one RPC. The request
+// messages are subtracted only when the peak was with every request held
+// (right after they were all queued), the one moment their sum is known to
+// be part of it.
+class MemoryCheck {
+ public:
+  explicit MemoryCheck(Environment& env) : env_(env) {
+    for (const server::ServedModel* m : env_.repository->models()) m->batcher->ResetPeakWorking();
+    budget_before_ = env_.service->budget().used();
+    env_.service->budget().ResetPeak();
+    meter_before_ = MemoryMeter::current();
+    MemoryMeter::ResetPeak();
+  }
+  // Every request is queued (none computed yet); `request_bytes` of their
+  // messages are held.
+  void Queued(int64_t request_bytes) {
+    queued_ = env_.service->budget().used();
+    request_bytes_ = request_bytes;
+  }
+  absl::Status Check() const {
+    const int64_t allocated = MemoryMeter::peak() - meter_before_;
+    int64_t working = 0;
+    for (const server::ServedModel* m : env_.repository->models()) {
+      working = std::max(working, m->batcher->peak_working_bytes());
+    }
+    const int64_t peak = env_.service->budget().peak();
+    const int64_t messages = peak == queued_ ? request_bytes_ : 0;
+    const int64_t admitted = peak - budget_before_ - messages + working;
+    if (allocated <= admitted) return absl::OkStatus();
+    return Bug(absl::StrCat("allocated ", allocated, " bytes, admitted ", admitted,
+                            " (in-flight peak ", peak - budget_before_, " less request messages ",
+                            messages, ", working estimate ", working, ")"));
+  }
+
+ private:
+  Environment& env_;
+  int64_t budget_before_ = 0, meter_before_ = 0, queued_ = -1, request_bytes_ = 0;
+};
 
 }  // namespace
 
@@ -301,9 +361,11 @@ absl::Status FuzzOneOipRequest(const uint8_t* data, size_t size) {
       std::make_unique<server::SequenceSessions>(env.service.get(), sessions.service.get());
   std::vector<std::unique_ptr<grpc::CallbackServerContext>> contexts;
   Answers answers(requests.size());
+  MemoryCheck memory(env);
   {
     // Every request is prepared and queued before any computes.
     absl::MutexLock hold(env.repository->compute_mutex());
+    int64_t request_bytes = 0;
     for (size_t i = 0; i < requests.size(); ++i) {
       if (!requests[i].parsed) {  // gRPC refuses it before the service sees it.
         Answer a;
@@ -312,8 +374,10 @@ absl::Status FuzzOneOipRequest(const uint8_t* data, size_t size) {
         continue;
       }
       contexts.push_back(std::make_unique<grpc::CallbackServerContext>());
-      Submit(env, sessions, *requests[i].request, contexts.back().get(), i, &answers);
+      request_bytes +=
+          Submit(env, sessions, *requests[i].request, contexts.back().get(), i, &answers);
     }
+    memory.Queued(request_bytes);
   }
   if (!answers.WaitAll()) abort();  // A request never answered: let libFuzzer keep it.
   const int64_t live = sessions.manager->live_sessions();
@@ -346,6 +410,7 @@ absl::Status FuzzOneOipRequest(const uint8_t* data, size_t size) {
     return Bug(absl::StrCat(live, " sessions live after ", started,
                             " successful sequence_start(s): a refused start left its session"));
   }
+  RETURN_IF_ERROR(memory.Check());
   if (env.service->inflight_bytes() != 0) {
     return Bug(absl::StrCat(env.service->inflight_bytes(),
                             " in-flight bytes still admitted after every answer"));

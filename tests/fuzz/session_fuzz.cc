@@ -12,7 +12,9 @@
 // far (self: causal, key_padding_mask = not_key; cross: the same keys), and
 // so do its weights (averaged or per head); a step is part of its session if
 // and only if it was committed; a refused or failed step changes nothing;
-// every cache block goes back to the pool.
+// every cache block goes back to the pool; and each Run and InitCross
+// allocates (MemoryMeter) no more than its working-memory estimate
+// (StepWorkingBytes summed over the batch, CrossWorkingBytes).
 //
 // Tolerance, per row, |session - stateless| <= tol * (1 + max |stateless
 // row|) (norm-wise, so that a small element that is the difference of large
@@ -36,6 +38,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -45,6 +48,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/kv_block_pool.h"
 #include "core/memory_budget.h"
+#include "core/memory_meter.h"
 #include "core/mha_engine.h"
 #include "core/session_engine.h"
 #include "core/status_macros.h"
@@ -64,6 +68,22 @@ constexpr size_t kMaxEngines = 128;
 
 absl::Status Bug(absl::string_view what) {
   return absl::InternalError(absl::StrCat("fuzz invariant: ", what));
+}
+
+// Runs `call` and checks that what it allocated (MemoryMeter: workspaces and
+// tensors) stays within `estimate` (issue 21 item 3: allocated <= admitted).
+// The call's own verdict is returned when it holds.
+absl::Status Metered(int64_t estimate, absl::string_view what,
+                     const std::function<absl::Status()>& call) {
+  const int64_t before = MemoryMeter::current();
+  MemoryMeter::ResetPeak();
+  const absl::Status status = call();
+  const int64_t allocated = MemoryMeter::peak() - before;
+  if (allocated > estimate) {
+    return Bug(absl::StrCat(what, " allocated ", allocated, " bytes, over its working estimate ",
+                            estimate, " (", status.ToString(), ")"));
+  }
+  return status;
 }
 
 // Engines by spec and seed, kept across inputs (creating one prepares the
@@ -173,7 +193,8 @@ absl::Status CreateCross(FuzzInput& in, const SessionEngine& engine, FuzzSession
     s->usable = false;
     return absl::OkStatus();
   }
-  const absl::Status init = engine.InitCross(keys_view, s->cache.get());
+  const absl::Status init = Metered(engine.CrossWorkingBytes(keys), "InitCross",
+                                    [&] { return engine.InitCross(keys_view, s->cache.get()); });
   if (!init.ok()) {
     RETURN_IF_ERROR(CheckRefusal(init, absl::StatusCode::kResourceExhausted));
     if (s->cache->length() != 0) return Bug("a failed InitCross left keys in the cache");
@@ -290,11 +311,15 @@ absl::Status RunRound(FuzzInput& in, const MhaEngine& mha, const SessionEngine& 
   if (planned.empty()) return absl::OkStatus();
   std::vector<SessionStep> steps;
   std::vector<int64_t> before;
+  int64_t estimate = 0;  // A batch takes at most the sum of its steps'.
   for (const Planned& p : planned) {
     steps.push_back(p.step);
     before.push_back(p.step.cache->length());
+    estimate += engine.StepWorkingBytes(p.tokens.dim(0), engine.WeightColumns(p.step),
+                                        p.step.need_weights, p.step.average_weights);
   }
-  const absl::Status run = engine.Run(steps, commit_in_run);
+  const absl::Status run =
+      Metered(estimate, "Run", [&] { return engine.Run(steps, commit_in_run); });
   if (!run.ok()) {
     RETURN_IF_ERROR(CheckRefusal(run, absl::StatusCode::kResourceExhausted));
     for (size_t a = 0; a < planned.size(); ++a) {
