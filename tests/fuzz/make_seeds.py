@@ -185,14 +185,20 @@ def spec_bytes(heads, head_dim, kdim=None, vdim=None, bias=True, bias_kv=False, 
 DT = {"f32": 0, "bf16": 1, "f16": 2}
 
 
-def cross_bytes(kdim, vdim, keys, causal=False, mask=None):
-    """mask: None, 'bool', 'f32', 'bf16' or 'f16' (every fourth key masked)."""
-    out = bytes([YES, 1 if causal else 0, keys - 1, NO, DT["f32"]])
-    out += value_bytes(values(keys * kdim))
-    out += bytes([DT["bf16"]]) + value_bytes(values(keys * vdim, 0.5))
+MAX_READ_VALUES = 512  # session_fuzz.cc's kMaxReadValues: later values follow a pattern.
+
+
+def cross_bytes(kdim, vdim, keys, causal=False, mask=None, large=False):
+    """mask: None, 'bool', 'f32', 'bf16' or 'f16' (every fourth key masked);
+    large: 2048 to 16384 keys (else 1 to 20)."""
+    out = bytes([YES, 1 if causal else 0, YES if large else NO])
+    out += struct.pack(">H", keys - 2048) if large else bytes([keys - 1])
+    out += bytes([NO, DT["f32"]])
+    out += value_bytes(values(min(keys * kdim, MAX_READ_VALUES)))
+    out += bytes([DT["bf16"]]) + value_bytes(values(min(keys * vdim, MAX_READ_VALUES), 0.5))
     kinds = [None, "bool", "f32", "bf16", "f16"]
     out += bytes([kinds.index(mask)])
-    for j in range(keys if mask else 0):
+    for j in range(min(keys, MAX_READ_VALUES) if mask else 0):
         if mask == "bool":
             out += bytes([YES if j % 4 == 3 else NO])
         else:
@@ -250,6 +256,10 @@ def session_seeds():
                             step_bytes(t, e, cross=True, weights="avg")],
                         commit_in_run=(t != 2), keep=[True, False, True])
             for t in (3, 2, 1, 4)),
+        "large_cross_per_head_weights": spec_bytes(4, 2) + session_setup() +
+        cross_bytes(8, 8, 6000, mask="bool", large=True) + b"".join(
+            round_bytes(1, [step_bytes(t, e, cross=True, weights=w)])
+            for t, w in ((48, "avg"), (40, "heads"))),
         "no_session_memory": spec_bytes(1, 2) + session_setup(no_memory=True) + self_ +
         round_bytes(1, [step_bytes(2, 2)]),
     }
@@ -320,9 +330,10 @@ def model_infer(model="", request_id="", inputs=(), params=(), outputs=(), typed
     return out + raw
 
 
-def oip_parsed(*requests):
+def oip_parsed(*requests, roomy=False):
+    """roomy: to the server with large limits (else the tight one)."""
     assert 1 <= len(requests) <= 5
-    out = bytes([(len(requests) - 1) << 1])
+    out = bytes([(len(requests) - 1) << 1 | (0x80 if roomy else 0)])
     for r in requests:
         out += struct.pack("<H", len(r)) + r
     return out
@@ -364,6 +375,16 @@ def oip_seeds():
             model_infer(model="nope", inputs=[("query", "FP32", [1, 1, e])]),
             model_infer(inputs=[("logits", "FP32", [1, 1, e])])),
     }
+    # Large enough that the per-head weights (4 to 6 MB) pass the working
+    # estimates' fixed 4 MiB allowance.
+    seeds["roomy_cross_per_head_weights"] = oip_parsed(model_infer(
+        model="cross", inputs=[("query", "BF16", [1, 512, e]), ("key", "BF16", [1, 1024, 6]),
+                               ("value", "BF16", [1, 1024, 4])],
+        params=[weights, per_head]), roomy=True)
+    seeds["roomy_long_sequence"] = oip_parsed(
+        model_infer(inputs=[("query", "BF16", [1, 1024, e])], params=seq("l", start)),
+        model_infer(inputs=[("query", "BF16", [1, 512, e])], params=seq("l", weights, per_head)),
+        roomy=True)
     # Generated requests: bytes from a fixed generator.
     rng = random.Random(21)
     for i in range(4):

@@ -56,8 +56,15 @@ namespace {
 using server::AttentionServiceImpl;
 using server::RequestOutcome;
 
-constexpr int64_t kMaxResponseBytes = 8 << 10;  // Small: the size checks are reached.
-constexpr int64_t kMaxInflightBytes = 64 << 10;
+// Two servers: a tight one, whose small limits the size checks reach, and a
+// roomy one, whose large requests allocate more than the working estimates'
+// fixed allowances (oneDNN's 4 MiB scratchpad each), so that allocated <=
+// admitted is tested where an uncounted buffer shows.
+struct Limits {
+  int64_t max_response_bytes, max_inflight_bytes, max_batch_tokens, max_session_tokens;
+};
+constexpr Limits kTight = {8 << 10, 64 << 10, 64, 96};
+constexpr Limits kRoomy = {64 << 20, int64_t{1} << 30, 1024, 2048};
 constexpr absl::Duration kAnswerTimeout = absl::Seconds(20);
 // Identifiers longer than this are not repeated whole in error messages
 // (issue 21 item 3c: errors echoed unbounded input).
@@ -73,14 +80,14 @@ struct Environment {
   std::vector<OipModelShape> shapes;
 };
 
-Environment* MakeEnvironment() {
+Environment* MakeEnvironment(const Limits& limits) {
   omp_set_num_threads(1);
   google::protobuf::SetLogHandler(nullptr);  // Non-UTF-8 strings would flood the log.
   std::string dir = (std::filesystem::temp_directory_path() / "oip_fuzz_XXXXXX").string();
   if (mkdtemp(dir.data()) == nullptr) abort();
-  const std::string serving =
-      "\"max_queue_delay_us\": 200, \"max_batch_tokens\": 64, \"max_session_tokens\": 96, "
-      "\"max_sessions\": 3";
+  const std::string serving = absl::StrCat(
+      "\"max_queue_delay_us\": 200, \"max_batch_tokens\": ", limits.max_batch_tokens,
+      ", \"max_session_tokens\": ", limits.max_session_tokens, ", \"max_sessions\": 3");
   // self: E=8, 2 heads. cross: kdim 6, vdim 4, bias_kv, zero_attn, bfloat16
   // (a sequence on it is a self session on kdim != E: issue 21 item 1).
   // wide: kdim = vdim = 16 > E. half: bfloat16 compute and cache.
@@ -113,8 +120,8 @@ Environment* MakeEnvironment() {
   if (!repository.ok()) abort();
   env->repository = std::move(*repository);
   server::ServiceOptions service_options;
-  service_options.max_response_bytes = kMaxResponseBytes;
-  service_options.max_inflight_bytes = kMaxInflightBytes;
+  service_options.max_response_bytes = limits.max_response_bytes;
+  service_options.max_inflight_bytes = limits.max_inflight_bytes;
   env->service = std::make_unique<AttentionServiceImpl>(env->metrics.get(), service_options);
   env->service->SetRepository(env->repository.get());
   for (const char* name : {"self", "cross", "wide", "half"}) {
@@ -124,9 +131,11 @@ Environment* MakeEnvironment() {
   return env;
 }
 
-Environment& Env() {
-  static Environment* const env = MakeEnvironment();
-  return *env;
+Environment& Env(bool roomy) {
+  static Environment* const tight = MakeEnvironment(kTight);
+  if (!roomy) return *tight;
+  static Environment* const large = MakeEnvironment(kRoomy);
+  return *large;
 }
 
 absl::Status Bug(absl::string_view what) {
@@ -228,6 +237,7 @@ int64_t Submit(Environment& env, Sessions& sessions, const inference::ModelInfer
   const MhaSpec& spec = served->model->spec();
   // PyTorch refuses self-attention unless kdim == vdim == embed_dim.
   const bool self_possible = spec.kdim == spec.embed_dim && spec.vdim == spec.embed_dim;
+  const int64_t max_bytes = service.options().max_response_bytes;
   auto label = [&request, served](inference::ModelInferResponse* response) {
     response->set_model_name(served->name);
     response->set_model_version("1");
@@ -238,7 +248,7 @@ int64_t Submit(Environment& env, Sessions& sessions, const inference::ModelInfer
   if (sequence) {
     status = sessions.sequences->Submit(
         context, request, *std::move(decoded), served, nullptr, nullptr,
-        [answers, i, outputs, timeout, start, label, self_possible, served,
+        [answers, i, outputs, timeout, start, label, self_possible, served, max_bytes,
          echo = refused.echo](RequestOutcome outcome) {
           Answer a;
           a.timeout = timeout;
@@ -247,8 +257,7 @@ int64_t Submit(Environment& env, Sessions& sessions, const inference::ModelInfer
           inference::ModelInferResponse response;
           label(&response);
           a.status = outcome.status;
-          if (a.status.ok())
-            a.status = EncodeModelInfer(outcome, outputs, kMaxResponseBytes, &response);
+          if (a.status.ok()) a.status = EncodeModelInfer(outcome, outputs, max_bytes, &response);
           if (outcome.status.ok() && !a.status.ok()) {
             a.invariant =
                 Bug(absl::StrCat("a sequence step was applied (session length ",
@@ -272,7 +281,7 @@ int64_t Submit(Environment& env, Sessions& sessions, const inference::ModelInfer
     if (status.ok()) {
       status = service.Submit(
           prepared, static_cast<int64_t>(request.ByteSizeLong()),
-          [answers, i, outputs, timeout, label, estimate,
+          [answers, i, outputs, timeout, label, estimate, max_bytes,
            echo = refused.echo](RequestOutcome outcome) {
             Answer a;
             a.timeout = timeout;
@@ -280,8 +289,7 @@ int64_t Submit(Environment& env, Sessions& sessions, const inference::ModelInfer
             inference::ModelInferResponse response;
             label(&response);
             a.status = outcome.status;
-            if (a.status.ok())
-              a.status = EncodeModelInfer(outcome, outputs, kMaxResponseBytes, &response);
+            if (a.status.ok()) a.status = EncodeModelInfer(outcome, outputs, max_bytes, &response);
             const int64_t bytes = static_cast<int64_t>(response.ByteSizeLong());
             if (outcome.status.ok() && (!a.status.ok() || bytes > estimate)) {
               a.invariant = Bug(absl::StrCat("a computed response of ", bytes,
@@ -346,9 +354,10 @@ class MemoryCheck {
 }  // namespace
 
 absl::Status FuzzOneOipRequest(const uint8_t* data, size_t size) {
-  Environment& env = Env();
   FuzzInput in(data, size);
-  const std::vector<OipInputRequest> requests = ReadOipRequests(in, env.shapes);
+  const OipInput input = ReadOipRequests(in, Env(false).shapes);
+  Environment& env = Env(input.roomy);
+  const std::vector<OipInputRequest>& requests = input.requests;
   server::SessionOptions options;
   options.memory_bytes = 4 << 20;
   options.evict_grace = absl::ZeroDuration();  // Eviction by order alone, not by time.

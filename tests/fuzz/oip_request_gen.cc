@@ -13,12 +13,16 @@ namespace {
 using Request = inference::ModelInferRequest;
 
 const char* const kDatatypes[] = {"FP32", "FP16", "BF16", "BOOL", "INT8"};
+// Values beyond this many in one tensor follow a fixed pattern instead of
+// taking the input's bytes (which the later decisions need).
+constexpr int64_t kMaxReadValues = 512;
 
 // `count` values in the wire encoding of `datatype` (raw little-endian bytes).
 std::string RawValues(FuzzInput& in, const std::string& datatype, int64_t count) {
   std::string out;
   for (int64_t i = 0; i < count; ++i) {
-    const float v = in.Value();
+    const float v =
+        i < kMaxReadValues ? in.Value() : 0.25f * static_cast<float>(i * 7 % 11) - 1.25f;
     if (datatype == "BOOL" || datatype == "INT8") {
       out.push_back(v > 0 ? 1 : 0);
     } else if (datatype == "FP32") {
@@ -46,14 +50,18 @@ void AddInput(FuzzInput& in, Request* r, const std::string& name, std::string da
     input->add_shape(d);
     count *= std::max<int64_t>(d, 0);
   }
-  count = std::min<int64_t>(count, 4096);
+  count = std::min<int64_t>(count, int64_t{1} << 22);
   if (in.Percent(3)) count += in.Bool() ? 1 : -1;
   if (raw) {
     *r->add_raw_input_contents() = RawValues(in, datatype, std::max<int64_t>(count, 0));
   } else if (datatype == "BOOL") {
-    for (int64_t i = 0; i < count; ++i) input->mutable_contents()->add_bool_contents(in.Bool());
+    for (int64_t i = 0; i < count; ++i) {
+      input->mutable_contents()->add_bool_contents(i < kMaxReadValues ? in.Bool() : i % 4 == 3);
+    }
   } else {
-    for (int64_t i = 0; i < count; ++i) input->mutable_contents()->add_fp32_contents(in.Value());
+    for (int64_t i = 0; i < count; ++i) {
+      input->mutable_contents()->add_fp32_contents(i < kMaxReadValues ? in.Value() : 0.5f);
+    }
   }
 }
 
@@ -97,7 +105,7 @@ struct SequencePlan {
 };
 
 std::shared_ptr<Request> Generate(FuzzInput& in, const std::vector<OipModelShape>& models,
-                                  SequencePlan* plan) {
+                                  bool roomy, SequencePlan* plan) {
   auto r = std::make_shared<Request>();
   const int64_t n = static_cast<int64_t>(models.size());
   const bool same = plan->shared && plan->started && !in.Percent(5);
@@ -139,7 +147,10 @@ std::shared_ptr<Request> Generate(FuzzInput& in, const std::vector<OipModelShape
   // A batch of one mostly ([1, T, E]), else unbatched or of two.
   const uint8_t layout = in.Byte() % 8;
   const int64_t batch = layout < 5 ? 1 : layout < 7 ? 0 : 2;
-  const int64_t t = in.Percent(25) ? in.Range(17, 64) : in.Range(1, 16);
+  // Sometimes long (for the roomy server, sometimes large).
+  const int64_t t = roomy && in.Percent(10) ? in.Range(65, 512)
+                    : in.Percent(25)        ? in.Range(17, 64)
+                                            : in.Range(1, 16);
   auto shape = [batch](int64_t rows, int64_t width) {
     std::vector<int64_t> s = {rows, width};
     if (batch > 0) s.insert(s.begin(), batch);
@@ -153,7 +164,7 @@ std::shared_ptr<Request> Generate(FuzzInput& in, const std::vector<OipModelShape
   int64_t s = t;
   const bool cross = m.kdim != m.embed_dim || m.vdim != m.embed_dim;
   if (cross ? !in.Percent(20) : in.Percent(15)) {
-    s = in.Range(1, 16);
+    s = roomy && in.Percent(10) ? in.Range(17, 4096) : in.Range(1, 16);
     AddInput(in, r.get(), "key", raw ? kDatatypes[in.Range(0, 2)] : "FP32", shape(s, m.kdim), raw);
     if (!in.Percent(20)) {
       AddInput(in, r.get(), "value", raw ? kDatatypes[in.Range(0, 2)] : "FP32", shape(s, m.vdim),
@@ -178,17 +189,18 @@ std::shared_ptr<Request> Generate(FuzzInput& in, const std::vector<OipModelShape
 
 }  // namespace
 
-std::vector<OipInputRequest> ReadOipRequests(FuzzInput& in,
-                                             const std::vector<OipModelShape>& models) {
-  std::vector<OipInputRequest> out;
+OipInput ReadOipRequests(FuzzInput& in, const std::vector<OipModelShape>& models) {
+  OipInput input;
+  std::vector<OipInputRequest>& out = input.requests;
   const uint8_t form = in.Byte();
-  const int count = 1 + (form >> 1) % kMaxOipRequests;
+  const int count = 1 + (form >> 1 & 7) % kMaxOipRequests;
+  input.roomy = (form & 0x80) != 0;
   SequencePlan plan;
   if ((form & 1) != 0) plan.shared = in.Bool();
   for (int i = 0; i < count && (i == 0 || !in.empty()); ++i) {
     OipInputRequest r;
     if ((form & 1) != 0) {
-      r.request = Generate(in, models, &plan);
+      r.request = Generate(in, models, input.roomy, &plan);
     } else {
       // A 2-byte little-endian length, then that many bytes of protobuf.
       const size_t length = std::min<size_t>(in.Byte() | size_t{in.Byte()} << 8, in.remaining());
@@ -198,7 +210,7 @@ std::vector<OipInputRequest> ReadOipRequests(FuzzInput& in,
     }
     out.push_back(std::move(r));
   }
-  return out;
+  return input;
 }
 
 }  // namespace attention::fuzz

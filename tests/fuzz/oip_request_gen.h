@@ -37,10 +37,17 @@ struct OipInputRequest {
   bool parsed = true;
 };
 
-// The requests of one input (1 to kMaxOipRequests): the first byte picks
-// the form; bit 0 set: generated from `models`, else parsed.
-std::vector<OipInputRequest> ReadOipRequests(FuzzInput& in,
-                                             const std::vector<OipModelShape>& models);
+// An input: its requests, and the server they go to.
+struct OipInput {
+  bool roomy = false;  // The server with large limits (else small ones).
+  std::vector<OipInputRequest> requests;
+};
+
+// The requests of one input: the first byte picks the form (bit 0 set:
+// generated from `models`, else parsed), their number (1 + bits 1-3 modulo
+// kMaxOipRequests) and the server (bit 7 set: roomy, where generated
+// requests are sometimes large).
+OipInput ReadOipRequests(FuzzInput& in, const std::vector<OipModelShape>& models);
 
 inline constexpr int kMaxOipRequests = 5;
 

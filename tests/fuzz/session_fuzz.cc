@@ -64,6 +64,14 @@ constexpr int64_t kMaxTokens = 48;  // Per session: self tokens or cross queries
 constexpr int64_t kMaxChunk = 12;
 constexpr int kMaxRounds = 10;
 constexpr int64_t kMaxCrossKeys = 20;
+// Sometimes a large cross session: keys and chunks whose weights take more
+// than the estimates' fixed allowances (oneDNN's 4 MiB scratchpad each), so
+// that allocated <= estimated is tested where an uncounted buffer shows.
+constexpr int64_t kMinLargeKeys = 2048, kMaxLargeKeys = 16384;
+constexpr int64_t kMaxLargeChunk = 64, kMaxLargeTokens = 128;
+// Values beyond this many in one tensor follow a fixed pattern instead of
+// taking the input's bytes (which the later decisions need).
+constexpr int64_t kMaxReadValues = 512;
 constexpr size_t kMaxEngines = 128;
 
 absl::Status Bug(absl::string_view what) {
@@ -136,12 +144,17 @@ Tensor MakeTensor(DType dtype, Shape shape, const std::vector<float>& values) {
 
 std::vector<float> ReadValues(FuzzInput& in, int64_t count) {
   std::vector<float> v(static_cast<size_t>(std::max<int64_t>(count, 0)));
-  for (float& x : v) x = in.Value();
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = static_cast<int64_t>(i) < kMaxReadValues
+               ? in.Value()
+               : 0.25f * static_cast<float>(i * 7 % 11) - 1.25f;
+  }
   return v;
 }
 
 struct FuzzSession {
   bool usable = true;  // False once its creation was refused.
+  bool large = false;  // A large cross session (kMinLargeKeys keys or more).
   SessionHistory history;
   std::unique_ptr<KvCache> cache;
 };
@@ -153,7 +166,9 @@ absl::Status CreateCross(FuzzInput& in, const SessionEngine& engine, FuzzSession
   SessionHistory& h = s->history;
   h.cross = true;
   h.is_causal = in.Bool();
-  const int64_t keys = in.Range(1, kMaxCrossKeys);
+  s->large = in.Percent(4);
+  const int64_t keys =
+      s->large ? in.Range(kMinLargeKeys, kMaxLargeKeys) : in.Range(1, kMaxCrossKeys);
   // Occasionally malformed: a key or value width or count, a mask length.
   const uint8_t bad = in.Percent(10) ? in.Range(1, 4) : 0;
   const int64_t kdim = spec.kdim + (bad == 1 ? 1 : 0);
@@ -165,11 +180,17 @@ absl::Status CreateCross(FuzzInput& in, const SessionEngine& engine, FuzzSession
   const int64_t mask_len = keys + (bad == 4 ? 1 : 0);
   if (mask == 1) {
     Tensor m(DType::kBool, {mask_len});
-    for (int64_t j = 0; j < mask_len; ++j) m.mutable_as<bool>()[j] = in.Percent(30);
+    for (int64_t j = 0; j < mask_len; ++j) {
+      m.mutable_as<bool>()[j] = j < kMaxReadValues ? in.Percent(30) : j % 4 == 3;
+    }
     h.key_padding_mask = std::move(m);
   } else if (mask >= 2) {
     std::vector<float> v(static_cast<size_t>(mask_len));
-    for (float& x : v) x = in.Percent(25) ? -INFINITY : in.Value();
+    for (size_t j = 0; j < v.size(); ++j) {
+      v[j] = static_cast<int64_t>(j) >= kMaxReadValues ? 0.0f
+             : in.Percent(25)                          ? -INFINITY
+                                                       : in.Value();
+    }
     const DType dt = mask == 2 ? DType::kFloat32 : mask == 3 ? DType::kBFloat16 : DType::kFloat16;
     h.key_padding_mask = MakeTensor(dt, {mask_len}, v);
   }
@@ -227,7 +248,7 @@ void ReadStep(FuzzInput& in, const SessionEngine& engine, size_t index, const Fu
   const int64_t e = spec.embed_dim;
   const bool self_ok = spec.kdim == e && spec.vdim == e;
   p->session = index;
-  int64_t t = in.Range(1, kMaxChunk);
+  int64_t t = in.Range(1, s.large ? kMaxLargeChunk : kMaxChunk);
   const uint8_t bad = in.Percent(8) ? in.Range(1, 4) : 0;
   if (bad == 1) t = 0;
   const int64_t width = bad == 2 ? e + 1 : e;
@@ -271,7 +292,8 @@ absl::Status RunRound(FuzzInput& in, const MhaEngine& mha, const SessionEngine& 
   planned.reserve(sessions.size());
   for (size_t i = 0; i < sessions.size(); ++i) {
     FuzzSession& s = sessions[i];
-    if ((chosen >> i & 1) == 0 || !s.usable || s.history.length() >= kMaxTokens) continue;
+    const int64_t max_tokens = s.large ? kMaxLargeTokens : kMaxTokens;
+    if ((chosen >> i & 1) == 0 || !s.usable || s.history.length() >= max_tokens) continue;
     Planned p;
     ReadStep(in, engine, i, s, &p);
     const absl::Status verdict = engine.ValidateStep(p.step.cross, p.step.tokens, p.step.not_key);
