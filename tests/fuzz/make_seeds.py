@@ -339,6 +339,68 @@ def oip_parsed(*requests, roomy=False):
     return out
 
 
+# The generated form (oip_request_gen.cc's Generate), for the few requests
+# the seeds need: one byte per decision, in the order Generate reads them.
+# Values past the first 512 of a tensor follow a pattern (no bytes).
+
+
+def generated_input(dtype_index, count):
+    """AddInput of a raw tensor: no perturbation, then its values."""
+    return bytes([NO, NO, NO, NO, NO]) + value_bytes(values(min(count, MAX_READ_VALUES)))
+
+
+def generated_request(pick=1, same=False, sequence=None, weights=None, t=4, keys=None,
+                      shared=False):
+    """pick: 0 "" (default), 1 self, 2 cross, 3 wide, 4 half; same: the
+    shared sequence's next step; sequence: "start" a string id "a" (the
+    plan's first); weights: None, "avg" or "heads"; keys: key rows (models
+    with kdim != E need them); t: query tokens, > 64 only for the roomy
+    server; shared: the input's requests are one sequence. Batch of one, BF16
+    raw contents, default outputs."""
+    e, kdim, vdim = {1: (8, 8, 8), 2: (8, 6, 4), 3: (8, 16, 16), 4: (12, 12, 12)}[pick or 1]
+    out = bytes([NO]) if same else bytes([pick])  # Percent(5) "not the same", or the model.
+    out += bytes([NO, NO, NO])  # model_version, id, long id.
+    if same:
+        out += bytes([NO, NO])  # sequence_start, sequence_end.
+    elif sequence == "start":
+        out += b"" if shared else bytes([YES])  # A sequence (always, when shared).
+        out += bytes([0, 0, NO, NO])  # string id "a"; start (first of its id); no end.
+    else:
+        assert not shared
+        out += bytes([NO])  # No sequence.
+    for flag in ("need", "avg"):
+        if weights is None:
+            out += bytes([NO])
+        else:
+            out += bytes([YES, NO, 1 if flag == "need" or weights == "avg" else 0])
+    out += bytes([NO, NO, NO, NO])  # is_causal, timeout, priority, binary_data_output.
+    out += bytes([0])  # Layout: [1, T, E].
+    if t > 64:
+        out += bytes([YES]) + struct.pack(">H", t - 65)
+    elif t > 16:
+        out += bytes([NO, YES, t - 17])
+    else:
+        out += bytes([NO, NO, t - 1])
+    out += bytes([NO, 2])  # Raw contents, BF16.
+    out += generated_input(2, t * e)
+    cross = kdim != e or vdim != e
+    if keys is None:
+        out += bytes([YES if cross else NO])  # !Percent(20) or Percent(15): no keys.
+    else:
+        out += bytes([NO if cross else YES])
+        out += bytes([YES]) + struct.pack(">H", keys - 17) if keys > 16 else bytes([NO, keys - 1])
+        out += bytes([2]) + generated_input(2, keys * kdim)
+        out += bytes([NO, 2]) + generated_input(2, keys * vdim)
+    return out + bytes([NO, NO, 0])  # No key_padding_mask, no attn_mask, default outputs.
+
+
+def oip_generated(requests, roomy=False, shared=False):
+    """shared: the requests are one sequence (SequencePlan::shared)."""
+    assert 1 <= len(requests) <= 5
+    out = bytes([1 | (len(requests) - 1) << 1 | (0x80 if roomy else 0), 1 if shared else 0])
+    return out + b"".join(requests)
+
+
 def oip_seeds():
     e = 8
     seq = lambda sid, *extra: [("sequence_id", "string", sid)] + list(extra)
@@ -375,16 +437,14 @@ def oip_seeds():
             model_infer(model="nope", inputs=[("query", "FP32", [1, 1, e])]),
             model_infer(inputs=[("logits", "FP32", [1, 1, e])])),
     }
-    # Large enough that the per-head weights (4 to 6 MB) pass the working
-    # estimates' fixed 4 MiB allowance.
-    seeds["roomy_cross_per_head_weights"] = oip_parsed(model_infer(
-        model="cross", inputs=[("query", "BF16", [1, 512, e]), ("key", "BF16", [1, 1024, 6]),
-                               ("value", "BF16", [1, 1024, 4])],
-        params=[weights, per_head]), roomy=True)
-    seeds["roomy_long_sequence"] = oip_parsed(
-        model_infer(inputs=[("query", "BF16", [1, 1024, e])], params=seq("l", start)),
-        model_infer(inputs=[("query", "BF16", [1, 512, e])], params=seq("l", weights, per_head)),
-        roomy=True)
+    # Generated for the roomy server, large enough that the per-head weights
+    # (4 to 6 MB) pass the working estimates' fixed 4 MiB allowance.
+    seeds["roomy_cross_per_head_weights"] = oip_generated(
+        [generated_request(pick=2, weights="heads", t=512, keys=1024)], roomy=True)
+    seeds["roomy_long_sequence"] = oip_generated(
+        [generated_request(pick=1, sequence="start", t=512, shared=True),
+         generated_request(same=True, t=512),
+         generated_request(same=True, weights="heads", t=512)], roomy=True, shared=True)
     # Generated requests: bytes from a fixed generator.
     rng = random.Random(21)
     for i in range(4):
