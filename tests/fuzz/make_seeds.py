@@ -6,7 +6,11 @@ model directories (the model_dir_fuzzer format: a 2-byte little-endian
 config.json length, config.json, then model.safetensors), attention.v1
 InferRequest messages for the fuzz models of infer_request_fuzz.cc, .npy
 files, session fuzz inputs (the decision bytes session_fuzz.cc reads) and
-inference.ModelInferRequest inputs for oip_request_fuzz.cc. Deterministic: rerunning rewrites the same bytes.
+inference.ModelInferRequest inputs for oip_request_fuzz.cc. Also large
+inputs into tests/fuzz/slow/<target>/ (too slow to seed fuzzing with; run by
+fuzz_regression_test) and issue 21's defects into
+tests/fuzz/regressions/<target>/. Deterministic: rerunning rewrites the same
+bytes.
 
 Usage: /usr/bin/python3 tests/fuzz/make_seeds.py
 """
@@ -256,12 +260,19 @@ def session_seeds():
                             step_bytes(t, e, cross=True, weights="avg")],
                         commit_in_run=(t != 2), keep=[True, False, True])
             for t in (3, 2, 1, 4)),
-        "large_cross_per_head_weights": spec_bytes(4, 2) + session_setup() +
-        cross_bytes(8, 8, 6000, mask="bool", large=True) + b"".join(
-            round_bytes(1, [step_bytes(t, e, cross=True, weights=w)])
-            for t, w in ((48, "avg"), (40, "heads"))),
         "no_session_memory": spec_bytes(1, 2) + session_setup(no_memory=True) + self_ +
         round_bytes(1, [step_bytes(2, 2)]),
+    }
+
+
+def session_slow():
+    """Large inputs: each computes for about a second in the fuzzers' build."""
+    return {
+        # Per-head weights past the working estimates' fixed 4 MiB allowance.
+        "large_cross_per_head_weights": spec_bytes(4, 2) + session_setup() +
+        cross_bytes(8, 8, 6000, mask="bool", large=True) + b"".join(
+            round_bytes(1, [step_bytes(t, 8, cross=True, weights=w)])
+            for t, w in ((48, "avg"), (40, "heads"))),
     }
 
 
@@ -437,14 +448,6 @@ def oip_seeds():
             model_infer(model="nope", inputs=[("query", "FP32", [1, 1, e])]),
             model_infer(inputs=[("logits", "FP32", [1, 1, e])])),
     }
-    # Generated for the roomy server, large enough that the per-head weights
-    # (4 to 6 MB) pass the working estimates' fixed 4 MiB allowance.
-    seeds["roomy_cross_per_head_weights"] = oip_generated(
-        [generated_request(pick=2, weights="heads", t=512, keys=1024)], roomy=True)
-    seeds["roomy_long_sequence"] = oip_generated(
-        [generated_request(pick=1, sequence="start", t=512, shared=True),
-         generated_request(same=True, t=512),
-         generated_request(same=True, weights="heads", t=512)], roomy=True, shared=True)
     # Generated requests: bytes from a fixed generator.
     rng = random.Random(21)
     for i in range(4):
@@ -483,6 +486,20 @@ def npy_seeds():
     }
 
 
+def oip_slow():
+    """Large inputs: each computes for about a second in the fuzzers' build."""
+    seeds = {}
+    # Generated for the roomy server, large enough that the per-head weights
+    # (4 to 6 MB) pass the working estimates' fixed 4 MiB allowance.
+    seeds["roomy_cross_per_head_weights"] = oip_generated(
+        [generated_request(pick=2, weights="heads", t=512, keys=1024)], roomy=True)
+    seeds["roomy_long_sequence"] = oip_generated(
+        [generated_request(pick=1, sequence="start", t=512, shared=True),
+         generated_request(same=True, t=512),
+         generated_request(same=True, weights="heads", t=512)], roomy=True, shared=True)
+    return seeds
+
+
 def oip_regressions():
     """Issue 21's defects as OIP fuzz inputs (each fails before its fix)."""
     e = 8
@@ -504,18 +521,21 @@ def oip_regressions():
 
 
 def main():
-    for target, seeds in (("model_dir_fuzzer", model_dir_seeds()),
-                          ("infer_request_fuzzer", infer_request_seeds()),
-                          ("npy_fuzzer", npy_seeds()),
-                          ("session_fuzzer", session_seeds()),
-                          ("oip_request_fuzzer", oip_seeds())):
-        folder = os.path.join(HERE, "corpus", target)
+    for kind, target, seeds in (("corpus", "model_dir_fuzzer", model_dir_seeds()),
+                                ("corpus", "infer_request_fuzzer", infer_request_seeds()),
+                                ("corpus", "npy_fuzzer", npy_seeds()),
+                                ("corpus", "session_fuzzer", session_seeds()),
+                                ("corpus", "oip_request_fuzzer", oip_seeds()),
+                                ("slow", "session_fuzzer", session_slow()),
+                                ("slow", "oip_request_fuzzer", oip_slow())):
+        folder = os.path.join(HERE, kind, target)
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
         for name, data in sorted(seeds.items()):
             with open(os.path.join(folder, name), "wb") as f:
                 f.write(data)
-        print("%s: %d seeds, %d bytes" % (target, len(seeds), sum(map(len, seeds.values()))))
+        print("%s/%s: %d inputs, %d bytes" % (kind, target, len(seeds),
+                                             sum(map(len, seeds.values()))))
     # Inputs of known defects beside the ones fuzzers found (never removed here).
     for target, inputs in (("session_fuzzer", session_regressions()),
                            ("oip_request_fuzzer", oip_regressions())):
