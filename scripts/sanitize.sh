@@ -146,7 +146,7 @@ configure() {  # dir, flags, extra cmake args...
 asan_tests=(core_test wire_codec_test client_cli_unit_test fuzz_regression_test server_test
             server_batching_test server_admission_test server_metrics_test server_session_test
             server_session_lifecycle_test server_shutdown_test)
-fuzzers=(model_dir_fuzzer infer_request_fuzzer npy_fuzzer)
+fuzzers=(model_dir_fuzzer infer_request_fuzzer npy_fuzzer session_fuzzer oip_request_fuzzer)
 # TSan: the batcher, the service (unary and streams), drain, and the engine
 # called from many threads. (Not the session tests: they reach the server
 # through gRPC's in-process transport, whose hand-off of message bytes

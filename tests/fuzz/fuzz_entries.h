@@ -42,6 +42,18 @@ absl::Status FuzzOneInferRequest(const uint8_t* data, size_t size);
 // back and read again to the same tensor.
 absl::Status FuzzOneNpy(const uint8_t* data, size_t size);
 
+// A session fuzz input (tests/fuzz/session_fuzz.cc): a small model, up to
+// three self or cross sessions of it and rounds of pipelined appends,
+// through SessionEngine at the core level; every row checked against the
+// stateless MhaEngine forward over the sequence so far.
+absl::Status FuzzOneSession(const uint8_t* data, size_t size);
+
+// Open Inference Protocol ModelInferRequests (parsed from the bytes, or
+// generated from them: tests/fuzz/oip_request_gen.h) through the server's
+// decode, validation, admission, batcher, sequence sessions and encoder
+// (tests/fuzz/oip_request_fuzz.cc).
+absl::Status FuzzOneOipRequest(const uint8_t* data, size_t size);
+
 // True for a verdict no input should produce (see above).
 inline bool IsFuzzBug(const absl::Status& status) {
   switch (status.code()) {

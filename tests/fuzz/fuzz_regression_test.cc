@@ -1,5 +1,7 @@
 // Every committed fuzz input through its entry function, in the ordinary test
-// suite: the seed corpus (tests/fuzz/corpus/<target>/) and the inputs that
+// suite: the seed corpus (tests/fuzz/corpus/<target>/), large inputs too slow
+// to seed the fuzzers with (tests/fuzz/slow/<target>/: about a second each in
+// their coverage-instrumented build, milliseconds here) and the inputs that
 // once crashed or broke an invariant (tests/fuzz/regressions/<target>/).
 // Under build-asan/ (scripts/sanitize.sh) a memory error fails it too.
 #include <algorithm>
@@ -39,8 +41,8 @@ TEST_P(FuzzRegressionTest, CommittedInputsAreHandled) {
       Inputs(std::string(ATTENTION_FUZZ_DIR) + "/corpus/" + name);
   EXPECT_FALSE(corpus.empty()) << "no seed corpus for " << name;
   std::vector<std::filesystem::path> all = corpus;
-  for (auto& p : Inputs(std::string(ATTENTION_FUZZ_DIR) + "/regressions/" + name)) {
-    all.push_back(p);
+  for (const char* folder : {"/slow/", "/regressions/"}) {
+    for (auto& p : Inputs(std::string(ATTENTION_FUZZ_DIR) + folder + name)) all.push_back(p);
   }
   int accepted = 0;
   for (const auto& path : all) {
@@ -61,7 +63,9 @@ TEST_P(FuzzRegressionTest, CommittedInputsAreHandled) {
 INSTANTIATE_TEST_SUITE_P(Targets, FuzzRegressionTest,
                          ::testing::Values(Target{"model_dir_fuzzer", FuzzOneModelDir},
                                            Target{"infer_request_fuzzer", FuzzOneInferRequest},
-                                           Target{"npy_fuzzer", FuzzOneNpy}),
+                                           Target{"npy_fuzzer", FuzzOneNpy},
+                                           Target{"session_fuzzer", FuzzOneSession},
+                                           Target{"oip_request_fuzzer", FuzzOneOipRequest}),
                          [](const ::testing::TestParamInfo<Target>& info) {
                            return std::string(info.param.name);
                          });
