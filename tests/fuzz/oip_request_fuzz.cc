@@ -9,10 +9,11 @@
 // the batchers are held (the repository's compute mutex), so that steps of
 // one sequence are queued behind each other as a pipelining client's are.
 //
-// Not reachable from here (private to InferenceServiceImpl): the
-// model_version check and the `timeout` parameter of stateless requests
-// (InferenceServiceImpl::Model and ::Prepare); the response's labels
-// (model name, version, id) are set as its Label does.
+// Not reachable from here (private to InferenceServiceImpl): the check of
+// model_version's value (Model; its length is checked with the same
+// CheckIdentifier) and the `timeout` parameter of stateless requests
+// (Prepare); the response's labels (model name, version, id) are set as its
+// Label does. The servers: oip_fuzz_env.h.
 //
 // Checked: no crash; every answer is OK or an expected refusal
 // (INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, or
@@ -23,10 +24,6 @@
 // repeats a long identifier whole (item 3c); what was allocated stays within
 // what was admitted (item 3, see MemoryCheck); every admitted byte is
 // released.
-#include <omp.h>
-#include <stdlib.h>
-
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,20 +32,17 @@
 #include "absl/synchronization/mutex.h"
 #include "core/memory_meter.h"
 #include "core/status_macros.h"
-#include "google/protobuf/stubs/logging.h"
 #include "grpcpp/server_context.h"
 #include "server/attention_service.h"
 #include "server/identifiers.h"
-#include "server/metrics.h"
-#include "server/model_repository.h"
 #include "server/oip_codec.h"
 #include "server/sequence_sessions.h"
 #include "server/session_manager.h"
 #include "server/session_service.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/fuzz/fuzz_input.h"
+#include "tests/fuzz/oip_fuzz_env.h"
 #include "tests/fuzz/oip_request_gen.h"
-#include "tests/test_util.h"
 
 namespace attention::fuzz {
 namespace {
@@ -56,87 +50,10 @@ namespace {
 using server::AttentionServiceImpl;
 using server::RequestOutcome;
 
-// Two servers: a tight one, whose small limits the size checks reach, and a
-// roomy one, whose large requests allocate more than the working estimates'
-// fixed allowances (oneDNN's 4 MiB scratchpad each), so that allocated <=
-// admitted is tested where an uncounted buffer shows.
-struct Limits {
-  int64_t max_response_bytes, max_inflight_bytes, max_batch_tokens, max_session_tokens;
-};
-constexpr Limits kTight = {8 << 10, 64 << 10, 64, 96};
-constexpr Limits kRoomy = {64 << 20, int64_t{1} << 30, 1024, 2048};
 constexpr absl::Duration kAnswerTimeout = absl::Seconds(20);
 // Identifiers longer than this are not repeated whole in error messages
 // (issue 21 item 3c: errors echoed unbounded input).
 constexpr size_t kMaxEchoedBytes = 1024;
-
-// The models ("self" is the default), the service and its repository, made
-// once per process (and never destroyed: the batcher threads idle until
-// exit). Sessions are made per input (see FuzzOneOipRequest).
-struct Environment {
-  std::unique_ptr<server::Metrics> metrics;
-  std::unique_ptr<server::ModelRepository> repository;
-  std::unique_ptr<AttentionServiceImpl> service;
-  std::vector<OipModelShape> shapes;
-};
-
-Environment* MakeEnvironment(const Limits& limits) {
-  omp_set_num_threads(1);
-  google::protobuf::SetLogHandler(nullptr);  // Non-UTF-8 strings would flood the log.
-  std::string dir = (std::filesystem::temp_directory_path() / "oip_fuzz_XXXXXX").string();
-  if (mkdtemp(dir.data()) == nullptr) abort();
-  const std::string serving = absl::StrCat(
-      "\"max_queue_delay_us\": 200, \"max_batch_tokens\": ", limits.max_batch_tokens,
-      ", \"max_session_tokens\": ", limits.max_session_tokens, ", \"max_sessions\": 3");
-  // self: E=8, 2 heads. cross: kdim 6, vdim 4, bias_kv, zero_attn, bfloat16
-  // (a sequence on it is a self session on kdim != E: issue 21 item 1).
-  // wide: kdim = vdim = 16 > E. half: bfloat16 compute and cache.
-  MhaSpec self = testing::SelfAttentionSpec(8, 2);
-  MhaSpec cross = self;
-  cross.kdim = 6;
-  cross.vdim = 4;
-  cross.bias = false;
-  cross.add_bias_kv = true;
-  cross.add_zero_attn = true;
-  cross.compute_dtype = DType::kBFloat16;
-  MhaSpec wide = self;
-  wide.kdim = wide.vdim = 16;
-  MhaSpec half = testing::SelfAttentionSpec(12, 3);
-  half.add_zero_attn = true;
-  half.compute_dtype = DType::kBFloat16;
-  testing::WriteModelDir(**MhaModel::Random(self, 1), dir + "/self", serving);
-  testing::WriteModelDir(**MhaModel::Random(cross, 2), dir + "/cross", serving);
-  testing::WriteModelDir(**MhaModel::Random(wide, 3), dir + "/wide", serving);
-  testing::WriteModelDir(**MhaModel::Random(half, 4), dir + "/half",
-                         serving + ", \"session_cache_dtype\": \"bfloat16\"");
-  auto* env = new Environment;
-  env->metrics = std::make_unique<server::Metrics>("fuzz");
-  server::RepositoryOptions options;
-  options.path = dir;
-  options.default_model = "self";
-  options.warmup = false;
-  auto repository = server::ModelRepository::Load(options, env->metrics.get());
-  std::filesystem::remove_all(dir);
-  if (!repository.ok()) abort();
-  env->repository = std::move(*repository);
-  server::ServiceOptions service_options;
-  service_options.max_response_bytes = limits.max_response_bytes;
-  service_options.max_inflight_bytes = limits.max_inflight_bytes;
-  env->service = std::make_unique<AttentionServiceImpl>(env->metrics.get(), service_options);
-  env->service->SetRepository(env->repository.get());
-  for (const char* name : {"self", "cross", "wide", "half"}) {
-    const MhaSpec& s = env->repository->Find(name)->model->spec();
-    env->shapes.push_back({name, s.embed_dim, s.kdim, s.vdim});
-  }
-  return env;
-}
-
-Environment& Env(bool roomy) {
-  static Environment* const tight = MakeEnvironment(kTight);
-  if (!roomy) return *tight;
-  static Environment* const large = MakeEnvironment(kRoomy);
-  return *large;
-}
 
 absl::Status Bug(absl::string_view what) {
   return absl::InternalError(absl::StrCat("fuzz invariant: ", what));
