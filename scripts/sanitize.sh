@@ -2,7 +2,7 @@
 # Sanitizer builds and fuzzing, as CI runs them after the test suite:
 #   1. build-asan/ (clang, AddressSanitizer + UndefinedBehaviorSanitizer,
 #      which halts on the first error): the core, codec, client and server
-#      test binaries and the fuzz regression test, then the three libFuzzer
+#      test binaries and the fuzz regression test, then the libFuzzer
 #      targets for a bounded time each, from the committed seed corpora;
 #   2. build-tsan/ (clang, ThreadSanitizer): the batcher, the service, drain
 #      and the concurrent-engine tests.
