@@ -4,6 +4,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace attention {
@@ -41,31 +43,36 @@ TEST_F(WorkspaceTest, AllThreadsTogetherKeepAtMostTheLimit) {
   constexpr int kThreads = 8;
   std::vector<std::thread> threads;
   std::vector<size_t> kept(kThreads);
+  absl::BlockingCounter asked(kThreads);
+  absl::Notification exit;
   for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([t, &kept] {
+    threads.emplace_back([t, &kept, &asked, &exit] {
       for (Workspace::Slot slot :
            {Workspace::kBatchQuery, Workspace::kBatchOutput, Workspace::kProjected}) {
         Workspace w(slot, 2 * kMiB);
         std::memset(w.data(), t, 2 * kMiB);  // Usable whether kept or not.
       }
       kept[t] = Workspace::KeptBytes();
+      asked.DecrementCount();
+      exit.WaitForNotification();  // Keep them while the others ask.
     });
   }
-  // 8 threads x 3 slots x 2 MiB = 48 MiB asked for, 8 MiB may be kept.
+  // 8 threads x 3 slots x 2 MiB = 48 MiB asked for at once, 8 MiB may be kept.
+  asked.Wait();
   size_t kept_sum = 0;
-  for (int t = 0; t < kThreads; ++t) {
-    threads[t].join();
-    kept_sum += kept[t];
-  }
+  for (size_t k : kept) kept_sum += k;
   EXPECT_GT(kept_sum, 0u);
   EXPECT_LE(kept_sum, 8 * kMiB);
+  EXPECT_EQ(Workspace::TotalKeptBytes(), before + kept_sum);
+  exit.Notify();
+  for (std::thread& thread : threads) thread.join();
   // Threads that exit give their bytes back.
   EXPECT_EQ(Workspace::TotalKeptBytes(), before);
 }
 
-TEST_F(WorkspaceTest, ABufferOverAQuarterOfTheLimitIsNotKept) {
+TEST_F(WorkspaceTest, ABufferOverHalfTheLimitIsNotKept) {
   Workspace::SetKeptLimit(Workspace::TotalKeptBytes() + 16 * kMiB);
-  EXPECT_EQ(Workspace::MaxKeptBufferBytes(), (Workspace::TotalKeptBytes() + 16 * kMiB) / 4);
+  EXPECT_EQ(Workspace::MaxKeptBufferBytes(), (Workspace::TotalKeptBytes() + 16 * kMiB) / 2);
   std::thread([] {
     {
       Workspace big(Workspace::kScores, Workspace::MaxKeptBufferBytes() + 1);
