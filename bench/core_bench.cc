@@ -29,6 +29,7 @@
 #include "core/fused_attention.h"
 #include "core/mha_engine.h"
 #include "core/primitive_cache.h"
+#include "core/workspace.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(int64_t, embed_dim, 256, "Model embedding dimension E (ignored with --model).");
@@ -56,6 +57,9 @@ ABSL_FLAG(bool, is_causal, false, "Self-attention with the causal mask.");
 ABSL_FLAG(double, pad_share, 0,
           "Run the batch as the server's mixed batches do: item i keeps a random share in "
           "[0, pad_share) of its length as padding (ForwardBatch), and also time the items alone.");
+ABSL_FLAG(int64_t, workspace_kept_bytes, 0,
+          "Bytes of workspaces all threads may keep between calls (0: the core's default); the "
+          "server sets it from its memory plan (workspaces_kept).");
 
 namespace attention {
 namespace {
@@ -318,5 +322,9 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_workspace_kept_bytes) > 0) {
+    attention::Workspace::SetKeptLimit(
+        static_cast<size_t>(absl::GetFlag(FLAGS_workspace_kept_bytes)));
+  }
   return attention::Run();
 }

@@ -77,6 +77,6 @@ void Workspace::SetKeptLimit(size_t bytes) { kept_limit.store(bytes); }
 
 size_t Workspace::KeptLimit() { return kept_limit.load(); }
 
-size_t Workspace::MaxKeptBufferBytes() { return std::min(kMaxKeptBytes, KeptLimit() / 4); }
+size_t Workspace::MaxKeptBufferBytes() { return std::min(kMaxKeptBytes, KeptLimit() / 2); }
 
 }  // namespace attention

@@ -9,9 +9,9 @@
 // one call need different slots), grown as needed. What every thread keeps
 // together is one process-wide budget, KeptLimit() (the server sets it from
 // its memory plan): a buffer is kept only while the total stays within it
-// and the buffer itself is at most MaxKeptBufferBytes() (a quarter of the
-// budget, and never over kMaxKeptBytes), so one large call cannot take the
-// whole budget from the steady shapes. Any other request gets memory of its
+// and the buffer itself is at most MaxKeptBufferBytes() (half the budget,
+// and never over kMaxKeptBytes), so one large call cannot take the whole
+// budget from the steady shapes. Any other request gets memory of its
 // own, freed when the Workspace goes. A thread's kept buffers are freed (and
 // leave the total) when the thread exits.
 //
@@ -90,7 +90,7 @@ class Workspace {
   // kept; it takes effect as buffers are replaced or threads exit.
   static void SetKeptLimit(size_t bytes);
   static size_t KeptLimit();
-  // The largest buffer kept: min(kMaxKeptBytes, KeptLimit() / 4).
+  // The largest buffer kept: min(kMaxKeptBytes, KeptLimit() / 2).
   static size_t MaxKeptBufferBytes();
 
  private:

@@ -55,101 +55,123 @@ absl::StatusOr<MemoryPlan> MemoryPlan::Make(const MemoryPlanInputs& in) {
         absl::StrCat("memory plan: the memory limit must be positive, got ", in.limit_bytes,
                      " bytes (", in.limit_source, ")"));
   }
-  if (in.max_inflight_bytes < 0 || in.session_memory_bytes < 0 || in.baseline_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "memory plan: --max_inflight_bytes (", in.max_inflight_bytes,
-        ") and --session_memory_bytes (", in.session_memory_bytes, ") must be >= 0 (0: derived)"));
-  }
+  // The budgets a flag may set, with their shares when it does not.
+  struct Budget {
+    const char* name;
+    int64_t flag;
+    double share;
+    int64_t* out;
+  };
+  MemoryPlan plan;
+  const Budget budgets[] = {
+      {"max_inflight_bytes", in.max_inflight_bytes, kInflightShare, &plan.max_inflight_bytes_},
+      {"grpc_receive_quota_bytes", in.grpc_receive_quota_bytes, kReceiveQuotaShare,
+       &plan.grpc_receive_quota_bytes_},
+      {"session_memory_bytes", in.session_memory_bytes, kSessionShare, &plan.session_memory_bytes_},
+      {"workspaces_kept", 0, kWorkspaceShare, &plan.workspace_kept_bytes_},
+      {"allocator_reserve", 0, kAllocatorShare, &plan.allocator_reserve_bytes_},
+  };
   // The explicit flags and the baseline alone must fit the limit.
   std::vector<std::string> named;
-  int64_t fixed = in.baseline_bytes;
-  // An explicit in-flight budget brings the computing batch's cap with it.
-  const int64_t explicit_batch =
-      std::min(DynamicBatcher::kMaxBatchWeightsBytes, in.max_inflight_bytes / 2);
-  if (in.max_inflight_bytes > 0) {
-    named.push_back(absl::StrCat("--max_inflight_bytes=", in.max_inflight_bytes,
-                                 " (and its batch's ", explicit_batch, ")"));
-    fixed += in.max_inflight_bytes + explicit_batch;
+  int64_t fixed = 0;
+  double derived_share = 0;
+  for (const Budget& b : budgets) {
+    if (b.flag < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "memory plan: --", b.name, " must be >= 0 (0: from the plan), got ", b.flag));
+    }
+    if (b.flag > 0) {
+      named.push_back(absl::StrCat("--", b.name, "=", b.flag));
+      fixed += b.flag;
+    } else {
+      derived_share += b.share;
+    }
   }
-  if (in.session_memory_bytes > 0) {
-    named.push_back(absl::StrCat("--session_memory_bytes=", in.session_memory_bytes));
-    fixed += in.session_memory_bytes;
+  // The computing batch's working memory is held beside the in-flight
+  // budget: half of it (at most kMaxBatchWeightsBytes) unless set.
+  if (in.max_batch_working_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory plan: --max_batch_working_bytes must be >= 0 (0: from the plan), got ",
+                     in.max_batch_working_bytes));
   }
-  if (in.baseline_bytes > in.limit_bytes) {
+  auto batch_of = [&](int64_t inflight) {
+    return in.max_batch_working_bytes > 0
+               ? in.max_batch_working_bytes
+               : std::min(DynamicBatcher::kMaxBatchWeightsBytes, inflight / 2);
+  };
+  if (in.max_batch_working_bytes > 0) {
+    named.push_back(absl::StrCat("--max_batch_working_bytes=", in.max_batch_working_bytes));
+    fixed += in.max_batch_working_bytes;
+  } else if (in.max_inflight_bytes > 0) {
+    named.push_back(absl::StrCat("its batch's ", batch_of(in.max_inflight_bytes)));
+    fixed += batch_of(in.max_inflight_bytes);
+  }
+  if (in.baseline_bytes < 0 || in.baseline_bytes > in.limit_bytes) {
     return absl::FailedPreconditionError(absl::StrCat(
         "memory plan: the process's baseline alone, ", in.baseline_bytes, " bytes (",
         in.baseline_source, "), is over the memory limit of ", in.limit_bytes, " bytes (",
         in.limit_source, "); serve fewer or smaller models or raise the limit"));
   }
-  if (fixed > in.limit_bytes) {
+  if (in.baseline_bytes + fixed > in.limit_bytes) {
     return absl::FailedPreconditionError(
         absl::StrCat("memory plan: ", absl::StrJoin(named, " + "), " + the process's baseline ",
-                     in.baseline_bytes, " (", in.baseline_source, ") = ", fixed,
+                     in.baseline_bytes, " (", in.baseline_source, ") = ", in.baseline_bytes + fixed,
                      " bytes, over the memory limit of ", in.limit_bytes, " bytes (",
                      in.limit_source, "); lower those flags or raise the limit"));
   }
 
-  MemoryPlan plan;
   plan.limit_bytes_ = in.limit_bytes;
   plan.limit_source_ = in.limit_source;
   plan.baseline_bytes_ = in.baseline_bytes;
   const int64_t target = static_cast<int64_t>(kTargetShare * static_cast<double>(in.limit_bytes));
   const int64_t room = std::max<int64_t>(0, target - in.baseline_bytes);
-  const std::string of_room = absl::StrCat(" of the ", MiB(room), " the baseline leaves of ",
-                                           Percent(kTargetShare), " of the limit");
-
   // Derived budgets: their shares of the room, scaled down together if the
   // explicit ones leave less.
-  const bool inflight_derived = in.max_inflight_bytes == 0;
-  const bool sessions_derived = in.session_memory_bytes == 0;
-  double wanted_share = kReceiveQuotaShare + kWorkspaceShare + kAllocatorShare;
-  if (inflight_derived) wanted_share += kInflightShare;
-  if (sessions_derived) wanted_share += kSessionShare;
-  const int64_t left =
-      std::max<int64_t>(0, room - (inflight_derived ? 0 : in.max_inflight_bytes + explicit_batch) -
-                               (sessions_derived ? 0 : in.session_memory_bytes));
-  const double wanted = wanted_share * static_cast<double>(room);
-  const double scale = wanted > static_cast<double>(left) ? left / wanted : 1.0;
+  const int64_t left = std::max<int64_t>(0, room - fixed);
+  const double wanted = derived_share * static_cast<double>(room);
+  // (A byte of rounding is no reason to say so.)
+  const double scale = wanted > static_cast<double>(left) + 1 ? left / wanted : 1.0;
   std::string scaled;
   if (scale < 1.0) {
     scaled = absl::StrCat(", scaled to ", Percent(scale), " to fit beside ",
                           absl::StrJoin(named, " and "));
   }
-  auto derive = [&](double share) {
-    return static_cast<int64_t>(share * scale * static_cast<double>(room));
-  };
-  auto derived_source = [&](double share) { return absl::StrCat(Percent(share), of_room, scaled); };
-
   plan.lines_.push_back({"baseline", in.baseline_bytes, in.baseline_source});
-  plan.max_inflight_bytes_ = inflight_derived ? derive(kInflightShare) : in.max_inflight_bytes;
-  plan.lines_.push_back(
-      {"max_inflight_bytes", plan.max_inflight_bytes_,
-       inflight_derived ? derived_source(kInflightShare) : std::string("--max_inflight_bytes")});
-  plan.grpc_receive_quota_bytes_ = derive(kReceiveQuotaShare);
-  std::string quota_source = derived_source(kReceiveQuotaShare);
-  if (plan.grpc_receive_quota_bytes_ < in.max_message_bytes) {
-    plan.grpc_receive_quota_bytes_ = in.max_message_bytes;
-    quota_source = "--max_message_bytes (one largest message; its share was smaller)";
+  for (const Budget& b : budgets) {
+    if (b.flag > 0) {
+      *b.out = b.flag;
+      plan.lines_.push_back({b.name, b.flag, absl::StrCat("--", b.name)});
+      continue;
+    }
+    *b.out = static_cast<int64_t>(b.share * scale * static_cast<double>(room));
+    std::string source =
+        absl::StrCat(Percent(b.share), " of the ", MiB(room), " the baseline leaves of ",
+                     Percent(kTargetShare), " of the limit", scaled);
+    if (b.out == &plan.grpc_receive_quota_bytes_) {
+      // No more than twice what the service admits (at least two largest
+      // messages), as before the plan: a smaller --max_inflight_bytes
+      // shrinks it too.
+      const int64_t cap = 2 * std::max(plan.max_inflight_bytes_, in.max_message_bytes);
+      if (*b.out > cap) {
+        *b.out = cap;
+        source = "twice max(max_inflight_bytes, --max_message_bytes), under its share";
+      }
+      // gRPC must be able to receive one largest message.
+      if (*b.out < in.max_message_bytes) {
+        *b.out = in.max_message_bytes;
+        source = "--max_message_bytes (one largest message; its share was smaller)";
+      }
+    }
+    plan.lines_.push_back({b.name, *b.out, source});
   }
-  plan.lines_.push_back({"grpc_receive_quota", plan.grpc_receive_quota_bytes_, quota_source});
-  plan.session_memory_bytes_ = sessions_derived ? derive(kSessionShare) : in.session_memory_bytes;
+  plan.max_batch_weights_bytes_ = batch_of(plan.max_inflight_bytes_);
   plan.lines_.push_back(
-      {"session_memory_bytes", plan.session_memory_bytes_,
-       sessions_derived ? derived_source(kSessionShare) : std::string("--session_memory_bytes")});
-  plan.workspace_kept_bytes_ = derive(kWorkspaceShare);
-  plan.lines_.push_back(
-      {"workspaces_kept", plan.workspace_kept_bytes_, derived_source(kWorkspaceShare)});
-  plan.allocator_reserve_bytes_ = derive(kAllocatorShare);
-  plan.lines_.push_back(
-      {"allocator_reserve", plan.allocator_reserve_bytes_, derived_source(kAllocatorShare)});
-  plan.max_batch_weights_bytes_ =
-      std::min(DynamicBatcher::kMaxBatchWeightsBytes, plan.max_inflight_bytes_ / 2);
-  // The one batch computing holds its working memory (weights, padded
-  // inputs, projections, workspaces) beside the in-flight budget.
-  plan.lines_.push_back({"max_batch_weights_bytes", plan.max_batch_weights_bytes_,
-                         absl::StrCat("half of max_inflight_bytes, at most ",
-                                      MiB(DynamicBatcher::kMaxBatchWeightsBytes),
-                                      ": the computing batch's working memory, beside it")});
+      {"max_batch_working_bytes", plan.max_batch_weights_bytes_,
+       in.max_batch_working_bytes > 0
+           ? std::string("--max_batch_working_bytes")
+           : absl::StrCat("half of max_inflight_bytes, at most ",
+                          MiB(DynamicBatcher::kMaxBatchWeightsBytes),
+                          ": the computing batch's working memory (weights included), beside it")});
 
   if (plan.total_bytes() > target) {
     plan.warnings_.push_back(absl::StrCat("the plan's ", plan.total_bytes(), " bytes exceed ",
@@ -179,12 +201,12 @@ std::string MemoryPlan::Table() const {
       absl::StrCat("memory plan: limit ", limit_bytes_, " bytes (", MiB(limit_bytes_), ", ",
                    limit_source_, "), budgets sized to ", Percent(kTargetShare), " of it:\n");
   for (const Line& line : lines_) {
-    absl::StrAppendFormat(&out, "  %-24s %12d bytes %9s  %s%s\n",
+    absl::StrAppendFormat(&out, "  %-26s %12d bytes %9s  %s%s\n",
                           line.summed ? line.name : absl::StrCat("(", line.name, ")"), line.bytes,
                           absl::StrCat("(", MiB(line.bytes), ")"), line.source,
                           line.summed ? "" : "; not added to the total");
   }
-  absl::StrAppendFormat(&out, "  %-24s %12d bytes %9s  %s of the limit %d bytes\n", "total",
+  absl::StrAppendFormat(&out, "  %-26s %12d bytes %9s  %s of the limit %d bytes\n", "total",
                         total_bytes(), absl::StrCat("(", MiB(total_bytes()), ")"),
                         Percent(static_cast<double>(total_bytes()) / limit_bytes_), limit_bytes_);
   for (const std::string& warning : warnings_) absl::StrAppend(&out, "  warning: ", warning, "\n");

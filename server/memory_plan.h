@@ -4,22 +4,26 @@
 // or --memory_limit_bytes) so that their sum plus the process's own memory
 // stays under kTargetShare of it:
 //
-//   baseline            the process itself: code, models, runtime (measured)
-//   max_inflight_bytes  requests accepted and not yet answered, their
-//                       responses and the working memory computing them
-//   grpc_receive_quota  gRPC's buffers of messages still being received
-//   session_memory      every session's key/value cache
-//   workspaces_kept     engine scratch buffers threads keep between calls
-//   allocator_reserve   freed memory malloc keeps, fragmentation
+//   baseline                  the process itself: code, models, runtime
+//                             (estimated, then measured once ready)
+//   max_inflight_bytes        requests accepted and not yet answered, their
+//                             responses and the working memory computing them
+//   grpc_receive_quota_bytes  gRPC's buffers of messages being received
+//   session_memory_bytes      every session's key/value cache
+//   workspaces_kept           engine scratch buffers threads keep between calls
+//   allocator_reserve         freed memory malloc may keep (AllocatorTrimmer)
 //
-//   max_batch_weights   the working memory of the one batch computing (its
+//   max_batch_working   the working memory of the one batch computing (its
 //                       float32 attention weights, padded inputs,
 //                       projections, workspaces): half of max_inflight_bytes
-//                       at most, held beside it
+//                       (at most 512 MiB) unless set, held beside it
 //
-// A flag given explicitly (max_inflight_bytes, session_memory_bytes) is
-// taken as is; the other budgets get their share of what is left. If the
-// explicit ones and the baseline alone exceed the limit, Make() refuses.
+// A flag given explicitly (max_inflight_bytes, grpc_receive_quota_bytes,
+// session_memory_bytes) is taken as is; the other budgets get their shares
+// of what the baseline leaves of the target, scaled down together when the
+// explicit ones leave less, and gRPC's quota is at most twice the in-flight
+// budget (at least two largest messages). If the explicit flags and the
+// baseline alone exceed the limit, Make() refuses.
 //
 //   MemoryPlanInputs in;
 //   in.limit_bytes = MemoryLimitBytes(&in.limit_source);
@@ -50,7 +54,9 @@ struct MemoryPlanInputs {
   int64_t max_message_bytes = 64 << 20;
   // Explicit flags; 0 derives the budget from the limit.
   int64_t max_inflight_bytes = 0;
+  int64_t grpc_receive_quota_bytes = 0;
   int64_t session_memory_bytes = 0;
+  int64_t max_batch_working_bytes = 0;
 };
 
 class MemoryPlan {
@@ -59,11 +65,14 @@ class MemoryPlan {
   // budget counts (thread stacks, gRPC's small allocations, page tables).
   static constexpr double kTargetShare = 0.85;
   // Shares of what the baseline leaves of the target, for derived budgets.
-  static constexpr double kInflightShare = 0.20;  // And half that for the batch computing.
-  static constexpr double kReceiveQuotaShare = 0.20;
-  static constexpr double kSessionShare = 0.25;
-  static constexpr double kWorkspaceShare = 0.10;
-  static constexpr double kAllocatorShare = 0.15;
+  // gRPC's quota is large: a flood of 64 concurrent 16 MiB requests keeps
+  // about 300 MiB of partly received messages, and past its quota gRPC
+  // cancels random calls ("Buffers full"), admitted ones too.
+  static constexpr double kInflightShare = 0.17;  // And half that for the computing batch.
+  static constexpr double kReceiveQuotaShare = 0.40;
+  static constexpr double kSessionShare = 0.15;
+  static constexpr double kWorkspaceShare = 0.15;
+  static constexpr double kAllocatorShare = 0.10;
 
   // One row of the table.
   struct Line {
@@ -103,8 +112,7 @@ class MemoryPlan {
   int64_t session_memory_bytes() const { return session_memory_bytes_; }
   int64_t workspace_kept_bytes() const { return workspace_kept_bytes_; }
   int64_t allocator_reserve_bytes() const { return allocator_reserve_bytes_; }
-  // The per-batch working-memory and weights cap, beside max_inflight_bytes;
-  // at most DynamicBatcher::kMaxBatchWeightsBytes.
+  // The computing batch's working-memory (and weights) cap, beside max_inflight_bytes.
   int64_t max_batch_weights_bytes() const { return max_batch_weights_bytes_; }
   // The summed lines: baseline and every budget.
   int64_t total_bytes() const;

@@ -91,6 +91,23 @@ TEST(MemoryPlanTest, ExplicitFlagsAreKeptAndTheOthersShrinkToFit) {
   EXPECT_THAT(plan->Table(), HasSubstr("--max_inflight_bytes"));
 }
 
+// gRPC's quota follows an explicit in-flight budget (twice it, at least two
+// largest messages), as it did before the plan: a small budget is not
+// undone by a quota sized for the whole machine.
+TEST(MemoryPlanTest, TheReceiveQuotaIsAtMostTwiceTheInflightBudget) {
+  MemoryPlanInputs in = Inputs(24 * kGiB);
+  in.max_inflight_bytes = 32 * kMiB;
+  in.max_message_bytes = 8 * kMiB;
+  auto plan = MemoryPlan::Make(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->grpc_receive_quota_bytes(), 64 * kMiB);
+  in.max_message_bytes = 64 * kMiB;
+  EXPECT_EQ(MemoryPlan::Make(in)->grpc_receive_quota_bytes(), 128 * kMiB);
+  // Given explicitly, it is taken as is.
+  in.grpc_receive_quota_bytes = 512 * kMiB;
+  EXPECT_EQ(MemoryPlan::Make(in)->grpc_receive_quota_bytes(), 512 * kMiB);
+}
+
 TEST(MemoryPlanTest, RefusesExplicitFlagsOverTheLimitNamingThem) {
   MemoryPlanInputs in = Inputs(kGiB);
   in.max_inflight_bytes = 768 * kMiB;
@@ -131,8 +148,8 @@ TEST(MemoryPlanTest, TableHasOneLinePerBudgetWithBytesAndSource) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   const std::string table = plan->Table();
   for (const char* name :
-       {"baseline", "max_inflight_bytes", "grpc_receive_quota", "session_memory_bytes",
-        "workspaces_kept", "allocator_reserve", "max_batch_weights_bytes", "total"}) {
+       {"baseline", "max_inflight_bytes", "grpc_receive_quota_bytes", "session_memory_bytes",
+        "workspaces_kept", "allocator_reserve", "max_batch_working_bytes", "total"}) {
     EXPECT_THAT(table, HasSubstr(name));
   }
   EXPECT_THAT(table, HasSubstr(std::to_string(plan->max_inflight_bytes()) + " bytes"));

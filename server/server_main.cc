@@ -107,14 +107,23 @@ ABSL_FLAG(bool, auth_probes, false,
           "Default: health and reflection stay open for Kubernetes probes and tools.");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "Bytes of requests accepted and not yet answered, with the outputs and weights they "
-          "will produce and the memory computing them; past it requests get "
-          "RESOURCE_EXHAUSTED. 0: its share of the memory plan (30% of what the process's "
-          "baseline leaves of 85% of the memory limit).");
+          "will produce; past it requests get RESOURCE_EXHAUSTED. 0: its share of the memory "
+          "plan (17% of what the process's baseline leaves of 85% of the memory limit).");
+ABSL_FLAG(int64_t, max_batch_working_bytes, 0,
+          "Working memory of the one batch computing (padded inputs, attention weights, "
+          "projections, workspaces), held beside --max_inflight_bytes; requests join a batch "
+          "only while it stays under it, and one over it alone gets RESOURCE_EXHAUSTED. 0: half "
+          "of --max_inflight_bytes, at most 512 MiB.");
+ABSL_FLAG(int64_t, grpc_receive_quota_bytes, 0,
+          "gRPC's resource quota for buffers of messages being received, before the service "
+          "can refuse them; near it gRPC refuses new calls and then cancels calls (RST_STREAM "
+          "\"Buffers full\"). 0: its share of the memory plan.");
 ABSL_FLAG(int64_t, memory_limit_bytes, 0,
           "The memory every budget is planned from (logged as a table at start); 0: the cgroup "
           "memory limit (v2 memory.max or v1 memory.limit_in_bytes), or the machine's memory "
-          "when there is none. The server refuses to start when --max_inflight_bytes and "
-          "--session_memory_bytes with its own baseline exceed it.");
+          "when there is none. The server refuses to start when --max_inflight_bytes, "
+          "--grpc_receive_quota_bytes and --session_memory_bytes with its own baseline exceed "
+          "it.");
 ABSL_FLAG(bool, warmup, true, "Create oneDNN primitives for common shapes before serving.");
 
 namespace attention::server {
@@ -162,6 +171,8 @@ int Run() {
       MemoryPlan::EstimateBaseline(resident_at_start, repo.path, &plan_inputs.baseline_source);
   plan_inputs.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   plan_inputs.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  plan_inputs.max_batch_working_bytes = absl::GetFlag(FLAGS_max_batch_working_bytes);
+  plan_inputs.grpc_receive_quota_bytes = absl::GetFlag(FLAGS_grpc_receive_quota_bytes);
   plan_inputs.session_memory_bytes = absl::GetFlag(FLAGS_session_memory_bytes);
   const absl::StatusOr<MemoryPlan> plan = MemoryPlan::Make(plan_inputs);
   if (!plan.ok()) {

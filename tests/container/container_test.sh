@@ -4,7 +4,9 @@
 # docker/Dockerfile with podman, run it read-only as non-root on free
 # loopback ports, wait for health, send requests with attention-client (and
 # the Python client when present), scrape /metrics, run the image's
-# HEALTHCHECK, stop it with SIGTERM and check a clean exit, then remove every
+# HEALTHCHECK, stop it with SIGTERM and check a clean exit, check the memory
+# plan under --memory=1g (refusal of explicit budgets over the limit, then a
+# flood of 16 MiB requests survived within the limit), then remove every
 # container and image it made.
 #
 # Usage: tests/container/container_test.sh [--repo DIR] [--build DIR]
@@ -46,7 +48,7 @@ volumes_before=$(podman volume ls -q | sort)
 
 cleanup() {
   set +e
-  podman rm -f -v "$name" "$name-models" >/dev/null 2>&1
+  podman rm -f -v "$name" "$name-models" "$name-plan" "$name-flood" >/dev/null 2>&1
   podman rmi -f "$tag" >/dev/null 2>&1
   podman image prune -f >/dev/null 2>&1  # The build stage's dangling layers.
   if [[ $made_base == 1 ]]; then podman rmi -f "$base" >/dev/null 2>&1; fi
@@ -206,6 +208,76 @@ done
 "$client" models --server="127.0.0.1:$mounted_port" | tee "$work/models.txt"
 podman rm -f -v "$name-models" >/dev/null
 grep -q "^tiny \*" "$work/models.txt" || fail "the mounted model 'tiny' is not served"
+
+log "memory plan: explicit budgets over a 1 GiB limit are refused at start"
+code=0
+podman run --name "$name-plan" --memory=1g --read-only "$tag" --metrics_port=0 \
+  --max_inflight_bytes=805306368 --session_memory_bytes=268435456 >"$work/plan.log" 2>&1 || code=$?
+podman rm -f "$name-plan" >/dev/null
+[[ $code == 1 ]] || { cat "$work/plan.log"; fail "expected exit 1 for budgets over the limit, got $code"; }
+grep -q -- "--max_inflight_bytes=805306368 + --session_memory_bytes=268435456" "$work/plan.log" \
+  || { cat "$work/plan.log"; fail "the refusal does not name the flags"; }
+
+# Issue 21 (3b): under --memory=1g with the defaults, 64 concurrent 16 MiB
+# requests got the server OOM-killed (exit 137): its budgets were each a
+# fraction of the limit but summed past it, and malloc kept what the flood
+# had freed (750 MiB resident at rest). Now: it survives, every request is
+# answered or refused, the peak stays under the limit, and once idle it
+# holds no more than its plan lets it keep (baseline, kept workspaces and
+# the allocator reserve).
+log "flood under --memory=1g with the defaults: 64 concurrent 16 MiB requests for 8 s"
+flood_port=$(free_port)
+podman run -d --name "$name-flood" --memory=1g --read-only --cap-drop=ALL \
+  -p "127.0.0.1:$flood_port:50051" "$tag" --metrics_port=0 >/dev/null
+for _ in $(seq 300); do
+  "$client" health --server="127.0.0.1:$flood_port" --deadline_ms=500 >/dev/null 2>&1 && break
+  sleep 0.1
+done
+podman logs "$name-flood" >"$work/flood-server.log" 2>&1
+grep -A9 "^memory plan" "$work/flood-server.log"
+plan_line() { awk -v n="$1" '$1 == n {print $2; exit}' "$work/flood-server.log"; }
+for line in baseline max_inflight_bytes grpc_receive_quota_bytes session_memory_bytes \
+            workspaces_kept allocator_reserve total; do
+  [[ -n $(plan_line $line) ]] || fail "the start-up memory plan has no '$line' line"
+done
+limit=$((1 << 30))
+"$client" load --server="127.0.0.1:$flood_port" --concurrency=64 --seq_len=16384 --duration=8s \
+  --deadline_ms=20000 | tee "$work/flood.txt" || true
+read_peak() {  # The container's peak memory: cgroup v2, v1, else the server's VmHWM.
+  podman exec "$name-flood" sh -c 'cat /sys/fs/cgroup/memory.peak 2>/dev/null \
+    || cat /sys/fs/cgroup/memory/memory.max_usage_in_bytes 2>/dev/null \
+    || awk "/^VmHWM/ {print \$2 * 1024}" /proc/1/status'
+}
+if [[ $(podman inspect --format '{{.State.Running}}' "$name-flood") != true ]]; then
+  podman logs "$name-flood" 2>&1 | grep -v "request failed" | tail -5
+  fail "the server died under the flood: exit code $(podman inspect --format '{{.State.ExitCode}}' "$name-flood") (137: OOM-killed)"
+fi
+peak=$(read_peak)
+log "peak memory $((peak >> 20)) MiB of the $((limit >> 20)) MiB limit"
+[[ $peak -lt $limit ]] || fail "peak memory $peak bytes reached the limit $limit"
+# Every request got an answer or a refusal: no transport failure, nothing unknown.
+result=$(awk '$1 == 64' "$work/flood.txt")
+answered=$(awk '{print $2}' <<<"$result")
+[[ -n $answered ]] || fail "attention-client load printed no result"
+for error in $(grep -o '[A-Z_]*=[0-9]*' <<<"$result"); do
+  case ${error%%=*} in
+    RESOURCE_EXHAUSTED|DEADLINE_EXCEEDED) ;;
+    *) fail "flood: $error (only answers, RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED expected)" ;;
+  esac
+done
+"$client" infer --server="127.0.0.1:$flood_port" --seq_len=16 >/dev/null \
+  || fail "the server does not answer after the flood"
+# Once idle, what it holds falls back within the plan (polled: the last
+# admitted requests may still be computing, and the trimmer checks every 0.1 s).
+keep=$(( $(plan_line baseline) + $(plan_line workspaces_kept) + $(plan_line allocator_reserve) ))
+for _ in $(seq 600); do
+  rss=$(podman exec "$name-flood" awk '/^VmRSS/ {print $2 * 1024}' /proc/1/status)
+  [[ $rss -le $keep ]] && break
+  sleep 0.1
+done
+log "at rest: resident $((rss >> 20)) MiB (the plan keeps at most $((keep >> 20)) MiB when idle)"
+[[ $rss -le $keep ]] || fail "idle after the flood the server holds $rss bytes, over the $keep its plan keeps"
+podman rm -f "$name-flood" >/dev/null
 
 log "bringing up docker/compose.yaml's attention-server with podman-compose"
 if command -v podman-compose >/dev/null; then
