@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "core/mha_engine.h"
 #include "gmock/gmock.h"
@@ -157,7 +158,14 @@ TEST(FloodTest, InflightBytesBoundMemoryAndEveryRequestIsAnsweredOrRefused) {
   v1::InferResponse response;
   ASSERT_TRUE(warm->Infer(&context, request, &response).ok());
   check(response);
-  const std::string metrics = testing::HttpGet(server.metrics_port(), "/metrics");
+  // A unary call's bytes stay admitted until gRPC is done with the call,
+  // which may be a moment after the client has its response.
+  std::string metrics = testing::HttpGet(server.metrics_port(), "/metrics");
+  for (int i = 0; i < 1000 && testing::MetricValue(metrics, "attention_inflight_bytes", {}) != 0;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    metrics = testing::HttpGet(server.metrics_port(), "/metrics");
+  }
   EXPECT_EQ(testing::MetricValue(metrics, "attention_inflight_bytes", {}), 0);
   EXPECT_EQ(testing::MetricValue(metrics, "attention_inflight_bytes_limit", {}),
             static_cast<double>(kBudget));
