@@ -192,6 +192,13 @@ bool AttentionServer::Drain() {
       std::max(absl::ZeroDuration(), start + options_.drain_timeout - absl::Now());
   server_->Shutdown(absl::ToChronoTime(absl::Now() + left));
   server_->Wait();
+  // gRPC may still be running a call's OnDone, which drops the call's hold on
+  // the in-flight budget, on one of its threads: the budget (and the metrics
+  // it updates) must stay until every hold is gone.
+  if (!service_->budget().WaitReleased(absl::Now() + absl::Seconds(5))) {
+    std::cerr << "drain: " << service_->budget().used()
+              << " in-flight bytes still held 5 s after shutdown\n";
+  }
   // Dependency order: the session manager first (its reaper ends expired
   // sessions, reading their models), then the models. Every call has ended,
   // and a call ends only after its batcher work answered, so no batcher holds

@@ -1,6 +1,7 @@
 #include "server/inflight_budget.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace attention::server {
 
@@ -40,8 +41,18 @@ bool InflightBudget::Force(int64_t bytes) {
 
 void InflightBudget::Release(int64_t bytes) {
   if (bytes == 0) return;
-  used_.fetch_sub(bytes);
+  // The gauge first: once the count drops, the budget (and the metrics) may
+  // be gone.
   if (metrics_ != nullptr) metrics_->inflight_bytes().Decrement(static_cast<double>(bytes));
+  used_.fetch_sub(bytes);  // The last touch of the budget.
+}
+
+bool InflightBudget::WaitReleased(absl::Time deadline) {
+  while (used_.load() != 0) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
 }
 
 absl::StatusOr<std::shared_ptr<Admission>> InflightBudget::Take(int64_t bytes) {

@@ -10,7 +10,10 @@
 //   ... // later, with the exact need known:
 //   RETURN_IF_ERROR(held->AtLeast(exact));
 //
-// Thread-safe (lock-free). Must outlive every Admission taken from it.
+// Thread-safe (lock-free). Must outlive every Admission
+// taken from it: its owner calls WaitReleased() before destroying it, since
+// gRPC may run a call's OnDone (which drops the call's Admission) on its own
+// thread after the server has shut down.
 #ifndef ATTENTION_SERVER_INFLIGHT_BUDGET_H_
 #define ATTENTION_SERVER_INFLIGHT_BUDGET_H_
 
@@ -20,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/metrics.h"
 
 namespace attention::server {
@@ -41,7 +45,13 @@ class InflightBudget {
   // stream must still send (the stream then stops reading; see
   // stream_reactor.h). Returns false if the bytes went past the limit.
   bool Force(int64_t bytes);
+  // Gives back bytes from Admit() or Force(). The budget is not touched after
+  // the count drops, so a WaitReleased() that saw zero may destroy it.
   void Release(int64_t bytes);
+  // Blocks until every byte is released or `deadline` passes; false then.
+  // Polls (every millisecond): it is only for shutdown, and a lock Release()
+  // took to wake it would itself be touched after the count dropped.
+  bool WaitReleased(absl::Time deadline);
   // Admit() held by an Admission, released when the last reference goes.
   absl::StatusOr<std::shared_ptr<Admission>> Take(int64_t bytes);
 

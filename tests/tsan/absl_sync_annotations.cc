@@ -70,6 +70,15 @@ struct AnnotatedCondition {
   absl::Condition Wrapped() { return absl::Condition(&AnnotatedCondition::Eval, this); }
 };
 
+// Abseil's own deadlock detector (on in Debian's build) keeps a lock graph
+// in libabsl_graphcycles_internal under a spinlock TSan cannot see, and every
+// gRPC lock feeds it: TSan then reports the graph's memmoves racing each
+// other. Lock-order checking is TSan's job in this build, so Abseil's is off.
+const bool kAbseilDeadlockDetectionOff = [] {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return true;
+}();
+
 }  // namespace
 
 namespace absl {
