@@ -11,9 +11,9 @@
 #include "core/fused_attention.h"
 #include "core/status_macros.h"
 #include "prometheus/exposer.h"
-#include "server/process_metrics.h"
-#include "server/reflection_service.h"
-#include "server/sequence_sessions.h"
+#include "server/frontends/reflection_service.h"
+#include "server/frontends/sequence_sessions.h"
+#include "server/metrics/process_metrics.h"
 
 #ifndef ATTENTION_VERSION
 #define ATTENTION_VERSION "dev"

@@ -20,16 +20,16 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/attention_service.h"
-#include "server/health_service.h"
-#include "server/inference_service.h"
-#include "server/metrics.h"
-#include "server/model_repository.h"
-#include "server/process_metrics.h"
-#include "server/reflection_service.h"
-#include "server/session_manager.h"
-#include "server/session_service.h"
-#include "server/tls_credentials.h"
+#include "server/batching/model_repository.h"
+#include "server/frontends/attention_service.h"
+#include "server/frontends/health_service.h"
+#include "server/frontends/inference_service.h"
+#include "server/frontends/reflection_service.h"
+#include "server/frontends/session_service.h"
+#include "server/metrics/metrics.h"
+#include "server/metrics/process_metrics.h"
+#include "server/security/tls_credentials.h"
+#include "server/sessions/session_manager.h"
 
 namespace prometheus {
 class Exposer;

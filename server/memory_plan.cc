@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "server/dynamic_batcher.h"
+#include "server/batching/dynamic_batcher.h"
 
 namespace attention::server {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/dynamic_batcher.h"
+#include "server/batching/dynamic_batcher.h"
 #include "tests/test_util.h"
 
 namespace attention::server {

@@ -18,9 +18,9 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "server/attention_server.h"
-#include "server/inflight_budget.h"
-#include "server/oip_codec.h"
-#include "server/token_authenticator.h"
+#include "server/frontends/oip_codec.h"
+#include "server/requests/inflight_budget.h"
+#include "server/security/token_authenticator.h"
 #include "tests/server_test_util.h"
 #include "tests/test_util.h"
 

@@ -20,8 +20,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
-#include "server/reflection_service.h"
-#include "server/token_authenticator.h"
+#include "server/frontends/reflection_service.h"
+#include "server/security/token_authenticator.h"
 #include "tests/server_test_util.h"
 #include "tests/test_util.h"
 

@@ -17,7 +17,7 @@
 #include "attention/v1/sessions.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
-#include "server/pending_request.h"
+#include "server/batching/pending_request.h"
 #include "tests/test_util.h"
 
 namespace attention {

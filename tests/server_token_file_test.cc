@@ -17,7 +17,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/token_authenticator.h"
+#include "server/security/token_authenticator.h"
 
 namespace attention {
 namespace {

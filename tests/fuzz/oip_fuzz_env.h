@@ -14,9 +14,9 @@
 #include <memory>
 #include <vector>
 
-#include "server/attention_service.h"
-#include "server/metrics.h"
-#include "server/model_repository.h"
+#include "server/batching/model_repository.h"
+#include "server/frontends/attention_service.h"
+#include "server/metrics/metrics.h"
 #include "tests/fuzz/oip_request_gen.h"
 
 namespace attention::fuzz {

@@ -1,0 +1,329 @@
+#include "server/batching/dynamic_batcher.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <new>
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/checked_math.h"
+#include "server/batching/batch_runner.h"
+
+namespace attention::server {
+
+absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(const MhaEngine* engine,
+                                                                       BatchingOptions options,
+                                                                       const ModelMetrics* metrics,
+                                                                       absl::Mutex* compute_mutex,
+                                                                       int compute_threads) {
+  if (options.max_batch_size < 1 || options.max_batch_tokens < 1 ||
+      options.max_queue_delay_us < 0 || options.max_queue_size < 1 ||
+      options.max_batch_weights_bytes < 1 ||
+      options.max_batch_weights_bytes > kMaxBatchWeightsBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batching options out of range: max_batch_size ", options.max_batch_size,
+                     ", max_batch_tokens ", options.max_batch_tokens, ", max_queue_delay_us ",
+                     options.max_queue_delay_us, ", max_queue_size ", options.max_queue_size,
+                     ", max_batch_weights_bytes ", options.max_batch_weights_bytes,
+                     " (need >= 1, >= 1, >= 0, >= 1, 1 to ", kMaxBatchWeightsBytes, ")"));
+  }
+  return std::unique_ptr<DynamicBatcher>(
+      new DynamicBatcher(engine, options, metrics, compute_mutex, compute_threads));
+}
+
+DynamicBatcher::DynamicBatcher(const MhaEngine* engine, BatchingOptions options,
+                               const ModelMetrics* metrics, absl::Mutex* compute_mutex,
+                               int compute_threads)
+    : engine_(engine),
+      options_(options),
+      metrics_(metrics),
+      compute_mutex_(compute_mutex),
+      compute_threads_(compute_threads) {
+  metrics_->queue_capacity->Set(static_cast<double>(options_.max_queue_size));
+  thread_ = std::thread([this] { Loop(); });
+}
+
+DynamicBatcher::~DynamicBatcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    exit_ = true;
+  }
+  wake_.SignalAll();
+  thread_.join();
+}
+
+void DynamicBatcher::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  wake_.SignalAll();
+}
+
+int64_t DynamicBatcher::queue_depth() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+absl::Status DynamicBatcher::Enqueue(std::unique_ptr<PendingRequest> request) {
+  if (request->tokens() > options_.max_batch_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query: ", request->tokens(),
+                     " query tokens (batch x length) exceed the model's "
+                     "max_batch_tokens ",
+                     options_.max_batch_tokens));
+  }
+  if (request->session == nullptr && request->inputs.need_weights) {
+    const MhaSpec& spec = engine_->model().spec();
+    const std::optional<int64_t> weights =
+        CheckedProduct({request->call.batch, spec.num_heads, request->call.queries,
+                        request->call.keys + spec.extra_keys(), 4});
+    if (!weights || *weights > options_.max_batch_weights_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("need_weights: computing the attention weights takes ",
+                       weights ? absl::StrCat(*weights) : std::string("more than 2^63"),
+                       " bytes (batch x heads x queries x keys x 4), over the server's limit of ",
+                       options_.max_batch_weights_bytes, " (its memory plan)"));
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("server is shutting down");
+    if (static_cast<int64_t>(queue_.size()) >= options_.max_queue_size) {
+      return absl::ResourceExhaustedError(absl::StrCat("queue is full: ", queue_.size(),
+                                                       " requests waiting (max_queue_size ",
+                                                       options_.max_queue_size, ")"));
+    }
+    request->enqueued = absl::Now();
+    queue_.push_back(std::move(request));
+    metrics_->queue_depth->Set(static_cast<double>(queue_.size()));
+  }
+  wake_.Signal();
+  return absl::OkStatus();
+}
+
+std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
+  const PendingRequest& first = *queue_.front();
+  if (first.session != nullptr) return PickSessionBatch(ready);
+  const bool self_attention = first.call.self_attention;
+  std::vector<size_t> picked = {0};
+  int64_t items = first.call.batch, max_l = first.call.queries, real = first.tokens();
+  int64_t max_s = first.call.keys, real_keys = first.key_tokens();
+  bool weights = first.inputs.need_weights;
+  // A request that alone exceeds the key-token limit (long cross-attention
+  // keys) goes by itself: padding others to its keys could take any memory.
+  *ready = options_.max_batch_size == 1 || first.key_tokens() > options_.max_batch_tokens;
+  for (size_t i = 1; i < queue_.size() && !*ready; ++i) {
+    if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) break;
+    const PendingRequest& r = *queue_[i];
+    if (r.call.self_attention != self_attention || r.session != nullptr) continue;
+    const int64_t l = std::max(max_l, r.call.queries);
+    const int64_t padded = (items + r.call.batch) * l;
+    if (padded > options_.max_batch_tokens) {
+      *ready = true;  // The batch cannot grow past the token limit.
+      break;
+    }
+    if (padded > options_.max_padding_ratio * static_cast<double>(real + r.tokens())) {
+      continue;  // Leave it for a batch of its own length.
+    }
+    // The same two rules for keys: every item is padded to the longest key.
+    const int64_t s = std::max(max_s, r.call.keys);
+    const int64_t padded_keys = (items + r.call.batch) * s;
+    if (padded_keys > options_.max_batch_tokens ||
+        padded_keys >
+            options_.max_padding_ratio * static_cast<double>(real_keys + r.key_tokens())) {
+      continue;
+    }
+    const bool with_weights = weights || r.inputs.need_weights;
+    if ((with_weights &&
+         padded * engine_->model().spec().num_heads * s * 4 > options_.max_batch_weights_bytes) ||
+        BatchWorkingBytes(*engine_, items + r.call.batch, l, s, self_attention, with_weights) >
+            options_.max_working_bytes) {
+      continue;  // The batch's weights or working memory would grow too large.
+    }
+    max_s = s;
+    weights |= r.inputs.need_weights;
+    picked.push_back(i);
+    items += r.call.batch;
+    max_l = l;
+    real += r.tokens();
+    real_keys += r.key_tokens();
+  }
+  if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) *ready = true;
+  return picked;
+}
+
+std::vector<size_t> DynamicBatcher::PickSessionBatch(bool* ready) const {
+  // Steps are packed, not padded: only their tokens add up. A cross
+  // session's creation goes alone.
+  std::vector<size_t> picked = {0};
+  int64_t tokens = queue_.front()->tokens();
+  int64_t working = queue_.front()->working_bytes;
+  *ready = options_.max_batch_size == 1 ||
+           queue_.front()->session->kind == SessionWork::Kind::kInitCross;
+  for (size_t i = 1; i < queue_.size() && !*ready; ++i) {
+    if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) break;
+    const PendingRequest& r = *queue_[i];
+    if (r.session == nullptr || r.session->kind != SessionWork::Kind::kAppend) continue;
+    if (tokens + r.tokens() > options_.max_batch_tokens) {
+      *ready = true;
+      break;
+    }
+    // Steps' working memory adds up; a step that does not fit waits.
+    if (working + r.working_bytes > options_.max_working_bytes) continue;
+    working += r.working_bytes;
+    tokens += r.tokens();
+    picked.push_back(i);
+  }
+  if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) *ready = true;
+  return picked;
+}
+
+void DynamicBatcher::DropDead(
+    absl::Time now,
+    std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>>* dropped) {
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    PendingRequest& r = **it;
+    absl::Status why;
+    // The deadline first: gRPC also cancels a call whose deadline passed.
+    if (now >= r.deadline) {
+      why = absl::DeadlineExceededError(
+          absl::StrCat("deadline passed after ", absl::ToInt64Microseconds(now - r.enqueued),
+                       " us in the queue; the request was not computed"));
+    } else if (r.is_cancelled && r.is_cancelled()) {
+      why = absl::CancelledError("request was cancelled while queued");
+    }
+    if (why.ok()) {
+      ++it;
+      continue;
+    }
+    dropped->emplace_back(std::move(*it), why);
+    it = queue_.erase(it);
+  }
+}
+
+void DynamicBatcher::Loop() {
+  // Start this thread's OpenMP team now rather than on the first request.
+  omp_set_num_threads(compute_threads_);
+#pragma omp parallel
+  { (void)omp_get_thread_num(); }
+  for (;;) {
+    std::vector<std::unique_ptr<PendingRequest>> batch;
+    std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>> dropped;
+    {
+      absl::MutexLock lock(&mu_);
+      while (queue_.empty() && !exit_) wake_.Wait(&mu_);
+      if (queue_.empty()) return;  // Exiting with nothing left to compute.
+      const absl::Time now = absl::Now();
+      DropDead(now, &dropped);
+      if (!queue_.empty()) {
+        bool ready = false;
+        std::vector<size_t> picked = PickBatch(&ready);
+        const absl::Time send_at =
+            queue_.front()->enqueued + absl::Microseconds(options_.max_queue_delay_us);
+        if (ready || stopping_ || now >= send_at) {
+          for (auto it = picked.rbegin(); it != picked.rend(); ++it) {
+            batch.push_back(std::move(queue_[*it]));
+            queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(*it));
+          }
+          std::reverse(batch.begin(), batch.end());
+        } else if (dropped.empty()) {
+          // Sleep until the oldest request's delay runs out, the earliest
+          // deadline passes, or a request arrives.
+          absl::Time wake_at = send_at;
+          for (const auto& r : queue_) wake_at = std::min(wake_at, r->deadline);
+          wake_.WaitWithDeadline(&mu_, wake_at);
+        }
+      }
+      metrics_->queue_depth->Set(static_cast<double>(queue_.size()));
+    }
+    for (auto& [request, why] : dropped) {
+      RequestOutcome outcome;
+      outcome.status = why;
+      outcome.queue_us = absl::ToInt64Microseconds(absl::Now() - request->enqueued);
+      request->done(std::move(outcome));
+    }
+    if (!batch.empty()) Execute(std::move(batch));
+  }
+}
+
+int64_t DynamicBatcher::EstimateWorking(
+    const std::vector<std::unique_ptr<PendingRequest>>& batch) const {
+  if (batch.front()->session != nullptr) {
+    int64_t working = 0;
+    for (const auto& r : batch) working += r->working_bytes;
+    return working;
+  }
+  int64_t items = 0, max_l = 0, max_s = 0;
+  bool weights = false;
+  for (const auto& r : batch) {
+    items += r->call.batch;
+    max_l = std::max(max_l, r->call.queries);
+    max_s = std::max(max_s, r->call.keys);
+    weights |= r->inputs.need_weights;
+  }
+  const bool self_attention = batch.front()->call.self_attention;
+  return BatchWorkingBytes(*engine_, items, max_l, self_attention ? max_l : max_s, self_attention,
+                           weights);
+}
+
+void DynamicBatcher::Execute(std::vector<std::unique_ptr<PendingRequest>> batch) {
+  absl::Time start;
+  absl::Duration compute;
+  BatchStats stats;
+  std::vector<RequestOutcome> outcomes;
+  {
+    absl::MutexLock compute_lock(compute_mutex_);
+    start = absl::Now();
+    // Small batches run on one thread: waking an OpenMP team for each of a
+    // forward pass's primitives costs more than it saves below ~32 MFLOP.
+    const bool sessions = batch.front()->session != nullptr;
+    const int64_t working = EstimateWorking(batch);
+    for (int64_t peak = peak_working_.load();
+         working > peak && !peak_working_.compare_exchange_weak(peak, working);) {
+    }
+    omp_set_num_threads(!sessions && EstimateFlops(batch) < kSmallBatchFlops ? 1
+                                                                             : compute_threads_);
+    try {
+      outcomes = sessions ? session_runner_(batch, &stats) : RunBatch(*engine_, batch, &stats);
+    } catch (const std::bad_alloc&) {
+      // Admission bounds every batch's memory; this is the last line, so
+      // that running out is every request's error and never a crash.
+      outcomes = std::vector<RequestOutcome>(batch.size());
+      for (RequestOutcome& o : outcomes) {
+        o.status = absl::ResourceExhaustedError(absl::StrCat(
+            "out of memory computing a batch of ", batch.size(), " requests; retry later"));
+      }
+      stats.real_tokens = std::max<int64_t>(stats.real_tokens, 1);
+    }
+    compute = absl::Now() - start;
+  }
+  metrics_->compute_duration->Observe(absl::ToDoubleSeconds(compute));
+  metrics_->batch_size->Observe(static_cast<double>(batch.size()));
+  metrics_->padding_ratio->Observe(static_cast<double>(stats.padded_tokens) /
+                                   static_cast<double>(stats.real_tokens));
+  metrics_->tokens->Increment(static_cast<double>(stats.real_tokens));
+  metrics_->flops->Increment(stats.flops);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    outcomes[i].queue_us = absl::ToInt64Microseconds(start - batch[i]->enqueued);
+    outcomes[i].compute_us = absl::ToInt64Microseconds(compute);
+    metrics_->queue_duration->Observe(absl::ToDoubleSeconds(start - batch[i]->enqueued));
+    batch[i]->done(std::move(outcomes[i]));
+  }
+}
+
+double DynamicBatcher::EstimateFlops(
+    const std::vector<std::unique_ptr<PendingRequest>>& batch) const {
+  int64_t items = 0, max_l = 0, max_s = 0;
+  for (const auto& r : batch) {
+    items += r->call.batch;
+    max_l = std::max(max_l, r->call.queries);
+    max_s = std::max(max_s, r->call.keys);
+  }
+  return ForwardFlops(engine_->model().spec(), items, max_l, max_s);
+}
+
+}  // namespace attention::server

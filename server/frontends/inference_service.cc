@@ -1,0 +1,252 @@
+#include "server/frontends/inference_service.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "proto/codec/status_codes.h"
+#include "server/frontends/admitted_reactor.h"
+#include "server/frontends/sequence_sessions.h"
+#include "server/requests/identifiers.h"
+
+namespace attention::server {
+namespace {
+
+constexpr char kPlatform[] = "attention_mha";
+constexpr char kModelVersion[] = "1";
+
+void AddTensor(const std::string& name, const std::string& datatype,
+               std::initializer_list<int64_t> shape,
+               inference::ModelMetadataResponse::TensorMetadata* t) {
+  t->set_name(name);
+  t->set_datatype(datatype);
+  t->mutable_shape()->Assign(shape.begin(), shape.end());
+}
+
+}  // namespace
+
+InferenceServiceImpl::InferenceServiceImpl(AttentionServiceImpl* requests,
+                                           SequenceSessions* sequences, std::string version)
+    : requests_(requests), sequences_(sequences), version_(std::move(version)) {}
+
+absl::StatusOr<const ServedModel*> InferenceServiceImpl::Model(
+    grpc::CallbackServerContext* context, const std::string& name, const std::string& version,
+    std::shared_ptr<const Principal>* caller) {
+  RETURN_IF_ERROR(CheckIdentifier(version, "model_version"));
+  ASSIGN_OR_RETURN(const ServedModel* model, requests_->Admissible(context, name, caller));
+  if (!version.empty() && version != kModelVersion) {
+    return absl::NotFoundError(absl::StrCat("model_version: model '", model->name,
+                                            "' has version '", kModelVersion, "' only, got '",
+                                            Shown(version), "'"));
+  }
+  return model;
+}
+
+void InferenceServiceImpl::Label(const inference::ModelInferRequest& request,
+                                 const ServedModel* model,
+                                 inference::ModelInferResponse* response) {
+  response->set_model_name(model != nullptr ? model->name : request.model_name());
+  response->set_model_version(kModelVersion);
+  response->set_id(Echoed(request.id()));
+}
+
+// Probes answer without a token unless --auth_probes.
+#define ATTENTION_PROBE_AUTH(context, reactor)                              \
+  if (requests_->options().authenticate_health) {                           \
+    const absl::Status allowed = requests_->Authenticate(context).status(); \
+    if (!allowed.ok()) {                                                    \
+      (reactor)->Finish(wire::ToGrpcStatus(allowed));                       \
+      return reactor;                                                       \
+    }                                                                       \
+  }
+
+grpc::ServerUnaryReactor* InferenceServiceImpl::ServerLive(
+    grpc::CallbackServerContext* context, const inference::ServerLiveRequest*,
+    inference::ServerLiveResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  ATTENTION_PROBE_AUTH(context, reactor);
+  response->set_live(true);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceServiceImpl::ServerReady(
+    grpc::CallbackServerContext* context, const inference::ServerReadyRequest*,
+    inference::ServerReadyResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  ATTENTION_PROBE_AUTH(context, reactor);
+  response->set_ready(requests_->repository() != nullptr && !requests_->draining());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceServiceImpl::ServerMetadata(
+    grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
+    inference::ServerMetadataResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  ATTENTION_PROBE_AUTH(context, reactor);
+  response->set_name("attention-service");
+  response->set_version(version_);
+  // Triton's extension names for what is really supported: request
+  // parameters, and (with sessions) sequences.
+  response->add_extensions("parameters");
+  if (sequences_ != nullptr) response->add_extensions("sequence");
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+#undef ATTENTION_PROBE_AUTH
+
+grpc::ServerUnaryReactor* InferenceServiceImpl::ModelReady(
+    grpc::CallbackServerContext* context, const inference::ModelReadyRequest* request,
+    inference::ModelReadyResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (requests_->draining()) {  // Drained models are not ready; not an error.
+    response->set_ready(false);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  const auto model = Model(context, request->name(), request->version());
+  if (model.ok()) response->set_ready(true);
+  reactor->Finish(wire::ToGrpcStatus(model.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceServiceImpl::ModelMetadata(
+    grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
+    inference::ModelMetadataResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const auto model = Model(context, request->name(), request->version());
+  if (!model.ok()) {
+    reactor->Finish(wire::ToGrpcStatus(model.status()));
+    return reactor;
+  }
+  const MhaSpec& s = (*model)->model->spec();
+  response->set_name((*model)->name);
+  response->add_versions(kModelVersion);
+  response->set_platform(kPlatform);
+  // Inputs also accept FP16 and BF16 (masks: BOOL or FP32); -1: any size.
+  AddTensor("query", "FP32", {-1, -1, s.embed_dim}, response->add_inputs());
+  AddTensor("key", "FP32", {-1, -1, s.kdim}, response->add_inputs());
+  AddTensor("value", "FP32", {-1, -1, s.vdim}, response->add_inputs());
+  AddTensor("key_padding_mask", "BOOL", {-1, -1}, response->add_inputs());
+  AddTensor("attn_mask", "BOOL", {-1, -1}, response->add_inputs());
+  AddTensor("output", "FP32", {-1, -1, s.embed_dim}, response->add_outputs());
+  AddTensor("attn_weights", "FP32", {-1, -1, -1}, response->add_outputs());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+absl::Status InferenceServiceImpl::Prepare(const inference::ModelInferRequest& request,
+                                           OipRequest decoded,
+                                           std::shared_ptr<const void> keep_alive,
+                                           grpc::CallbackServerContext* context,
+                                           AttentionServiceImpl::Prepared* prepared) {
+  auto pending = std::make_unique<PendingRequest>();
+  pending->inputs = std::move(decoded.inputs);
+  RETURN_IF_ERROR(requests_->Finalize(std::move(pending), request.id().size(),
+                                      std::move(keep_alive), context, prepared));
+  if (decoded.timeout) {  // Triton's `timeout`: the longest wait in the queue.
+    prepared->pending->deadline =
+        std::min(prepared->pending->deadline, absl::Now() + *decoded.timeout);
+  }
+  // Outputs and their order ride along in the raw bytes' place: a response
+  // of 2 outputs costs 2 small entries more than estimated.
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* InferenceServiceImpl::ModelInfer(
+    grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
+    inference::ModelInferResponse* response) {
+  auto* reactor = new AdmittedUnaryReactor();
+  const absl::Time received = absl::Now();
+  requests_->Received();
+  std::shared_ptr<const Principal> caller;
+  const absl::StatusOr<const ServedModel*> model =
+      Model(context, request->model_name(), request->model_version(), &caller);
+  absl::StatusOr<OipRequest> decoded =
+      model.ok() ? DecodeModelInfer(*request) : absl::StatusOr<OipRequest>(model.status());
+  const ServedModel* served = model.ok() ? *model : nullptr;
+  Label(*request, served, response);
+  auto finish = [this, reactor, received, served](const absl::Status& status) {
+    requests_->Answered(served, Method::kModelInfer, status.code(), received);
+    reactor->Finish(wire::ToGrpcStatus(status));
+  };
+  absl::Status status = decoded.status();
+  if (status.ok()) status = CheckIdentifier(request->id(), "id");
+  if (status.ok()) {
+    const int64_t max_bytes = requests_->options().max_response_bytes;
+    std::vector<OipOutput> outputs = decoded->outputs;
+    auto done = [response, finish, outputs, max_bytes](RequestOutcome outcome) {
+      absl::Status result = outcome.status;
+      if (result.ok()) result = EncodeModelInfer(outcome, outputs, max_bytes, response);
+      finish(result);
+    };
+    if (decoded->sequence_id) {
+      status =
+          sequences_ == nullptr
+              ? absl::UnimplementedError("parameters['sequence_id']: this server has no sessions")
+              : sequences_->Submit(context, *request, *std::move(decoded), served, caller.get(),
+                                   nullptr, std::move(done), reactor);
+    } else {
+      AttentionServiceImpl::Prepared prepared;
+      prepared.model = served;
+      status = Prepare(*request, *std::move(decoded), nullptr, context, &prepared);
+      if (status.ok()) {
+        status = requests_->Submit(prepared, static_cast<int64_t>(request->ByteSizeLong()),
+                                   std::move(done), reactor);
+      }
+    }
+  }
+  if (!status.ok()) finish(status);
+  return reactor;
+}
+
+grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+InferenceServiceImpl::ModelStreamInfer(grpc::CallbackServerContext* context) {
+  using Reactor = StreamReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>;
+  return new Reactor(
+      requests_, context, Method::kModelStreamInfer,
+      [this](std::shared_ptr<inference::ModelInferRequest> request,
+             grpc::CallbackServerContext* call) {
+        Reactor::Prepared out;
+        auto prepared = std::make_shared<AttentionServiceImpl::Prepared>();
+        absl::StatusOr<const ServedModel*> model =
+            Model(call, request->model_name(), request->model_version());
+        absl::StatusOr<OipRequest> decoded =
+            model.ok() ? DecodeModelInfer(*request) : absl::StatusOr<OipRequest>(model.status());
+        out.model = model.ok() ? *model : nullptr;
+        out.status = decoded.status();
+        if (out.status.ok()) out.status = CheckIdentifier(request->id(), "id");
+        if (!out.status.ok()) return out;
+        if (decoded->sequence_id) {
+          out.status = absl::UnimplementedError(
+              "parameters['sequence_id']: sequences are served by ModelInfer; on "
+              "ModelStreamInfer send each step as its own request");
+          return out;
+        }
+        const std::vector<OipOutput> outputs = decoded->outputs;
+        prepared->model = out.model;
+        out.status = Prepare(*request, *std::move(decoded), request, call, prepared.get());
+        out.response_bytes = prepared->response_bytes;
+        const int64_t max_bytes = requests_->options().max_response_bytes;
+        const ServedModel* served = out.model;
+        out.submit = [prepared, outputs, max_bytes, served, request](Reactor::Reply reply,
+                                                                     Admission*) {
+          prepared->pending->done = [reply, outputs, max_bytes, served,
+                                     request](RequestOutcome outcome) {
+            inference::ModelStreamInferResponse response;
+            absl::Status result = outcome.status;
+            inference::ModelInferResponse* infer = response.mutable_infer_response();
+            Label(*request, served, infer);
+            if (result.ok()) result = EncodeModelInfer(outcome, outputs, max_bytes, infer);
+            reply(std::move(response), result);
+          };
+          return prepared->model->batcher->Enqueue(std::move(prepared->pending));
+        };
+        return out;
+      });
+}
+
+}  // namespace attention::server

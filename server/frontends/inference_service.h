@@ -1,0 +1,89 @@
+// File: server/frontends/inference_service.h
+//
+// inference.GRPCInferenceService: the Open Inference Protocol (KServe v2)
+// and Triton's ModelStreamInfer, beside attention.v1 on the same port. Its
+// requests take the same path as attention.v1's: authenticated, decoded and
+// validated once (server/frontends/oip_codec.h), admitted against the in-flight byte
+// budget, queued into the model's batcher (sharing batches with attention.v1
+// requests), computed, encoded. Errors carry the same codes and messages.
+// Sequence requests (Triton's sequence_id / sequence_start / sequence_end)
+// append to a session (server/frontends/sequence_sessions.h).
+//
+// Thread-safe. The attention service (options, metrics, models, drain) and
+// the sequence sessions must outlive it.
+#ifndef ATTENTION_SERVER_FRONTENDS_INFERENCE_SERVICE_H_
+#define ATTENTION_SERVER_FRONTENDS_INFERENCE_SERVICE_H_
+
+#include <string>
+
+#include "inference/grpc_predict_v2.grpc.pb.h"
+#include "server/frontends/attention_service.h"
+#include "server/frontends/oip_codec.h"
+#include "server/frontends/stream_reactor.h"
+#include "server/requests/identifiers.h"
+
+namespace attention::server {
+
+class SequenceSessions;
+
+// ModelStreamInfer's messages: the request's `id`; a failure in
+// error_message, a result in infer_response.
+template <>
+struct StreamCodec<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
+  static std::string Id(const inference::ModelInferRequest& request) { return request.id(); }
+  static void Complete(const std::string& id, const absl::Status& status,
+                       inference::ModelStreamInferResponse* response) {
+    if (!status.ok()) response->set_error_message(std::string(status.message().substr(0, 4096)));
+    response->mutable_infer_response()->set_id(Echoed(id));
+  }
+};
+
+class InferenceServiceImpl final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  // `version` is reported by ServerMetadata. `sequences` may be null:
+  // sequence parameters are then UNIMPLEMENTED.
+  InferenceServiceImpl(AttentionServiceImpl* requests, SequenceSessions* sequences,
+                       std::string version);
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
+                                       const inference::ServerLiveRequest* request,
+                                       inference::ServerLiveResponse* response) override;
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
+                                        const inference::ServerReadyRequest* request,
+                                        inference::ServerReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
+                                       const inference::ModelReadyRequest* request,
+                                       inference::ModelReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
+                                           const inference::ServerMetadataRequest* request,
+                                           inference::ServerMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
+                                          const inference::ModelMetadataRequest* request,
+                                          inference::ModelMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
+                                       const inference::ModelInferRequest* request,
+                                       inference::ModelInferResponse* response) override;
+  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+  ModelStreamInfer(grpc::CallbackServerContext* context) override;
+
+ private:
+  // The model `name` at `version` ("" or "1") for the caller of `context`.
+  absl::StatusOr<const ServedModel*> Model(grpc::CallbackServerContext* context,
+                                           const std::string& name, const std::string& version,
+                                           std::shared_ptr<const Principal>* caller = nullptr);
+  // A stateless request, decoded and validated into *prepared.
+  absl::Status Prepare(const inference::ModelInferRequest& request, OipRequest decoded,
+                       std::shared_ptr<const void> keep_alive, grpc::CallbackServerContext* context,
+                       AttentionServiceImpl::Prepared* prepared);
+  // Completes a response with the request's model, version and id.
+  static void Label(const inference::ModelInferRequest& request, const ServedModel* model,
+                    inference::ModelInferResponse* response);
+
+  AttentionServiceImpl* const requests_;
+  SequenceSessions* const sequences_;
+  const std::string version_;
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_FRONTENDS_INFERENCE_SERVICE_H_

@@ -1,0 +1,212 @@
+#include "server/frontends/sequence_sessions.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "server/requests/identifiers.h"
+#include "server/requests/inflight_budget.h"
+#include "server/sessions/session_manager.h"
+
+namespace attention::server {
+namespace {
+
+// Past this many mappings a new sequence first forgets those whose session
+// has ended (expired, evicted) without a sequence_end.
+constexpr size_t kSweepAbove = 4096;
+
+}  // namespace
+
+SequenceSessions::SequenceSessions(AttentionServiceImpl* requests, SessionServiceImpl* sessions)
+    : requests_(requests), sessions_(sessions) {}
+
+size_t SequenceSessions::size() const {
+  absl::MutexLock lock(&mu_);
+  return sequences_.size();
+}
+
+void SequenceSessions::Forget(const Key& key, const std::string& session_id) {
+  absl::MutexLock lock(&mu_);
+  const auto it = sequences_.find(key);
+  if (it != sequences_.end() && it->second.current == session_id) sequences_.erase(it);
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SequenceSessions::Find(const Key& key) {
+  SessionManager* manager = sessions_->manager();
+  if (manager == nullptr) return absl::UnavailableError("server is not ready yet");
+  std::string existing;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto it = sequences_.find(key);
+    if (it != sequences_.end()) existing = it->second.current;
+  }
+  if (existing.empty()) {
+    return absl::NotFoundError(
+        "parameters['sequence_id']: the sequence has no session on this model here; start it "
+        "with sequence_start");
+  }
+  auto session = manager->Find(existing);
+  if (!session.ok()) {
+    Forget(key, existing);
+    return absl::NotFoundError(
+        absl::StrCat("parameters['sequence_id']: ", session.status().message()));
+  }
+  return session;
+}
+
+std::string SequenceSessions::Start(const Key& key, const std::string& session_id) {
+  SessionManager* manager = sessions_->manager();
+  std::vector<std::string> stale;
+  std::string dropped;  // An earlier restart's kept session, replaced again.
+  {
+    absl::MutexLock lock(&mu_);
+    if (sequences_.size() > kSweepAbove) {
+      for (const auto& [k, ids] : sequences_) stale.push_back(ids.current);
+    }
+    Ids& ids = sequences_[key];
+    dropped = std::exchange(ids.previous, ids.current);
+    ids.current = session_id;
+  }
+  if (!dropped.empty()) (void)manager->Close(dropped);
+  // Mappings whose session has ended without a sequence_end (expired,
+  // evicted) are forgotten, looked up outside the lock.
+  for (const std::string& id : stale) {
+    if (!manager->Find(id).ok()) {
+      absl::MutexLock lock(&mu_);
+      for (auto it = sequences_.begin(); it != sequences_.end(); ++it) {
+        if (it->second.current == id) {
+          sequences_.erase(it);
+          break;
+        }
+      }
+    }
+  }
+  return session_id;
+}
+
+void SequenceSessions::Started(const Key& key, const std::string& session_id, bool ok) {
+  SessionManager* manager = sessions_->manager();
+  std::string to_close;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto it = sequences_.find(key);
+    if (it == sequences_.end() || it->second.current != session_id) {
+      to_close = ok ? "" : session_id;  // Replaced or ended meanwhile.
+    } else if (ok) {
+      to_close = std::exchange(it->second.previous, "");
+    } else {
+      to_close = session_id;  // Back to the sequence the failed restart replaced.
+      it->second.current = std::exchange(it->second.previous, "");
+      if (it->second.current.empty()) sequences_.erase(it);
+    }
+  }
+  if (!to_close.empty() && manager != nullptr) (void)manager->Close(to_close);
+}
+
+absl::Status SequenceSessions::Submit(grpc::CallbackServerContext* context,
+                                      const inference::ModelInferRequest& request,
+                                      OipRequest decoded, const ServedModel* model,
+                                      const Principal* caller,
+                                      std::shared_ptr<const void> keep_alive,
+                                      std::function<void(RequestOutcome)> done,
+                                      AdmittedUnaryReactor* reactor) {
+  SessionManager* manager = sessions_->manager();
+  if (manager == nullptr) return absl::UnavailableError("server is not ready yet");
+  const MhaInputs& in = decoded.inputs;
+  if (in.key || in.value || in.key_padding_mask || in.attn_mask) {
+    return absl::InvalidArgumentError(
+        "inputs: a sequence step takes only 'query' (its tokens are the keys and values)");
+  }
+  RETURN_IF_ERROR(CheckIdentifier(*decoded.sequence_id, "parameters['sequence_id']"));
+  RETURN_IF_ERROR(CheckIdentifier(request.id(), "id"));
+  SessionServiceImpl::Step step;
+  step.tokens = in.query;
+  const bool batched = in.query.rank() == 3;
+  if (batched) {
+    if (in.query.dim(0) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "inputs['query']: a sequence step is one item, shape [1, T, E] or [T, E], got batch ",
+          in.query.dim(0)));
+    }
+    step.tokens.shape.erase(step.tokens.shape.begin());
+  }
+  step.need_weights = in.need_weights;
+  step.average_attn_weights = in.average_attn_weights;
+  step.output_dtype = in.output_dtype;
+  step.id_bytes = request.id().size();
+
+  const Key key(caller != nullptr ? caller->id : "", model->name, *decoded.sequence_id);
+  SessionModel* session_model = manager->model(model);
+  if (session_model == nullptr) {
+    return absl::FailedPreconditionError("model: serves no sessions, so no sequences");
+  }
+  // A start is validated and admitted before its session exists.
+  std::shared_ptr<Session> session;
+  std::shared_ptr<void> queued;  // The step's tokens in its session's queue.
+  int64_t held_keys = 0;
+  if (!decoded.sequence_start) {
+    ASSIGN_OR_RETURN(session, Find(key));
+    held_keys = SessionServiceImpl::HeldKeys(session, step.tokens.dim(0), &queued);
+  }
+  SessionServiceImpl::PreparedAppend prepared;
+  RETURN_IF_ERROR(sessions_->PrepareStep(step, *session_model, /*cross=*/false, held_keys,
+                                         std::move(keep_alive), context, &prepared));
+  if (decoded.timeout) {
+    prepared.pending->deadline =
+        std::min(prepared.pending->deadline, absl::Now() + *decoded.timeout);
+  }
+  const int64_t request_bytes = static_cast<int64_t>(request.ByteSizeLong());
+  ASSIGN_OR_RETURN(std::shared_ptr<Admission> held,
+                   requests_->budget().Take(request_bytes + prepared.response_bytes));
+  const bool start = decoded.sequence_start;
+  if (start) {
+    const std::string owner = caller != nullptr ? caller->id : "";
+    auto created =
+        manager->Create(model, /*cross=*/false, /*is_causal=*/true, absl::ZeroDuration(), owner);
+    if (created.status().code() == absl::StatusCode::kResourceExhausted) {
+      // At a session limit a restart takes its own sequence's slot (it can
+      // then not go back to it if its step fails).
+      auto live = Find(key);
+      if (live.ok()) {
+        (void)manager->Close((*live)->id);
+        Forget(key, (*live)->id);
+        created = manager->Create(model, /*cross=*/false, /*is_causal=*/true, absl::ZeroDuration(),
+                                  owner);
+      }
+    }
+    ASSIGN_OR_RETURN(session, std::move(created));
+    Start(key, session->id);
+    SessionServiceImpl::HeldKeys(session, step.tokens.dim(0), &queued);
+  }
+  sessions_->Attach(session, std::move(queued), held.get(), request_bytes, &prepared);
+  const bool end = decoded.sequence_end;
+  const std::string session_id = session->id;
+  prepared.pending->done = [this, held, reactor, batched, start, end, key, session_id,
+                            done = std::move(done)](RequestOutcome outcome) mutable {
+    if (reactor != nullptr) reactor->Hold(std::move(held));  // Until the response is sent.
+    held.reset();
+    if (batched) {  // Shaped like the stateless call's results.
+      outcome.output.shape.insert(outcome.output.shape.begin(), 1);
+      if (outcome.attn_weights) {
+        outcome.attn_weights->shape.insert(outcome.attn_weights->shape.begin(), 1);
+      }
+    }
+    // A start replaces the sequence it restarts only if its step is OK, and
+    // a failed start leaves nothing behind; the sequence ends after its last
+    // step, if that is OK (a failed one may be retried).
+    const bool ok = outcome.status.ok();
+    if (start) Started(key, session_id, ok);
+    if (end && ok) {
+      if (SessionManager* manager = sessions_->manager()) (void)manager->Close(session_id);
+      Forget(key, session_id);
+    }
+    done(std::move(outcome));
+  };
+  const absl::Status submitted = manager->Submit(session, std::move(prepared.pending));
+  if (!submitted.ok() && start) Started(key, session_id, /*ok=*/false);
+  return submitted;
+}
+
+}  // namespace attention::server

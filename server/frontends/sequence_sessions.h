@@ -1,0 +1,88 @@
+// File: server/frontends/sequence_sessions.h
+//
+// Triton's sequence parameters on the Open Inference Protocol, mapped onto
+// sessions: a ModelInferRequest with `sequence_start` creates a self-attention
+// session (replacing one the sequence already had), every request of the
+// sequence appends its `query` tokens to it (so attention over the sequence
+// is causal and incremental, as with SessionService.Append), and
+// `sequence_end` closes it after its append. A sequence is named by the
+// caller (its token's Principal::id, with authentication), the model and
+// `sequence_id` (at most kMaxIdentifierBytes), so callers cannot reach each
+// other's sequences. A start's session is created only once its step has
+// been validated and admitted, and ended again if the step fails, so a
+// refused start holds nothing.
+//
+// Thread-safe. The session service (and its manager) and the attention
+// service must outlive it.
+#ifndef ATTENTION_SERVER_FRONTENDS_SEQUENCE_SESSIONS_H_
+#define ATTENTION_SERVER_FRONTENDS_SEQUENCE_SESSIONS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "inference/grpc_predict_v2.pb.h"
+#include "server/frontends/admitted_reactor.h"
+#include "server/frontends/oip_codec.h"
+#include "server/frontends/session_service.h"
+
+namespace attention::server {
+
+class SequenceSessions {
+ public:
+  SequenceSessions(AttentionServiceImpl* requests, SessionServiceImpl* sessions);
+
+  // Appends the query of `decoded` (a request of sequence
+  // decoded.sequence_id to `model`, by `caller`, null without
+  // authentication) to the sequence's session. OK: queued, and `done` will
+  // be called with the outcome (output and weights shaped like a stateless
+  // call's: [1, T, E] for a [1, T, E] query). Errors: INVALID_ARGUMENT
+  // (inputs other than the query, a batch of more than one, another model
+  // than the sequence's), NOT_FOUND (no live session: not started, ended,
+  // expired or evicted), and those of session appends.
+  absl::Status Submit(grpc::CallbackServerContext* context,
+                      const inference::ModelInferRequest& request, OipRequest decoded,
+                      const ServedModel* model, const Principal* caller,
+                      std::shared_ptr<const void> keep_alive,
+                      std::function<void(RequestOutcome)> done,
+                      AdmittedUnaryReactor* reactor = nullptr);
+
+  // Sequences with a live mapping (for tests and metrics).
+  size_t size() const;
+
+ private:
+  // A sequence: its caller (the token's Principal::id, empty without
+  // authentication), its model and its id; typed, so no two differ only in
+  // where one field ends (Triton keeps sequence ids per model too).
+  using Key = std::tuple<std::string, std::string, std::string>;
+
+  // The live session of sequence `key`; NOT_FOUND otherwise.
+  absl::StatusOr<std::shared_ptr<Session>> Find(const Key& key);
+  // Makes `session_id` the sequence's session; the one it had is kept until
+  // Started() says whether the restart's step was applied.
+  std::string Start(const Key& key, const std::string& session_id);
+  // The first step of `session_id` is done: OK ends the session it
+  // replaced, a failure ends `session_id` and brings the replaced one back.
+  void Started(const Key& key, const std::string& session_id, bool ok);
+  void Forget(const Key& key, const std::string& session_id);
+
+  // A sequence's session, and while a restart's first step is pending, the
+  // session it replaces.
+  struct Ids {
+    std::string current;
+    std::string previous;
+  };
+
+  AttentionServiceImpl* const requests_;
+  SessionServiceImpl* const sessions_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<Key, Ids> sequences_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_FRONTENDS_SEQUENCE_SESSIONS_H_

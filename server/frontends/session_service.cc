@@ -1,0 +1,427 @@
+#include "server/frontends/session_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "proto/codec/status_codes.h"
+#include "proto/codec/tensor_codec.h"
+#include "server/frontends/admitted_reactor.h"
+#include "server/frontends/message_limit.h"
+#include "server/frontends/stream_reactor.h"
+#include "server/requests/identifiers.h"
+#include "server/requests/inflight_budget.h"
+#include "server/sessions/session_batch_runner.h"
+
+namespace attention::server {
+namespace {
+
+int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
+
+}  // namespace
+
+void DescribeSession(const SessionSnapshot& s, v1::SessionInfo* info) {
+  info->set_session_id(s.id);
+  info->set_model(s.model);
+  info->set_kind(s.cross ? v1::SESSION_KIND_CROSS : v1::SESSION_KIND_SELF);
+  info->set_length(s.length);
+  info->set_keys(s.keys);
+  info->set_bytes(s.bytes);
+  info->set_created_unix_ms(UnixMillis(s.created));
+  info->set_last_used_unix_ms(UnixMillis(s.last_used));
+  info->set_ttl_s(absl::ToInt64Seconds(s.ttl));
+  info->set_max_tokens(s.max_tokens);
+}
+
+SessionServiceImpl::SessionServiceImpl(AttentionServiceImpl* requests) : requests_(requests) {}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionServiceImpl::FindForCaller(
+    SessionManager* manager, grpc::CallbackServerContext* context, const std::string& id) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, requests_->Authenticate(context));
+  RETURN_IF_ERROR(CheckIdentifier(id, "session_id"));
+  if (id.empty()) {
+    return absl::InvalidArgumentError(
+        "session_id: required (the id CreateSession returned), got an empty one");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, manager->Find(id));
+  if (principal != nullptr) {
+    // Owned by the token entry (its hash), not by its name: two entries may share a name.
+    if (session->owner != principal->id) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("session_id: the session belongs to another token than this caller's ('",
+                       principal->name, "')"));
+    }
+    RETURN_IF_ERROR(requests_->FindModel(principal.get(), session->model->served->name).status());
+  }
+  return session;
+}
+
+SessionManager* SessionServiceImpl::ReadyManager(absl::Status* status) const {
+  SessionManager* manager = manager_.load();
+  if (manager == nullptr) *status = absl::UnavailableError("server is not ready yet");
+  return manager;
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServerContext* context,
+                                                            const v1::CreateSessionRequest* request,
+                                                            v1::SessionInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time received = absl::Now();
+  requests_->Received();
+  const ServedModel* served = nullptr;
+  absl::Status status;
+  auto finish = [this, reactor, received](const ServedModel* model, const absl::Status& s) {
+    requests_->Answered(model, Method::kCreateSession, s.code(), received);
+    reactor->Finish(wire::ToGrpcStatus(s));
+  };
+  SessionManager* manager = ReadyManager(&status);
+  if (manager != nullptr && requests_->draining()) {
+    status = absl::UnavailableError("server is shutting down");
+  }
+  std::string owner;
+  if (status.ok()) {
+    auto principal = requests_->Authenticate(context);
+    absl::StatusOr<const ServedModel*> found =
+        principal.ok() ? requests_->FindModel(principal->get(), request->model())
+                       : absl::StatusOr<const ServedModel*>(principal.status());
+    status = found.status();
+    if (found.ok()) served = *found;
+    if (principal.ok() && *principal != nullptr) owner = (*principal)->id;
+  }
+  const bool cross = request->kind() == v1::SESSION_KIND_CROSS;
+  if (status.ok() && request->kind() != v1::SESSION_KIND_SELF && !cross) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("kind: expected SESSION_KIND_SELF or SESSION_KIND_CROSS, got ",
+                     v1::SessionKind_Name(request->kind())));
+  }
+  const int64_t max_ttl_s =
+      manager != nullptr ? absl::ToInt64Seconds(manager->options().max_ttl) : 0;
+  if (status.ok() && (request->ttl_s() < 0 || request->ttl_s() > max_ttl_s)) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("ttl_s: expected 0 (the model's default) to ", max_ttl_s,
+                     " (the server's --max_session_ttl_s), got ", request->ttl_s()));
+  }
+  auto work = std::make_unique<SessionWork>();
+  if (status.ok() && cross) {
+    status = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(work->cross.key, wire::DecodeTensor(request->key(), "key"));
+      ASSIGN_OR_RETURN(std::optional<TensorView> value,
+                       wire::DecodeOptionalTensor(request->value(), "value"));
+      work->cross.value = value ? *value : work->cross.key;
+      ASSIGN_OR_RETURN(work->cross.key_padding_mask,
+                       wire::DecodeOptionalTensor(request->key_padding_mask(), "key_padding_mask"));
+      SessionModel* m = manager->model(served);
+      RETURN_IF_ERROR(m->engine->ValidateCross(work->cross));
+      work->key_count = work->cross.key.dim(0);
+      const int64_t working = m->engine->CrossWorkingBytes(work->key_count);
+      const int64_t limit = served->batcher->options().max_working_bytes;
+      if (working > limit) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "key: projecting ", work->key_count, " keys takes about ", working,
+            " bytes of working memory, over the server's limit of ", limit, " per batch"));
+      }
+      if (work->key_count > m->max_session_tokens) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("key: ", work->key_count, " keys exceed the model's max_session_tokens ",
+                         m->max_session_tokens));
+      }
+      return absl::OkStatus();
+    }();
+  } else if (status.ok() &&
+             (request->has_key() || request->has_value() || request->has_key_padding_mask())) {
+    status = absl::InvalidArgumentError(
+        "key: a self-attention session takes no key, value or key_padding_mask; its appended "
+        "tokens are its keys");
+  }
+  if (status.ok() && !cross) status = manager->model(served)->engine->SupportsSelf();
+  // A cross session's keys and values are held until projected.
+  const int64_t admitted = cross ? static_cast<int64_t>(request->ByteSizeLong()) : 0;
+  if (status.ok() && cross) status = requests_->Admit(admitted);
+  std::shared_ptr<Session> session;
+  if (status.ok()) {
+    auto created = manager->Create(served, cross, request->is_causal(),
+                                   absl::Seconds(request->ttl_s()), owner);
+    status = created.status();
+    if (created.ok()) session = *std::move(created);
+    if (!status.ok()) requests_->Release(admitted);
+  }
+  if (!status.ok()) {
+    finish(served, status);
+    return reactor;
+  }
+  if (!cross) {
+    DescribeSession(manager->Snapshot(*session), response);
+    finish(served, absl::OkStatus());
+    return reactor;
+  }
+  // The keys are projected on the batcher; the request's bytes live until Finish.
+  auto pending = std::make_unique<PendingRequest>();
+  BindCall(context, pending.get());
+  pending->working_bytes = manager->model(served)->engine->CrossWorkingBytes(work->key_count);
+  work->kind = SessionWork::Kind::kInitCross;
+  work->session = session;
+  pending->session = std::move(work);
+  pending->done = [this, manager, session, response, finish, served,
+                   admitted](RequestOutcome outcome) {
+    requests_->Release(admitted);
+    if (outcome.status.ok()) {
+      DescribeSession(manager->Snapshot(*session), response);
+    } else {
+      (void)manager->Close(session->id);
+    }
+    finish(served, outcome.status);
+  };
+  status = manager->Submit(session, std::move(pending));
+  if (!status.ok()) {
+    requests_->Release(admitted);
+    (void)manager->Close(session->id);
+    finish(served, status);
+  }
+  return reactor;
+}
+
+absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
+                                               std::shared_ptr<const void> keep_alive,
+                                               grpc::CallbackServerContext* context,
+                                               PreparedAppend* prepared) {
+  absl::Status status;
+  SessionManager* manager = ReadyManager(&status);
+  if (manager == nullptr) return status;
+  if (requests_->draining()) return absl::UnavailableError("server is shutting down");
+  RETURN_IF_ERROR(CheckIdentifier(request.request_id(), "request_id"));
+  RETURN_IF_ERROR(CheckIdentifier(request.session_id(), "session_id"));
+  ASSIGN_OR_RETURN(prepared->session, FindForCaller(manager, context, request.session_id()));
+  Step step;
+  ASSIGN_OR_RETURN(step.tokens, wire::DecodeTensor(request.tokens(), "tokens"));
+  ASSIGN_OR_RETURN(step.not_key, wire::DecodeOptionalTensor(request.not_key(), "not_key"));
+  step.need_weights = request.need_weights();
+  step.average_attn_weights = !request.per_head_weights();
+  if (request.output_dtype() != v1::DATA_TYPE_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(DType out, wire::FromProtoDType(request.output_dtype(), "output_dtype"));
+    step.output_dtype = out;
+  }
+  step.id_bytes = request.request_id().size() + request.session_id().size();
+  Session& session = *prepared->session;
+  const int64_t t = step.tokens.rank() == 2 ? step.tokens.dim(0) : 0;
+  const int64_t held = HeldKeys(prepared->session, t, &prepared->queued);
+  return PrepareStep(step, *session.model, session.cross, held, std::move(keep_alive), context,
+                     prepared);
+}
+
+int64_t SessionServiceImpl::HeldKeys(const std::shared_ptr<Session>& session, int64_t tokens,
+                                     std::shared_ptr<void>* queued) {
+  int64_t held;
+  {
+    absl::MutexLock lock(&session->mu);
+    held =
+        session->cross ? session->keys : session->keys + session->queued_tokens.fetch_add(tokens);
+  }
+  if (session->cross) return held;
+  *queued = std::shared_ptr<void>(
+      nullptr, [session, tokens](void*) { session->queued_tokens.fetch_sub(tokens); });
+  return held;
+}
+
+absl::Status SessionServiceImpl::PrepareStep(const Step& step, const SessionModel& m, bool cross,
+                                             int64_t held_keys,
+                                             std::shared_ptr<const void> keep_alive,
+                                             grpc::CallbackServerContext* context,
+                                             PreparedAppend* prepared) {
+  prepared->model = m.served;
+  auto work = std::make_unique<SessionWork>();
+  work->tokens = step.tokens;
+  work->not_key = step.not_key;
+  RETURN_IF_ERROR(m.engine->ValidateStep(cross, work->tokens, work->not_key));
+  const int64_t t = work->tokens.dim(0);
+  const BatchingOptions& batching = m.served->batcher->options();
+  if (t > batching.max_batch_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens: ", t, " tokens in one append exceed the model's max_batch_tokens ",
+                     batching.max_batch_tokens, "; append them in chunks"));
+  }
+  if (step.output_dtype == DType::kBool) {
+    return absl::InvalidArgumentError(
+        "output_dtype: expected float32, bfloat16 or float16, got bool");
+  }
+  auto pending = std::make_unique<PendingRequest>();
+  MhaInputs& in = pending->inputs;
+  in.need_weights = step.need_weights;
+  in.average_attn_weights = step.average_attn_weights;
+  in.output_dtype = step.output_dtype;
+  // The response: output, and weights over every key held after the append
+  // (at most: appends queued before it may still fail). It is sized again,
+  // exactly, when the append runs.
+  const MhaSpec& spec = m.engine->spec();
+  const DType out_dtype = in.output_dtype.value_or(work->tokens.dtype);
+  const int64_t columns =
+      std::min(held_keys + (cross ? 0 : t), m.max_session_tokens) + spec.extra_keys();
+  const int64_t max_response = requests_->options().max_response_bytes;
+  prepared->response_bytes =
+      AppendResponseBytes(spec, t, columns, out_dtype, in.need_weights, in.average_attn_weights,
+                          static_cast<int64_t>(step.id_bytes));
+  if (prepared->response_bytes > max_response) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("response: would be about ", prepared->response_bytes,
+                     " bytes, over the server's max_message_bytes ", max_response,
+                     "; append fewer tokens or leave need_weights off"));
+  }
+  pending->working_bytes = AppendWorkingBytes(*m.engine, t, columns, out_dtype, in.need_weights,
+                                              in.average_attn_weights);
+  if (pending->working_bytes > batching.max_working_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tokens: computing this append takes about ", pending->working_bytes,
+        " bytes of working memory (its projections",
+        in.need_weights ? " and attention weights over " : "",
+        in.need_weights ? absl::StrCat(columns, " keys") : "", "), over the server's limit of ",
+        batching.max_working_bytes, " per batch; append fewer tokens",
+        in.need_weights ? " or leave need_weights off" : ""));
+  }
+  pending->call.batch = 1;
+  pending->call.queries = t;
+  pending->call.keys = t;
+  pending->keep_alive = std::move(keep_alive);
+  BindCall(context, pending.get());
+  work->kind = SessionWork::Kind::kAppend;
+  work->max_response_bytes = max_response;
+  work->id_bytes = static_cast<int64_t>(step.id_bytes);
+  pending->session = std::move(work);
+  prepared->pending = std::move(pending);
+  return absl::OkStatus();
+}
+
+void SessionServiceImpl::Attach(std::shared_ptr<Session> session, std::shared_ptr<void> queued,
+                                Admission* admission, int64_t request_bytes,
+                                PreparedAppend* prepared) const {
+  SessionWork& work = *prepared->pending->session;
+  work.queued = std::move(queued);
+  work.session = session;
+  work.admission = admission;
+  work.request_bytes = request_bytes;
+  prepared->session = std::move(session);
+}
+
+absl::Status SessionServiceImpl::EncodeAppend(RequestOutcome& outcome,
+                                              v1::AppendResponse* response) const {
+  OutputTensor& out = outcome.output;
+  wire::EncodeTensorBytes(out.dtype, out.shape, std::move(out.bytes), response->mutable_output());
+  if (outcome.attn_weights) {
+    OutputTensor& w = *outcome.attn_weights;
+    wire::EncodeTensorBytes(w.dtype, w.shape, std::move(w.bytes), response->mutable_attn_weights());
+  }
+  response->set_length(outcome.session_length);
+  response->set_queue_us(outcome.queue_us);
+  response->set_compute_us(outcome.compute_us);
+  response->set_batch_requests(outcome.batch_requests);
+  return CheckMessageLimit(response, requests_->options().max_response_bytes);
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext* context,
+                                                     const v1::AppendRequest* request,
+                                                     v1::AppendResponse* response) {
+  auto* reactor = new AdmittedUnaryReactor();
+  const absl::Time received = absl::Now();
+  requests_->Received();
+  response->set_session_id(request->session_id());
+  response->set_request_id(request->request_id());
+  PreparedAppend prepared;
+  absl::Status status = PrepareAppend(*request, nullptr, context, &prepared);
+  const ServedModel* model = prepared.model;
+  const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
+  absl::StatusOr<std::shared_ptr<Admission>> held =
+      status.ok() ? requests_->budget().Take(request_bytes + prepared.response_bytes)
+                  : absl::StatusOr<std::shared_ptr<Admission>>(status);
+  status = held.status();
+  if (status.ok()) {
+    Attach(prepared.session, std::move(prepared.queued), held->get(), request_bytes, &prepared);
+    prepared.pending->done = [this, reactor, response, received, model,
+                              held = *held](RequestOutcome outcome) mutable {
+      absl::Status result = outcome.status;
+      if (result.ok()) result = EncodeAppend(outcome, response);
+      reactor->Hold(std::move(held));  // Until the response is sent.
+      requests_->Answered(model, Method::kAppend, result.code(), received);
+      reactor->Finish(wire::ToGrpcStatus(result));
+    };
+    status = manager_.load()->Submit(prepared.session, std::move(prepared.pending));
+  }
+  if (!status.ok()) {
+    requests_->Answered(model, Method::kAppend, status.code(), received);
+    reactor->Finish(wire::ToGrpcStatus(status));
+  }
+  return reactor;
+}
+
+grpc::ServerBidiReactor<v1::AppendRequest, v1::AppendResponse>* SessionServiceImpl::SessionStream(
+    grpc::CallbackServerContext* context) {
+  using Reactor = StreamReactor<v1::AppendRequest, v1::AppendResponse>;
+  return new Reactor(
+      requests_, context, Method::kSessionStream,
+      [this](std::shared_ptr<v1::AppendRequest> request, grpc::CallbackServerContext* call) {
+        Reactor::Prepared out;
+        auto prepared = std::make_shared<PreparedAppend>();
+        out.status = PrepareAppend(*request, request, call, prepared.get());
+        out.model = prepared->model;
+        out.response_bytes = prepared->response_bytes;
+        const std::string session_id = Echoed(request->session_id());
+        const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
+        out.submit = [this, prepared, session_id, request_bytes](Reactor::Reply reply,
+                                                                 Admission* admission) {
+          Attach(prepared->session, std::move(prepared->queued), admission, request_bytes,
+                 prepared.get());
+          prepared->pending->done = [this, reply, session_id](RequestOutcome outcome) {
+            v1::AppendResponse response;
+            absl::Status result = outcome.status;
+            if (result.ok()) result = EncodeAppend(outcome, &response);
+            response.set_session_id(session_id);
+            reply(std::move(response), result);
+          };
+          return manager_.load()->Submit(prepared->session, std::move(prepared->pending));
+        };
+        return out;
+      });
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(grpc::CallbackServerContext* context,
+                                                         const v1::GetSessionRequest* request,
+                                                         v1::SessionInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time received = absl::Now();
+  requests_->Received();
+  absl::Status status;
+  const ServedModel* model = nullptr;
+  if (SessionManager* manager = ReadyManager(&status)) {
+    auto session = FindForCaller(manager, context, request->session_id());
+    status = session.status();
+    if (session.ok()) {
+      model = (*session)->model->served;
+      DescribeSession(manager->Snapshot(**session), response);
+    }
+  }
+  requests_->Answered(model, Method::kGetSession, status.code(), received);
+  reactor->Finish(wire::ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* SessionServiceImpl::CloseSession(grpc::CallbackServerContext* context,
+                                                           const v1::CloseSessionRequest* request,
+                                                           v1::CloseSessionResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time received = absl::Now();
+  requests_->Received();
+  absl::Status status;
+  const ServedModel* model = nullptr;
+  if (SessionManager* manager = ReadyManager(&status)) {
+    auto session = FindForCaller(manager, context, request->session_id());
+    status = session.status();
+    if (session.ok()) {
+      model = (*session)->model->served;
+      auto freed = manager->Close(request->session_id());
+      status = freed.status();
+      if (freed.ok()) response->set_freed_bytes(*freed);
+    }
+  }
+  requests_->Answered(model, Method::kCloseSession, status.code(), received);
+  reactor->Finish(wire::ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace attention::server
