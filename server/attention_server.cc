@@ -11,6 +11,7 @@
 #include "core/fused_attention.h"
 #include "core/status_macros.h"
 #include "prometheus/exposer.h"
+#include "server/frontends/grpc_call.h"
 #include "server/frontends/reflection_service.h"
 #include "server/frontends/sequence_sessions.h"
 #include "server/metrics/process_metrics.h"
@@ -67,12 +68,15 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
     return absl::InvalidArgumentError("--auth_probes: needs --auth_tokens_file");
   }
   s->metrics_->inflight_bytes_limit().Set(static_cast<double>(options.max_inflight_bytes));
-  s->service_ = std::make_unique<AttentionServiceImpl>(s->metrics_.get(), service_options);
-  s->session_service_ = std::make_unique<SessionServiceImpl>(s->service_.get());
+  // The protocol-neutral paths, then the front-ends that translate to them.
+  s->requests_ = std::make_unique<RequestPath>(s->metrics_.get(), service_options);
+  s->session_path_ = std::make_unique<SessionPath>(s->requests_.get());
+  s->service_ = std::make_unique<AttentionServiceImpl>(s->requests_.get());
+  s->session_service_ = std::make_unique<SessionServiceImpl>(s->session_path_.get());
   // The Open Inference Protocol, its sequences appended to sessions.
-  s->sequences_ = std::make_unique<SequenceSessions>(s->service_.get(), s->session_service_.get());
+  s->sequences_ = std::make_unique<SequenceSessions>(s->session_path_.get());
   s->inference_service_ = std::make_unique<InferenceServiceImpl>(
-      s->service_.get(), s->sequences_.get(), ATTENTION_VERSION);
+      s->requests_.get(), s->sequences_.get(), ATTENTION_VERSION);
   // Every service the server registers, by full name: health reports on the
   // application services, reflection lists them all.
   std::vector<std::pair<std::string, grpc::Service*>> services = {
@@ -83,8 +87,10 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   // Health and reflection: open, or with --auth_probes behind the tokens.
   HealthServiceImpl::Authenticate probe_auth;
   if (options.auth_probes) {
-    probe_auth = [service = s->service_.get()](const grpc::CallbackServerContext* context) {
-      return service->Authenticate(context).status();
+    probe_auth = [requests = s->requests_.get()](const grpc::CallbackServerContext* context) {
+      return requests
+          ->Authenticate(*CallOf(const_cast<grpc::CallbackServerContext*>(context), Method::kInfer))
+          .status();
     };
   }
   std::set<std::string> health_names;
@@ -165,8 +171,8 @@ absl::Status AttentionServer::LoadModels() {
   ASSIGN_OR_RETURN(repository_, ModelRepository::Load(r, metrics_.get()));
   sessions_ =
       std::make_unique<SessionManager>(repository_.get(), metrics_.get(), options_.sessions);
-  session_service_->SetManager(sessions_.get());
-  service_->SetRepository(repository_.get());
+  session_path_->SetManager(sessions_.get());
+  requests_->SetRepository(repository_.get());
   SetHealth(true);
   std::cerr << "ready: serving " << repository_->models().size() << " model(s), default '"
             << repository_->default_model() << "'\n";
@@ -177,11 +183,11 @@ bool AttentionServer::Drain() {
   drained_ = true;
   if (server_ == nullptr) return true;  // Listen failed: nothing started.
   SetHealth(false);
-  service_->StartDraining();
+  requests_->StartDraining();
   if (sessions_ != nullptr) sessions_->StopAccepting();
   if (repository_ != nullptr) repository_->StopAccepting();
   const absl::Time start = absl::Now();
-  const bool idle = service_->WaitIdle(options_.drain_timeout);
+  const bool idle = requests_->WaitIdle(options_.drain_timeout);
   if (!idle) std::cerr << "drain timeout: some accepted requests were not answered\n";
   // Keep answering UNAVAILABLE for a moment so that clients still sending see
   // a clear refusal (and go elsewhere) rather than calls cut by the shutdown.
@@ -195,8 +201,8 @@ bool AttentionServer::Drain() {
   // gRPC may still be running a call's OnDone, which drops the call's hold on
   // the in-flight budget, on one of its threads: the budget (and the metrics
   // it updates) must stay until every hold is gone.
-  if (!service_->budget().WaitReleased(absl::Now() + absl::Seconds(5))) {
-    std::cerr << "drain: " << service_->budget().used()
+  if (!requests_->budget().WaitReleased(absl::Now() + absl::Seconds(5))) {
+    std::cerr << "drain: " << requests_->budget().used()
               << " in-flight bytes still held 5 s after shutdown\n";
   }
   // Dependency order: the session manager first (its reaper ends expired

@@ -28,8 +28,10 @@
 #include "server/frontends/session_service.h"
 #include "server/metrics/metrics.h"
 #include "server/metrics/process_metrics.h"
+#include "server/requests/request_path.h"
 #include "server/security/tls_credentials.h"
 #include "server/sessions/session_manager.h"
+#include "server/sessions/session_path.h"
 
 namespace prometheus {
 class Exposer;
@@ -100,7 +102,8 @@ class AttentionServer {
   int port() const { return port_; }
   std::shared_ptr<grpc::Channel> InProcessChannel();
   Metrics& metrics() { return *metrics_; }
-  AttentionServiceImpl& service() { return *service_; }
+  // The request path every front-end calls (drain, the in-flight budget).
+  RequestPath& service() { return *requests_; }
   // Null before LoadModels().
   ModelRepository* repository() { return repository_.get(); }
   SessionManager* sessions() { return sessions_.get(); }
@@ -113,6 +116,8 @@ class AttentionServer {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::shared_ptr<ProcessMetrics> process_metrics_ = std::make_shared<ProcessMetrics>();
+  std::unique_ptr<RequestPath> requests_;
+  std::unique_ptr<SessionPath> session_path_;
   std::unique_ptr<AttentionServiceImpl> service_;
   std::unique_ptr<SessionServiceImpl> session_service_;
   std::unique_ptr<SequenceSessions> sequences_;

@@ -19,10 +19,10 @@
 
 namespace attention::server {
 
-class AdmittedUnaryReactor : public grpc::ServerUnaryReactor {
+class AdmittedUnaryReactor : public grpc::ServerUnaryReactor, public AdmissionHolder {
  public:
   // Keeps `held` until the call is done.
-  void Hold(std::shared_ptr<Admission> held) { held_ = std::move(held); }
+  void Hold(std::shared_ptr<Admission> held) override { held_ = std::move(held); }
   void OnDone() override { delete this; }
 
  private:

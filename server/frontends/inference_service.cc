@@ -7,6 +7,7 @@
 #include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
 #include "server/frontends/admitted_reactor.h"
+#include "server/frontends/grpc_call.h"
 #include "server/frontends/sequence_sessions.h"
 #include "server/requests/identifiers.h"
 
@@ -26,15 +27,15 @@ void AddTensor(const std::string& name, const std::string& datatype,
 
 }  // namespace
 
-InferenceServiceImpl::InferenceServiceImpl(AttentionServiceImpl* requests,
-                                           SequenceSessions* sequences, std::string version)
+InferenceServiceImpl::InferenceServiceImpl(RequestPath* requests, SequenceSessions* sequences,
+                                           std::string version)
     : requests_(requests), sequences_(sequences), version_(std::move(version)) {}
 
 absl::StatusOr<const ServedModel*> InferenceServiceImpl::Model(
-    grpc::CallbackServerContext* context, const std::string& name, const std::string& version,
+    const CallContext& call, const std::string& name, const std::string& version,
     std::shared_ptr<const Principal>* caller) {
   RETURN_IF_ERROR(CheckIdentifier(version, "model_version"));
-  ASSIGN_OR_RETURN(const ServedModel* model, requests_->Admissible(context, name, caller));
+  ASSIGN_OR_RETURN(const ServedModel* model, requests_->Admissible(call, name, caller));
   if (!version.empty() && version != kModelVersion) {
     return absl::NotFoundError(absl::StrCat("model_version: model '", model->name,
                                             "' has version '", kModelVersion, "' only, got '",
@@ -52,13 +53,14 @@ void InferenceServiceImpl::Label(const inference::ModelInferRequest& request,
 }
 
 // Probes answer without a token unless --auth_probes.
-#define ATTENTION_PROBE_AUTH(context, reactor)                              \
-  if (requests_->options().authenticate_health) {                           \
-    const absl::Status allowed = requests_->Authenticate(context).status(); \
-    if (!allowed.ok()) {                                                    \
-      (reactor)->Finish(wire::ToGrpcStatus(allowed));                       \
-      return reactor;                                                       \
-    }                                                                       \
+#define ATTENTION_PROBE_AUTH(context, reactor)                                   \
+  if (requests_->options().authenticate_health) {                                \
+    const absl::Status allowed =                                                 \
+        requests_->Authenticate(*CallOf(context, Method::kModelInfer)).status(); \
+    if (!allowed.ok()) {                                                         \
+      (reactor)->Finish(wire::ToGrpcStatus(allowed));                            \
+      return reactor;                                                            \
+    }                                                                            \
   }
 
 grpc::ServerUnaryReactor* InferenceServiceImpl::ServerLive(
@@ -107,7 +109,8 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::ModelReady(
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
-  const auto model = Model(context, request->name(), request->version());
+  const auto model =
+      Model(*CallOf(context, Method::kModelInfer), request->name(), request->version());
   if (model.ok()) response->set_ready(true);
   reactor->Finish(wire::ToGrpcStatus(model.status()));
   return reactor;
@@ -117,7 +120,8 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const auto model = Model(context, request->name(), request->version());
+  const auto model =
+      Model(*CallOf(context, Method::kModelInfer), request->name(), request->version());
   if (!model.ok()) {
     reactor->Finish(wire::ToGrpcStatus(model.status()));
     return reactor;
@@ -141,12 +145,12 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::ModelMetadata(
 absl::Status InferenceServiceImpl::Prepare(const inference::ModelInferRequest& request,
                                            OipRequest decoded,
                                            std::shared_ptr<const void> keep_alive,
-                                           grpc::CallbackServerContext* context,
-                                           AttentionServiceImpl::Prepared* prepared) {
+                                           const CallContext& call,
+                                           RequestPath::Prepared* prepared) {
   auto pending = std::make_unique<PendingRequest>();
   pending->inputs = std::move(decoded.inputs);
   RETURN_IF_ERROR(requests_->Finalize(std::move(pending), request.id().size(),
-                                      std::move(keep_alive), context, prepared));
+                                      std::move(keep_alive), call, prepared));
   if (decoded.timeout) {  // Triton's `timeout`: the longest wait in the queue.
     prepared->pending->deadline =
         std::min(prepared->pending->deadline, absl::Now() + *decoded.timeout);
@@ -162,15 +166,16 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::ModelInfer(
   auto* reactor = new AdmittedUnaryReactor();
   const absl::Time received = absl::Now();
   requests_->Received();
+  const CallRef call = CallOf(context, Method::kModelInfer);
   std::shared_ptr<const Principal> caller;
   const absl::StatusOr<const ServedModel*> model =
-      Model(context, request->model_name(), request->model_version(), &caller);
+      Model(*call, request->model_name(), request->model_version(), &caller);
   absl::StatusOr<OipRequest> decoded =
       model.ok() ? DecodeModelInfer(*request) : absl::StatusOr<OipRequest>(model.status());
   const ServedModel* served = model.ok() ? *model : nullptr;
   Label(*request, served, response);
-  auto finish = [this, reactor, received, served](const absl::Status& status) {
-    requests_->Answered(served, Method::kModelInfer, status.code(), received);
+  auto finish = [this, reactor, received, served, call](const absl::Status& status) {
+    requests_->Answered(served, *call, status, received);
     reactor->Finish(wire::ToGrpcStatus(status));
   };
   absl::Status status = decoded.status();
@@ -187,12 +192,12 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::ModelInfer(
       status =
           sequences_ == nullptr
               ? absl::UnimplementedError("parameters['sequence_id']: this server has no sessions")
-              : sequences_->Submit(context, *request, *std::move(decoded), served, caller.get(),
+              : sequences_->Submit(*call, *request, *std::move(decoded), served, caller.get(),
                                    nullptr, std::move(done), reactor);
     } else {
-      AttentionServiceImpl::Prepared prepared;
+      RequestPath::Prepared prepared;
       prepared.model = served;
-      status = Prepare(*request, *std::move(decoded), nullptr, context, &prepared);
+      status = Prepare(*request, *std::move(decoded), nullptr, *call, &prepared);
       if (status.ok()) {
         status = requests_->Submit(prepared, static_cast<int64_t>(request->ByteSizeLong()),
                                    std::move(done), reactor);
@@ -208,10 +213,9 @@ InferenceServiceImpl::ModelStreamInfer(grpc::CallbackServerContext* context) {
   using Reactor = StreamReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>;
   return new Reactor(
       requests_, context, Method::kModelStreamInfer,
-      [this](std::shared_ptr<inference::ModelInferRequest> request,
-             grpc::CallbackServerContext* call) {
+      [this](std::shared_ptr<inference::ModelInferRequest> request, const CallContext& call) {
         Reactor::Prepared out;
-        auto prepared = std::make_shared<AttentionServiceImpl::Prepared>();
+        auto prepared = std::make_shared<RequestPath::Prepared>();
         absl::StatusOr<const ServedModel*> model =
             Model(call, request->model_name(), request->model_version());
         absl::StatusOr<OipRequest> decoded =

@@ -17,10 +17,11 @@
 #include <string>
 
 #include "inference/grpc_predict_v2.grpc.pb.h"
-#include "server/frontends/attention_service.h"
 #include "server/frontends/oip_codec.h"
 #include "server/frontends/stream_reactor.h"
+#include "server/requests/call_context.h"
 #include "server/requests/identifiers.h"
+#include "server/requests/request_path.h"
 
 namespace attention::server {
 
@@ -42,8 +43,7 @@ class InferenceServiceImpl final : public inference::GRPCInferenceService::Callb
  public:
   // `version` is reported by ServerMetadata. `sequences` may be null:
   // sequence parameters are then UNIMPLEMENTED.
-  InferenceServiceImpl(AttentionServiceImpl* requests, SequenceSessions* sequences,
-                       std::string version);
+  InferenceServiceImpl(RequestPath* requests, SequenceSessions* sequences, std::string version);
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -68,18 +68,18 @@ class InferenceServiceImpl final : public inference::GRPCInferenceService::Callb
 
  private:
   // The model `name` at `version` ("" or "1") for the caller of `context`.
-  absl::StatusOr<const ServedModel*> Model(grpc::CallbackServerContext* context,
-                                           const std::string& name, const std::string& version,
+  absl::StatusOr<const ServedModel*> Model(const CallContext& call, const std::string& name,
+                                           const std::string& version,
                                            std::shared_ptr<const Principal>* caller = nullptr);
   // A stateless request, decoded and validated into *prepared.
   absl::Status Prepare(const inference::ModelInferRequest& request, OipRequest decoded,
-                       std::shared_ptr<const void> keep_alive, grpc::CallbackServerContext* context,
-                       AttentionServiceImpl::Prepared* prepared);
+                       std::shared_ptr<const void> keep_alive, const CallContext& call,
+                       RequestPath::Prepared* prepared);
   // Completes a response with the request's model, version and id.
   static void Label(const inference::ModelInferRequest& request, const ServedModel* model,
                     inference::ModelInferResponse* response);
 
-  AttentionServiceImpl* const requests_;
+  RequestPath* const requests_;
   SequenceSessions* const sequences_;
   const std::string version_;
 };

@@ -19,8 +19,7 @@ constexpr size_t kSweepAbove = 4096;
 
 }  // namespace
 
-SequenceSessions::SequenceSessions(AttentionServiceImpl* requests, SessionServiceImpl* sessions)
-    : requests_(requests), sessions_(sessions) {}
+SequenceSessions::SequenceSessions(SessionPath* sessions) : sessions_(sessions) {}
 
 size_t SequenceSessions::size() const {
   absl::MutexLock lock(&mu_);
@@ -105,13 +104,10 @@ void SequenceSessions::Started(const Key& key, const std::string& session_id, bo
   if (!to_close.empty() && manager != nullptr) (void)manager->Close(to_close);
 }
 
-absl::Status SequenceSessions::Submit(grpc::CallbackServerContext* context,
-                                      const inference::ModelInferRequest& request,
-                                      OipRequest decoded, const ServedModel* model,
-                                      const Principal* caller,
-                                      std::shared_ptr<const void> keep_alive,
-                                      std::function<void(RequestOutcome)> done,
-                                      AdmittedUnaryReactor* reactor) {
+absl::Status SequenceSessions::Submit(
+    const CallContext& call, const inference::ModelInferRequest& request, OipRequest decoded,
+    const ServedModel* model, const Principal* caller, std::shared_ptr<const void> keep_alive,
+    std::function<void(RequestOutcome)> done, AdmissionHolder* holder) {
   SessionManager* manager = sessions_->manager();
   if (manager == nullptr) return absl::UnavailableError("server is not ready yet");
   const MhaInputs& in = decoded.inputs;
@@ -121,7 +117,7 @@ absl::Status SequenceSessions::Submit(grpc::CallbackServerContext* context,
   }
   RETURN_IF_ERROR(CheckIdentifier(*decoded.sequence_id, "parameters['sequence_id']"));
   RETURN_IF_ERROR(CheckIdentifier(request.id(), "id"));
-  SessionServiceImpl::Step step;
+  SessionPath::Step step;
   step.tokens = in.query;
   const bool batched = in.query.rank() == 3;
   if (batched) {
@@ -148,18 +144,18 @@ absl::Status SequenceSessions::Submit(grpc::CallbackServerContext* context,
   int64_t held_keys = 0;
   if (!decoded.sequence_start) {
     ASSIGN_OR_RETURN(session, Find(key));
-    held_keys = SessionServiceImpl::HeldKeys(session, step.tokens.dim(0), &queued);
+    held_keys = SessionPath::HeldKeys(session, step.tokens.dim(0), &queued);
   }
-  SessionServiceImpl::PreparedAppend prepared;
+  SessionPath::PreparedAppend prepared;
   RETURN_IF_ERROR(sessions_->PrepareStep(step, *session_model, /*cross=*/false, held_keys,
-                                         std::move(keep_alive), context, &prepared));
+                                         std::move(keep_alive), call, &prepared));
   if (decoded.timeout) {
     prepared.pending->deadline =
         std::min(prepared.pending->deadline, absl::Now() + *decoded.timeout);
   }
   const int64_t request_bytes = static_cast<int64_t>(request.ByteSizeLong());
   ASSIGN_OR_RETURN(std::shared_ptr<Admission> held,
-                   requests_->budget().Take(request_bytes + prepared.response_bytes));
+                   sessions_->requests().budget().Take(request_bytes + prepared.response_bytes));
   const bool start = decoded.sequence_start;
   if (start) {
     const std::string owner = caller != nullptr ? caller->id : "";
@@ -178,14 +174,14 @@ absl::Status SequenceSessions::Submit(grpc::CallbackServerContext* context,
     }
     ASSIGN_OR_RETURN(session, std::move(created));
     Start(key, session->id);
-    SessionServiceImpl::HeldKeys(session, step.tokens.dim(0), &queued);
+    SessionPath::HeldKeys(session, step.tokens.dim(0), &queued);
   }
   sessions_->Attach(session, std::move(queued), held.get(), request_bytes, &prepared);
   const bool end = decoded.sequence_end;
   const std::string session_id = session->id;
-  prepared.pending->done = [this, held, reactor, batched, start, end, key, session_id,
+  prepared.pending->done = [this, held, holder, batched, start, end, key, session_id,
                             done = std::move(done)](RequestOutcome outcome) mutable {
-    if (reactor != nullptr) reactor->Hold(std::move(held));  // Until the response is sent.
+    if (holder != nullptr) holder->Hold(std::move(held));  // Until the response is sent.
     held.reset();
     if (batched) {  // Shaped like the stateless call's results.
       outcome.output.shape.insert(outcome.output.shape.begin(), 1);

@@ -12,8 +12,7 @@
 // been validated and admitted, and ended again if the step fails, so a
 // refused start holds nothing.
 //
-// Thread-safe. The session service (and its manager) and the attention
-// service must outlive it.
+// Thread-safe. The session path (and its manager) must outlive it.
 #ifndef ATTENTION_SERVER_FRONTENDS_SEQUENCE_SESSIONS_H_
 #define ATTENTION_SERVER_FRONTENDS_SEQUENCE_SESSIONS_H_
 
@@ -26,15 +25,17 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "inference/grpc_predict_v2.pb.h"
-#include "server/frontends/admitted_reactor.h"
 #include "server/frontends/oip_codec.h"
-#include "server/frontends/session_service.h"
+#include "server/requests/call_context.h"
+#include "server/requests/request_path.h"
+#include "server/sessions/session_path.h"
 
 namespace attention::server {
 
 class SequenceSessions {
  public:
-  SequenceSessions(AttentionServiceImpl* requests, SessionServiceImpl* sessions);
+  // `sessions` (and its request path) must outlive it.
+  explicit SequenceSessions(SessionPath* sessions);
 
   // Appends the query of `decoded` (a request of sequence
   // decoded.sequence_id to `model`, by `caller`, null without
@@ -44,12 +45,10 @@ class SequenceSessions {
   // (inputs other than the query, a batch of more than one, another model
   // than the sequence's), NOT_FOUND (no live session: not started, ended,
   // expired or evicted), and those of session appends.
-  absl::Status Submit(grpc::CallbackServerContext* context,
-                      const inference::ModelInferRequest& request, OipRequest decoded,
-                      const ServedModel* model, const Principal* caller,
+  absl::Status Submit(const CallContext& call, const inference::ModelInferRequest& request,
+                      OipRequest decoded, const ServedModel* model, const Principal* caller,
                       std::shared_ptr<const void> keep_alive,
-                      std::function<void(RequestOutcome)> done,
-                      AdmittedUnaryReactor* reactor = nullptr);
+                      std::function<void(RequestOutcome)> done, AdmissionHolder* holder = nullptr);
 
   // Sequences with a live mapping (for tests and metrics).
   size_t size() const;
@@ -77,8 +76,7 @@ class SequenceSessions {
     std::string previous;
   };
 
-  AttentionServiceImpl* const requests_;
-  SessionServiceImpl* const sessions_;
+  SessionPath* const sessions_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, Ids> sequences_ ABSL_GUARDED_BY(mu_);
 };

@@ -7,11 +7,10 @@
 #include "proto/codec/status_codes.h"
 #include "proto/codec/tensor_codec.h"
 #include "server/frontends/admitted_reactor.h"
+#include "server/frontends/grpc_call.h"
 #include "server/frontends/message_limit.h"
 #include "server/frontends/stream_reactor.h"
 #include "server/requests/identifiers.h"
-#include "server/requests/inflight_budget.h"
-#include "server/sessions/session_batch_runner.h"
 
 namespace attention::server {
 namespace {
@@ -33,34 +32,8 @@ void DescribeSession(const SessionSnapshot& s, v1::SessionInfo* info) {
   info->set_max_tokens(s.max_tokens);
 }
 
-SessionServiceImpl::SessionServiceImpl(AttentionServiceImpl* requests) : requests_(requests) {}
-
-absl::StatusOr<std::shared_ptr<Session>> SessionServiceImpl::FindForCaller(
-    SessionManager* manager, grpc::CallbackServerContext* context, const std::string& id) const {
-  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, requests_->Authenticate(context));
-  RETURN_IF_ERROR(CheckIdentifier(id, "session_id"));
-  if (id.empty()) {
-    return absl::InvalidArgumentError(
-        "session_id: required (the id CreateSession returned), got an empty one");
-  }
-  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, manager->Find(id));
-  if (principal != nullptr) {
-    // Owned by the token entry (its hash), not by its name: two entries may share a name.
-    if (session->owner != principal->id) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("session_id: the session belongs to another token than this caller's ('",
-                       principal->name, "')"));
-    }
-    RETURN_IF_ERROR(requests_->FindModel(principal.get(), session->model->served->name).status());
-  }
-  return session;
-}
-
-SessionManager* SessionServiceImpl::ReadyManager(absl::Status* status) const {
-  SessionManager* manager = manager_.load();
-  if (manager == nullptr) *status = absl::UnavailableError("server is not ready yet");
-  return manager;
-}
+SessionServiceImpl::SessionServiceImpl(SessionPath* sessions)
+    : sessions_(sessions), requests_(&sessions->requests()) {}
 
 grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServerContext* context,
                                                             const v1::CreateSessionRequest* request,
@@ -68,19 +41,20 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time received = absl::Now();
   requests_->Received();
+  const CallRef call = CallOf(context, Method::kCreateSession);
   const ServedModel* served = nullptr;
   absl::Status status;
-  auto finish = [this, reactor, received](const ServedModel* model, const absl::Status& s) {
-    requests_->Answered(model, Method::kCreateSession, s.code(), received);
+  auto finish = [this, reactor, received, call](const ServedModel* model, const absl::Status& s) {
+    requests_->Answered(model, *call, s, received);
     reactor->Finish(wire::ToGrpcStatus(s));
   };
-  SessionManager* manager = ReadyManager(&status);
+  SessionManager* manager = sessions_->ReadyManager(&status);
   if (manager != nullptr && requests_->draining()) {
     status = absl::UnavailableError("server is shutting down");
   }
   std::string owner;
   if (status.ok()) {
-    auto principal = requests_->Authenticate(context);
+    auto principal = requests_->Authenticate(*call);
     absl::StatusOr<const ServedModel*> found =
         principal.ok() ? requests_->FindModel(principal->get(), request->model())
                        : absl::StatusOr<const ServedModel*>(principal.status());
@@ -156,7 +130,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   }
   // The keys are projected on the batcher; the request's bytes live until Finish.
   auto pending = std::make_unique<PendingRequest>();
-  BindCall(context, pending.get());
+  RequestPath::Bind(*call, pending.get());
   pending->working_bytes = manager->model(served)->engine->CrossWorkingBytes(work->key_count);
   work->kind = SessionWork::Kind::kInitCross;
   work->session = session;
@@ -182,15 +156,15 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
 
 absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
                                                std::shared_ptr<const void> keep_alive,
-                                               grpc::CallbackServerContext* context,
-                                               PreparedAppend* prepared) {
+                                               const CallContext& call, PreparedAppend* prepared) {
   absl::Status status;
-  SessionManager* manager = ReadyManager(&status);
+  SessionManager* manager = sessions_->ReadyManager(&status);
   if (manager == nullptr) return status;
   if (requests_->draining()) return absl::UnavailableError("server is shutting down");
   RETURN_IF_ERROR(CheckIdentifier(request.request_id(), "request_id"));
   RETURN_IF_ERROR(CheckIdentifier(request.session_id(), "session_id"));
-  ASSIGN_OR_RETURN(prepared->session, FindForCaller(manager, context, request.session_id()));
+  ASSIGN_OR_RETURN(prepared->session,
+                   sessions_->FindForCaller(manager, call, request.session_id()));
   Step step;
   ASSIGN_OR_RETURN(step.tokens, wire::DecodeTensor(request.tokens(), "tokens"));
   ASSIGN_OR_RETURN(step.not_key, wire::DecodeOptionalTensor(request.not_key(), "not_key"));
@@ -203,101 +177,9 @@ absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
   step.id_bytes = request.request_id().size() + request.session_id().size();
   Session& session = *prepared->session;
   const int64_t t = step.tokens.rank() == 2 ? step.tokens.dim(0) : 0;
-  const int64_t held = HeldKeys(prepared->session, t, &prepared->queued);
-  return PrepareStep(step, *session.model, session.cross, held, std::move(keep_alive), context,
-                     prepared);
-}
-
-int64_t SessionServiceImpl::HeldKeys(const std::shared_ptr<Session>& session, int64_t tokens,
-                                     std::shared_ptr<void>* queued) {
-  int64_t held;
-  {
-    absl::MutexLock lock(&session->mu);
-    held =
-        session->cross ? session->keys : session->keys + session->queued_tokens.fetch_add(tokens);
-  }
-  if (session->cross) return held;
-  *queued = std::shared_ptr<void>(
-      nullptr, [session, tokens](void*) { session->queued_tokens.fetch_sub(tokens); });
-  return held;
-}
-
-absl::Status SessionServiceImpl::PrepareStep(const Step& step, const SessionModel& m, bool cross,
-                                             int64_t held_keys,
-                                             std::shared_ptr<const void> keep_alive,
-                                             grpc::CallbackServerContext* context,
-                                             PreparedAppend* prepared) {
-  prepared->model = m.served;
-  auto work = std::make_unique<SessionWork>();
-  work->tokens = step.tokens;
-  work->not_key = step.not_key;
-  RETURN_IF_ERROR(m.engine->ValidateStep(cross, work->tokens, work->not_key));
-  const int64_t t = work->tokens.dim(0);
-  const BatchingOptions& batching = m.served->batcher->options();
-  if (t > batching.max_batch_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tokens: ", t, " tokens in one append exceed the model's max_batch_tokens ",
-                     batching.max_batch_tokens, "; append them in chunks"));
-  }
-  if (step.output_dtype == DType::kBool) {
-    return absl::InvalidArgumentError(
-        "output_dtype: expected float32, bfloat16 or float16, got bool");
-  }
-  auto pending = std::make_unique<PendingRequest>();
-  MhaInputs& in = pending->inputs;
-  in.need_weights = step.need_weights;
-  in.average_attn_weights = step.average_attn_weights;
-  in.output_dtype = step.output_dtype;
-  // The response: output, and weights over every key held after the append
-  // (at most: appends queued before it may still fail). It is sized again,
-  // exactly, when the append runs.
-  const MhaSpec& spec = m.engine->spec();
-  const DType out_dtype = in.output_dtype.value_or(work->tokens.dtype);
-  const int64_t columns =
-      std::min(held_keys + (cross ? 0 : t), m.max_session_tokens) + spec.extra_keys();
-  const int64_t max_response = requests_->options().max_response_bytes;
-  prepared->response_bytes =
-      AppendResponseBytes(spec, t, columns, out_dtype, in.need_weights, in.average_attn_weights,
-                          static_cast<int64_t>(step.id_bytes));
-  if (prepared->response_bytes > max_response) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("response: would be about ", prepared->response_bytes,
-                     " bytes, over the server's max_message_bytes ", max_response,
-                     "; append fewer tokens or leave need_weights off"));
-  }
-  pending->working_bytes = AppendWorkingBytes(*m.engine, t, columns, out_dtype, in.need_weights,
-                                              in.average_attn_weights);
-  if (pending->working_bytes > batching.max_working_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tokens: computing this append takes about ", pending->working_bytes,
-        " bytes of working memory (its projections",
-        in.need_weights ? " and attention weights over " : "",
-        in.need_weights ? absl::StrCat(columns, " keys") : "", "), over the server's limit of ",
-        batching.max_working_bytes, " per batch; append fewer tokens",
-        in.need_weights ? " or leave need_weights off" : ""));
-  }
-  pending->call.batch = 1;
-  pending->call.queries = t;
-  pending->call.keys = t;
-  pending->keep_alive = std::move(keep_alive);
-  BindCall(context, pending.get());
-  work->kind = SessionWork::Kind::kAppend;
-  work->max_response_bytes = max_response;
-  work->id_bytes = static_cast<int64_t>(step.id_bytes);
-  pending->session = std::move(work);
-  prepared->pending = std::move(pending);
-  return absl::OkStatus();
-}
-
-void SessionServiceImpl::Attach(std::shared_ptr<Session> session, std::shared_ptr<void> queued,
-                                Admission* admission, int64_t request_bytes,
-                                PreparedAppend* prepared) const {
-  SessionWork& work = *prepared->pending->session;
-  work.queued = std::move(queued);
-  work.session = session;
-  work.admission = admission;
-  work.request_bytes = request_bytes;
-  prepared->session = std::move(session);
+  const int64_t held = SessionPath::HeldKeys(prepared->session, t, &prepared->queued);
+  return sessions_->PrepareStep(step, *session.model, session.cross, held, std::move(keep_alive),
+                                call, prepared);
 }
 
 absl::Status SessionServiceImpl::EncodeAppend(RequestOutcome& outcome,
@@ -321,10 +203,11 @@ grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext
   auto* reactor = new AdmittedUnaryReactor();
   const absl::Time received = absl::Now();
   requests_->Received();
+  const CallRef call = CallOf(context, Method::kAppend);
   response->set_session_id(request->session_id());
   response->set_request_id(request->request_id());
   PreparedAppend prepared;
-  absl::Status status = PrepareAppend(*request, nullptr, context, &prepared);
+  absl::Status status = PrepareAppend(*request, nullptr, *call, &prepared);
   const ServedModel* model = prepared.model;
   const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
   absl::StatusOr<std::shared_ptr<Admission>> held =
@@ -332,19 +215,20 @@ grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext
                   : absl::StatusOr<std::shared_ptr<Admission>>(status);
   status = held.status();
   if (status.ok()) {
-    Attach(prepared.session, std::move(prepared.queued), held->get(), request_bytes, &prepared);
-    prepared.pending->done = [this, reactor, response, received, model,
+    sessions_->Attach(prepared.session, std::move(prepared.queued), held->get(), request_bytes,
+                      &prepared);
+    prepared.pending->done = [this, reactor, response, received, model, call,
                               held = *held](RequestOutcome outcome) mutable {
       absl::Status result = outcome.status;
       if (result.ok()) result = EncodeAppend(outcome, response);
       reactor->Hold(std::move(held));  // Until the response is sent.
-      requests_->Answered(model, Method::kAppend, result.code(), received);
+      requests_->Answered(model, *call, result, received);
       reactor->Finish(wire::ToGrpcStatus(result));
     };
-    status = manager_.load()->Submit(prepared.session, std::move(prepared.pending));
+    status = sessions_->manager()->Submit(prepared.session, std::move(prepared.pending));
   }
   if (!status.ok()) {
-    requests_->Answered(model, Method::kAppend, status.code(), received);
+    requests_->Answered(model, *call, status, received);
     reactor->Finish(wire::ToGrpcStatus(status));
   }
   return reactor;
@@ -355,7 +239,7 @@ grpc::ServerBidiReactor<v1::AppendRequest, v1::AppendResponse>* SessionServiceIm
   using Reactor = StreamReactor<v1::AppendRequest, v1::AppendResponse>;
   return new Reactor(
       requests_, context, Method::kSessionStream,
-      [this](std::shared_ptr<v1::AppendRequest> request, grpc::CallbackServerContext* call) {
+      [this](std::shared_ptr<v1::AppendRequest> request, const CallContext& call) {
         Reactor::Prepared out;
         auto prepared = std::make_shared<PreparedAppend>();
         out.status = PrepareAppend(*request, request, call, prepared.get());
@@ -365,8 +249,8 @@ grpc::ServerBidiReactor<v1::AppendRequest, v1::AppendResponse>* SessionServiceIm
         const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
         out.submit = [this, prepared, session_id, request_bytes](Reactor::Reply reply,
                                                                  Admission* admission) {
-          Attach(prepared->session, std::move(prepared->queued), admission, request_bytes,
-                 prepared.get());
+          sessions_->Attach(prepared->session, std::move(prepared->queued), admission,
+                            request_bytes, prepared.get());
           prepared->pending->done = [this, reply, session_id](RequestOutcome outcome) {
             v1::AppendResponse response;
             absl::Status result = outcome.status;
@@ -374,7 +258,7 @@ grpc::ServerBidiReactor<v1::AppendRequest, v1::AppendResponse>* SessionServiceIm
             response.set_session_id(session_id);
             reply(std::move(response), result);
           };
-          return manager_.load()->Submit(prepared->session, std::move(prepared->pending));
+          return sessions_->manager()->Submit(prepared->session, std::move(prepared->pending));
         };
         return out;
       });
@@ -386,17 +270,18 @@ grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(grpc::CallbackServerCon
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time received = absl::Now();
   requests_->Received();
+  const CallRef call = CallOf(context, Method::kGetSession);
   absl::Status status;
   const ServedModel* model = nullptr;
-  if (SessionManager* manager = ReadyManager(&status)) {
-    auto session = FindForCaller(manager, context, request->session_id());
+  if (SessionManager* manager = sessions_->ReadyManager(&status)) {
+    auto session = sessions_->FindForCaller(manager, *call, request->session_id());
     status = session.status();
     if (session.ok()) {
       model = (*session)->model->served;
       DescribeSession(manager->Snapshot(**session), response);
     }
   }
-  requests_->Answered(model, Method::kGetSession, status.code(), received);
+  requests_->Answered(model, *call, status, received);
   reactor->Finish(wire::ToGrpcStatus(status));
   return reactor;
 }
@@ -407,10 +292,11 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CloseSession(grpc::CallbackServerC
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time received = absl::Now();
   requests_->Received();
+  const CallRef call = CallOf(context, Method::kCloseSession);
   absl::Status status;
   const ServedModel* model = nullptr;
-  if (SessionManager* manager = ReadyManager(&status)) {
-    auto session = FindForCaller(manager, context, request->session_id());
+  if (SessionManager* manager = sessions_->ReadyManager(&status)) {
+    auto session = sessions_->FindForCaller(manager, *call, request->session_id());
     status = session.status();
     if (session.ok()) {
       model = (*session)->model->served;
@@ -419,7 +305,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CloseSession(grpc::CallbackServerC
       if (freed.ok()) response->set_freed_bytes(*freed);
     }
   }
-  requests_->Answered(model, Method::kCloseSession, status.code(), received);
+  requests_->Answered(model, *call, status, received);
   reactor->Finish(wire::ToGrpcStatus(status));
   return reactor;
 }

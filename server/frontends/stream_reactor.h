@@ -41,9 +41,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/frontends/attention_service.h"
+#include "server/frontends/grpc_call.h"
+#include "server/requests/call_context.h"
 #include "server/requests/identifiers.h"
 #include "server/requests/inflight_budget.h"
+#include "server/requests/request_path.h"
 
 namespace attention::server {
 
@@ -80,15 +82,14 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
     // that learns its exact size only when it runs may grow it.
     std::function<absl::Status(Reply reply, Admission* admission)> submit;
   };
-  // Decodes and validates `request`, which it may keep alive.
-  using Start = std::function<Prepared(std::shared_ptr<Request> request,
-                                       grpc::CallbackServerContext* context)>;
+  // Decodes and validates `request`, which it may keep alive, for the
+  // stream's call.
+  using Start = std::function<Prepared(std::shared_ptr<Request> request, const CallContext& call)>;
 
-  // `service` (for options, metrics and drain) must outlive the reactor (the
-  // server waits for every call).
-  StreamReactor(AttentionServiceImpl* service, grpc::CallbackServerContext* context, Method method,
-                Start start)
-      : service_(service), context_(context), method_(method), start_(std::move(start)) {
+  // `path` (for options, admission, counting and drain) must outlive the
+  // reactor (the server waits for every call).
+  StreamReactor(RequestPath* path, grpc::CallbackServerContext* context, Method method, Start start)
+      : path_(path), call_(CallOf(context, method)), start_(std::move(start)) {
     {
       absl::MutexLock lock(&mu_);
       reading_ = true;
@@ -109,7 +110,7 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
   struct Outgoing {
     Response response;
     const ServedModel* model = nullptr;
-    absl::StatusCode code = absl::StatusCode::kOk;
+    absl::Status status;
     absl::Time received;
     int64_t charge = 0;               // Bytes counted against max_stream_pending_bytes.
     std::shared_ptr<Admission> held;  // Its bytes of the in-flight budget.
@@ -122,14 +123,14 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
   // Queues the response to a request charged `charge` bytes.
   // `admitted` bytes of the service's in-flight budget are released once the
   // response is written or dropped.
-  void Respond(Response response, const ServedModel* model, absl::StatusCode code,
+  void Respond(Response response, const ServedModel* model, const absl::Status& status,
                absl::Time received, int64_t charge, std::shared_ptr<Admission> held);
   // True when another request may be read now.
   bool MayReadLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const ServiceOptions& o = service_->options();
+    const ServiceOptions& o = path_->options();
     // While the server's in-flight budget is spent, a stream holds at most
     // one request: what it reads is refused, and refusals are admitted too.
-    const bool budget_spent = service_->budget().used() >= service_->budget().limit();
+    const bool budget_spent = path_->budget().used() >= path_->budget().limit();
     return !reads_done_ && !broken_ && pending_ < o.max_stream_pending &&
            pending_bytes_ < o.max_stream_pending_bytes && (pending_ == 0 || !budget_spent);
   }
@@ -143,9 +144,8 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
     return false;
   }
 
-  AttentionServiceImpl* const service_;
-  grpc::CallbackServerContext* const context_;
-  const Method method_;
+  RequestPath* const path_;
+  const CallRef call_;  // The stream's call, shared with its requests' work.
   const Start start_;
   std::unique_ptr<Request> incoming_;  // Only the reaction thread touches it.
   absl::Mutex mu_;
@@ -174,12 +174,12 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
     return;
   }
   const absl::Time received = absl::Now();
-  service_->Received();
+  path_->Received();
   auto request = std::shared_ptr<Request>(incoming_.release());
   const std::string id = StreamCodec<Request, Response>::Id(*request);
-  Prepared prepared = start_(request, context_);
+  Prepared prepared = start_(request, *call_);
   const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
-  InflightBudget& budget = service_->budget();
+  InflightBudget& budget = path_->budget();
   std::shared_ptr<Admission> held;  // Of the server-wide in-flight byte budget.
   if (prepared.status.ok()) {
     auto taken = budget.Take(request_bytes + prepared.response_bytes);
@@ -207,7 +207,7 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
     // A failure (an oversized response included) is this request's own
     // error; the stream goes on.
     StreamCodec<Request, Response>::Complete(id, status, &response);
-    Respond(std::move(response), model, status.code(), received, charge, held);
+    Respond(std::move(response), model, status, received, charge, held);
   };
   held.reset();  // The reply holds it now.
   absl::Status status = prepared.status;
@@ -236,10 +236,10 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
 
 template <typename Request, typename Response>
 void StreamReactor<Request, Response>::Respond(Response response, const ServedModel* model,
-                                               absl::StatusCode code, absl::Time received,
+                                               const absl::Status& status, absl::Time received,
                                                int64_t charge, std::shared_ptr<Admission> held) {
-  AttentionServiceImpl* const service = service_;  // `this` may be gone after Finish().
-  const Method method = method_;
+  RequestPath* const path = path_;  // `this` may be gone after Finish().
+  const CallRef call = call_;
   const Response* write = nullptr;
   bool dropped = false, finish = false;
   {
@@ -253,7 +253,7 @@ void StreamReactor<Request, Response>::Respond(Response response, const ServedMo
       Outgoing out;
       out.response = std::move(response);
       out.model = model;
-      out.code = code;
+      out.status = status;
       out.received = received;
       out.charge = charge;
       out.held = std::move(held);
@@ -269,7 +269,7 @@ void StreamReactor<Request, Response>::Respond(Response response, const ServedMo
   if (write != nullptr) this->StartWrite(write);
   if (dropped) {
     held.reset();
-    service->Answered(model, method, code, received);
+    path->Answered(model, *call, status, received);
   }
   if (finish) this->Finish(grpc::Status::OK);
 }
@@ -304,10 +304,11 @@ void StreamReactor<Request, Response>::OnWriteDone(bool ok) {
     if (!reading_ && MayReadLocked()) read_next = reading_ = true;
     finish = ShouldFinishLocked();
   }
-  AttentionServiceImpl* const service = service_;
+  RequestPath* const path = path_;
+  const CallRef call = call_;
   for (Outgoing& o : done) {
     o.held.reset();
-    service->Answered(o.model, method_, o.code, o.received);
+    path->Answered(o.model, *call, o.status, o.received);
   }
   if (next != nullptr) this->StartWrite(next);
   if (read_next) StartNextRead();

@@ -91,6 +91,15 @@ class Admission {
   std::atomic<int64_t> bytes_;
 };
 
+// Whoever keeps a request's Admission until its response is sent: a unary
+// call's reactor, which holds it until the transport is done with the call.
+class AdmissionHolder {
+ public:
+  virtual ~AdmissionHolder() = default;
+  // Keeps `held` until the holder goes. Called at most once, from any thread.
+  virtual void Hold(std::shared_ptr<Admission> held) = 0;
+};
+
 }  // namespace attention::server
 
 #endif  // ATTENTION_SERVER_REQUESTS_INFLIGHT_BUDGET_H_

@@ -20,6 +20,7 @@
 #include "server/batching/batch_runner.h"
 #include "server/batching/model_repository.h"
 #include "server/frontends/attention_service.h"
+#include "server/frontends/grpc_call.h"
 #include "server/metrics/metrics.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/test_util.h"
@@ -42,6 +43,7 @@ constexpr float kMaxComparedMagnitude = 16.0f;
 struct Environment {
   std::unique_ptr<server::Metrics> metrics;
   std::unique_ptr<server::ModelRepository> repository;
+  std::unique_ptr<server::RequestPath> path;
   std::unique_ptr<AttentionServiceImpl> service;
 };
 
@@ -74,8 +76,9 @@ Environment* MakeEnvironment() {
   env->repository = std::move(*repository);
   server::ServiceOptions service_options;
   service_options.max_response_bytes = 1 << 20;  // Small, so the size checks are reached.
-  env->service = std::make_unique<AttentionServiceImpl>(env->metrics.get(), service_options);
-  env->service->SetRepository(env->repository.get());
+  env->path = std::make_unique<server::RequestPath>(env->metrics.get(), service_options);
+  env->path->SetRepository(env->repository.get());
+  env->service = std::make_unique<AttentionServiceImpl>(env->path.get());
   return env;
 }
 
@@ -201,9 +204,10 @@ absl::Status FuzzOneInferRequest(const uint8_t* data, size_t size) {
   }
   grpc::CallbackServerContext context;
   AttentionServiceImpl::Prepared prepared;
-  RETURN_IF_ERROR(env.service->Prepare(*request, request, &context, &prepared));
+  RETURN_IF_ERROR(env.service->Prepare(
+      *request, request, *server::CallOf(&context, server::Method::kInfer), &prepared));
   return Compute(*prepared.model, std::move(prepared.pending),
-                 env.service->options().max_response_bytes);
+                 env.path->options().max_response_bytes);
 }
 
 }  // namespace attention::fuzz

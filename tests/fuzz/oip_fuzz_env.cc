@@ -55,8 +55,7 @@ Environment* MakeEnvironment(const Limits& limits) {
   server::ServiceOptions service_options;
   service_options.max_response_bytes = limits.max_response_bytes;
   service_options.max_inflight_bytes = limits.max_inflight_bytes;
-  env->service =
-      std::make_unique<server::AttentionServiceImpl>(env->metrics.get(), service_options);
+  env->service = std::make_unique<server::RequestPath>(env->metrics.get(), service_options);
   env->service->SetRepository(env->repository.get());
   for (const char* name : {"self", "cross", "wide", "half"}) {
     const MhaSpec& s = env->repository->Find(name)->model->spec();

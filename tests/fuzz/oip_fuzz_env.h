@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "server/batching/model_repository.h"
-#include "server/frontends/attention_service.h"
 #include "server/metrics/metrics.h"
+#include "server/requests/request_path.h"
 #include "tests/fuzz/oip_request_gen.h"
 
 namespace attention::fuzz {
@@ -35,7 +35,7 @@ constexpr Limits kRoomy = {64 << 20, int64_t{1} << 30, 1024, 2048};
 struct Environment {
   std::unique_ptr<server::Metrics> metrics;
   std::unique_ptr<server::ModelRepository> repository;
-  std::unique_ptr<server::AttentionServiceImpl> service;
+  std::unique_ptr<server::RequestPath> service;  // The request path.
   std::vector<OipModelShape> shapes;
 };
 

@@ -1,7 +1,7 @@
 // Open Inference Protocol requests (inference.ModelInferRequest) through
 // the server's own path, as InferenceServiceImpl::ModelInfer takes it:
-// AttentionServiceImpl::Admissible (model lookup), DecodeModelInfer, then
-// for a stateless request AttentionServiceImpl::Finalize (the engine's
+// RequestPath::Admissible (model lookup), DecodeModelInfer, then
+// for a stateless request RequestPath::Finalize (the engine's
 // Validate and the response-size estimate) and Submit (admission and the
 // model's batcher), for a sequence step SequenceSessions::Submit (sessions,
 // PrepareStep, admission, the session queue); the outcome encoded by
@@ -33,12 +33,13 @@
 #include "core/memory_meter.h"
 #include "core/status_macros.h"
 #include "grpcpp/server_context.h"
-#include "server/frontends/attention_service.h"
+#include "server/frontends/grpc_call.h"
 #include "server/frontends/oip_codec.h"
 #include "server/frontends/sequence_sessions.h"
-#include "server/frontends/session_service.h"
 #include "server/requests/identifiers.h"
+#include "server/requests/request_path.h"
 #include "server/sessions/session_manager.h"
+#include "server/sessions/session_path.h"
 #include "tests/fuzz/fuzz_entries.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/fuzz/oip_fuzz_env.h"
@@ -47,8 +48,8 @@
 namespace attention::fuzz {
 namespace {
 
-using server::AttentionServiceImpl;
 using server::RequestOutcome;
+using server::RequestPath;
 
 constexpr absl::Duration kAnswerTimeout = absl::Seconds(20);
 // Identifiers longer than this are not repeated whole in error messages
@@ -105,7 +106,7 @@ class Answers {
 // sees another's sessions (and each is reproducible alone).
 struct Sessions {
   std::unique_ptr<server::SessionManager> manager;
-  std::unique_ptr<server::SessionServiceImpl> service;
+  std::unique_ptr<server::SessionPath> service;
   std::unique_ptr<server::SequenceSessions> sequences;
 };
 
@@ -125,14 +126,15 @@ std::string LongIdentifier(const inference::ModelInferRequest& request) {
 // the request message admitted with it (0 when refused before queuing).
 int64_t Submit(Environment& env, Sessions& sessions, const inference::ModelInferRequest& request,
                grpc::CallbackServerContext* context, size_t i, Answers* answers) {
-  AttentionServiceImpl& service = *env.service;
+  RequestPath& service = *env.service;
+  const server::CallRef call = server::CallOf(context, server::Method::kModelInfer);
   Answer refused;
   refused.echo = LongIdentifier(request);
   // InferenceServiceImpl::Model (private): the version's length, the model;
   // its check of the version's value is not reachable from here.
   const absl::Status version = server::CheckIdentifier(request.model_version(), "model_version");
   const absl::StatusOr<const server::ServedModel*> model =
-      version.ok() ? service.Admissible(context, request.model_name())
+      version.ok() ? service.Admissible(*call, request.model_name())
                    : absl::StatusOr<const server::ServedModel*>(version);
   absl::StatusOr<server::OipRequest> decoded =
       model.ok() ? server::DecodeModelInfer(request) : model.status();
@@ -164,7 +166,7 @@ int64_t Submit(Environment& env, Sessions& sessions, const inference::ModelInfer
   answers->Expect();
   if (sequence) {
     status = sessions.sequences->Submit(
-        context, request, *std::move(decoded), served, nullptr, nullptr,
+        *call, request, *std::move(decoded), served, nullptr, nullptr,
         [answers, i, outputs, timeout, start, label, self_possible, served, max_bytes,
          echo = refused.echo](RequestOutcome outcome) {
           Answer a;
@@ -189,11 +191,11 @@ int64_t Submit(Environment& env, Sessions& sessions, const inference::ModelInfer
           answers->Done(i, std::move(a));
         });
   } else {
-    AttentionServiceImpl::Prepared prepared;
+    RequestPath::Prepared prepared;
     prepared.model = served;
     auto pending = std::make_unique<server::PendingRequest>();
     pending->inputs = std::move(decoded->inputs);
-    status = service.Finalize(std::move(pending), request.id().size(), nullptr, context, &prepared);
+    status = service.Finalize(std::move(pending), request.id().size(), nullptr, *call, &prepared);
     const int64_t estimate = prepared.response_bytes;
     if (status.ok()) {
       status = service.Submit(
@@ -281,10 +283,9 @@ absl::Status FuzzOneOipRequest(const uint8_t* data, size_t size) {
   Sessions sessions;
   sessions.manager =
       std::make_unique<server::SessionManager>(env.repository.get(), env.metrics.get(), options);
-  sessions.service = std::make_unique<server::SessionServiceImpl>(env.service.get());
+  sessions.service = std::make_unique<server::SessionPath>(env.service.get());
   sessions.service->SetManager(sessions.manager.get());
-  sessions.sequences =
-      std::make_unique<server::SequenceSessions>(env.service.get(), sessions.service.get());
+  sessions.sequences = std::make_unique<server::SequenceSessions>(sessions.service.get());
   std::vector<std::unique_ptr<grpc::CallbackServerContext>> contexts;
   Answers answers(requests.size());
   MemoryCheck memory(env);

@@ -1,0 +1,38 @@
+// File: server/requests/call_context.h
+//
+// CallContext: what the request path needs to know of a call, in no
+// protocol's types. A front-end fills one per call (per stream for streams)
+// from its transport (frontends/grpc_call.h for gRPC) and shares it with
+// the work it queues.
+//
+// Immutable once made, so safe to share between threads; held by
+// shared_ptr, it outlives the call's queued work.
+#ifndef ATTENTION_SERVER_REQUESTS_CALL_CONTEXT_H_
+#define ATTENTION_SERVER_REQUESTS_CALL_CONTEXT_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "server/metrics/metrics.h"
+
+namespace attention::server {
+
+struct CallContext {
+  Method method = Method::kInfer;
+  // The call's "authorization" metadata (a bearer token), if it had one.
+  std::optional<std::string> authorization;
+  // The transport's peer address, for logs.
+  std::string peer;
+  // Deadline and cancellation, which the batcher checks while work waits.
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> is_cancelled;  // Optional.
+};
+
+using CallRef = std::shared_ptr<const CallContext>;
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_REQUESTS_CALL_CONTEXT_H_

@@ -1,0 +1,211 @@
+#include "server/requests/request_path.h"
+
+#include <initializer_list>
+#include <iostream>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "core/checked_math.h"
+#include "core/status_macros.h"
+#include "server/batching/batch_runner.h"
+#include "server/requests/identifiers.h"
+
+namespace attention::server {
+namespace {
+
+// a x b x ..., saturating at INT64_MAX instead of overflowing.
+int64_t SaturatingProduct(std::initializer_list<int64_t> factors) {
+  int64_t product = 1;
+  for (int64_t f : factors) {
+    if (!CheckedMul(product, f, &product)) return std::numeric_limits<int64_t>::max();
+  }
+  return product;
+}
+
+}  // namespace
+
+RequestPath::RequestPath(Metrics* metrics, ServiceOptions options, std::ostream* log)
+    : metrics_(metrics),
+      options_(std::move(options)),
+      budget_(options_.max_inflight_bytes, metrics),
+      log_(log != nullptr ? log : &std::cerr) {}
+
+void RequestPath::Bind(const CallContext& call, PendingRequest* pending) {
+  pending->deadline = call.deadline;
+  pending->is_cancelled = call.is_cancelled;
+}
+
+absl::Status RequestPath::CheckResponseSize(const ServedModel& model, const MhaInputs& in,
+                                            const MhaCall& c, size_t id_bytes,
+                                            int64_t* response_bytes) const {
+  const MhaSpec& spec = model.model->spec();
+  const MhaEngine& engine = *model.engine;
+  const int64_t max_working = model.batcher->options().max_working_bytes;
+  const int64_t out_size =
+      static_cast<int64_t>(DTypeSize(in.output_dtype.value_or(in.query.dtype)));
+  const int64_t total_keys = c.keys + spec.extra_keys();
+  const int64_t output_bytes = SaturatingProduct({c.batch, c.queries, spec.embed_dim, out_size});
+  int64_t weights_bytes = 0;
+  if (in.need_weights) {
+    // The batch computes per-head float32 weights whatever the request asks.
+    const int64_t buffer = SaturatingProduct({c.batch, spec.num_heads, c.queries, total_keys, 4});
+    if (buffer > DynamicBatcher::kMaxBatchWeightsBytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("need_weights: computing the attention weights takes ", buffer,
+                       " bytes (batch x heads x queries x keys x 4), over the server's limit of ",
+                       DynamicBatcher::kMaxBatchWeightsBytes));
+    }
+    weights_bytes = SaturatingProduct(
+        {c.batch, in.average_attn_weights ? 1 : spec.num_heads, c.queries, total_keys, out_size});
+  }
+  // Field tags and lengths, shapes, timings: well under this.
+  constexpr int64_t kFramingBytes = 1024;
+  *response_bytes = output_bytes + weights_bytes + kFramingBytes + static_cast<int64_t>(id_bytes);
+  if (*response_bytes > options_.max_response_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("response: would be about ", *response_bytes, " bytes (output ", output_bytes,
+                     ", attn_weights ", weights_bytes, "), over the server's max_message_bytes ",
+                     options_.max_response_bytes));
+  }
+  const int64_t working =
+      BatchWorkingBytes(engine, c.batch, c.queries, c.keys, c.self_attention, in.need_weights);
+  if (working > max_working) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request: computing it takes about ", working,
+                     " bytes of working memory (padded inputs, projections, attention buffers",
+                     in.need_weights ? ", weights" : "", "), over the server's limit of ",
+                     max_working, " per batch; send fewer or shorter sequences"));
+  }
+  return absl::OkStatus();
+}
+
+void RequestPath::SetRepository(const ModelRepository* repository) {
+  repository_.store(repository);
+}
+
+void RequestPath::StartDraining() { draining_.store(true); }
+
+bool RequestPath::WaitIdle(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return inflight_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
+void RequestPath::Received() {
+  metrics_->inflight_requests().Increment();
+  absl::MutexLock lock(&mu_);
+  ++inflight_;
+}
+
+void RequestPath::Answered(const ServedModel* model, const CallContext& call,
+                           const absl::Status& status, absl::Time received) {
+  const Method method = call.method;
+  if (model != nullptr) {
+    model->metrics->CountRequest(method, status.code());
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - received);
+    if (method == Method::kInfer || method == Method::kInferStream ||
+        method == Method::kModelInfer || method == Method::kModelStreamInfer) {
+      model->metrics->request_duration->Observe(seconds);
+    } else if (method == Method::kAppend || method == Method::kSessionStream) {
+      model->metrics->append_duration->Observe(seconds);
+    }
+  }
+  if (!status.ok()) {
+    log_.Failed(method, model != nullptr ? model->name : "", CallerName(call), call.peer, status);
+  }
+  metrics_->inflight_requests().Decrement();
+  absl::MutexLock lock(&mu_);
+  --inflight_;
+}
+
+std::string RequestPath::CallerName(const CallContext& call) const {
+  if (options_.authenticator == nullptr) return "-";
+  if (!call.authorization) return "(no token)";
+  // Only for a logged failure: hashing the token again is cheap enough.
+  const absl::string_view value = *call.authorization;
+  auto principal = options_.authenticator->Authenticate(&value);
+  return principal.ok() && *principal != nullptr ? (*principal)->name : "(unknown token)";
+}
+
+absl::StatusOr<std::shared_ptr<const Principal>> RequestPath::Authenticate(
+    const CallContext& call) const {
+  if (options_.authenticator == nullptr) return nullptr;
+  absl::string_view value;
+  if (call.authorization) value = *call.authorization;
+  auto principal = options_.authenticator->Authenticate(call.authorization ? &value : nullptr);
+  if (!principal.ok()) metrics_->CountRefusal(principal.status().code());
+  return principal;
+}
+
+absl::StatusOr<const ServedModel*> RequestPath::FindModel(const Principal* principal,
+                                                          const std::string& name) const {
+  const ModelRepository* repository = repository_.load();
+  if (repository == nullptr) return absl::UnavailableError("server is not ready yet");
+  RETURN_IF_ERROR(CheckIdentifier(name, "model"));
+  if (name.empty() && principal != nullptr && !principal->all_models) {
+    // The default among the caller's own models (the server's default when
+    // it may use that, else its first served model by name), so that a
+    // refusal never names a model the caller may not know of.
+    const ServedModel* fallback = repository->Find(name);
+    if (fallback != nullptr && principal->MayUse(fallback->name)) return fallback;
+    for (const ServedModel* m : repository->models()) {
+      if (principal->MayUse(m->name)) return m;
+    }
+    metrics_->CountRefusal(absl::StatusCode::kPermissionDenied);
+    return absl::PermissionDeniedError(
+        absl::StrCat("model: caller '", principal->name, "' may use no served model"));
+  }
+  const ServedModel* model = repository->Find(name);
+  const std::string& shown = model != nullptr ? model->name : name;
+  if (principal != nullptr && !principal->MayUse(shown) &&
+      (model != nullptr || !principal->all_models)) {
+    metrics_->CountRefusal(absl::StatusCode::kPermissionDenied);
+    return absl::PermissionDeniedError(absl::StrCat("model: caller '", principal->name,
+                                                    "' may not use model '", Shown(shown), "'"));
+  }
+  if (model == nullptr) {
+    return absl::NotFoundError(absl::StrCat("model: '", Shown(name), "' is not served"));
+  }
+  return model;
+}
+
+absl::Status RequestPath::Admit(int64_t bytes) { return budget_.Admit(bytes); }
+
+void RequestPath::Release(int64_t bytes) { budget_.Release(bytes); }
+
+absl::StatusOr<const ServedModel*> RequestPath::Admissible(
+    const CallContext& call, const std::string& model, std::shared_ptr<const Principal>* caller) {
+  if (repository_.load() == nullptr) return absl::UnavailableError("server is not ready yet");
+  if (draining_.load()) return absl::UnavailableError("server is shutting down");
+  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, Authenticate(call));
+  if (caller != nullptr) *caller = principal;
+  return FindModel(principal.get(), model);
+}
+
+absl::Status RequestPath::Finalize(std::unique_ptr<PendingRequest> pending, size_t id_bytes,
+                                   std::shared_ptr<const void> keep_alive, const CallContext& call,
+                                   Prepared* prepared) {
+  ASSIGN_OR_RETURN(pending->call, prepared->model->engine->Validate(pending->inputs));
+  RETURN_IF_ERROR(CheckResponseSize(*prepared->model, pending->inputs, pending->call, id_bytes,
+                                    &prepared->response_bytes));
+  pending->keep_alive = std::move(keep_alive);
+  Bind(call, pending.get());
+  prepared->pending = std::move(pending);
+  return absl::OkStatus();
+}
+
+absl::Status RequestPath::Submit(Prepared& prepared, int64_t request_bytes,
+                                 std::function<void(RequestOutcome)> done,
+                                 AdmissionHolder* holder) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Admission> held,
+                   budget_.Take(request_bytes + prepared.response_bytes));
+  // Held until the response is sent (by the holder) or answered.
+  prepared.pending->done = [held, holder, done = std::move(done)](RequestOutcome outcome) mutable {
+    if (holder != nullptr) holder->Hold(std::move(held));
+    held.reset();
+    done(std::move(outcome));
+  };
+  return prepared.model->batcher->Enqueue(std::move(prepared.pending));
+}
+
+}  // namespace attention::server
