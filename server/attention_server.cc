@@ -15,6 +15,7 @@
 #include "server/frontends/reflection_service.h"
 #include "server/frontends/sequence_sessions.h"
 #include "server/metrics/process_metrics.h"
+#include "server/sessions/session_batch_runner.h"
 
 #ifndef ATTENTION_VERSION
 #define ATTENTION_VERSION "dev"
@@ -171,6 +172,7 @@ absl::Status AttentionServer::LoadModels() {
   ASSIGN_OR_RETURN(repository_, ModelRepository::Load(r, metrics_.get()));
   sessions_ =
       std::make_unique<SessionManager>(repository_.get(), metrics_.get(), options_.sessions);
+  InstallSessionRunners(*sessions_, *repository_);
   session_path_->SetManager(sessions_.get());
   requests_->SetRepository(repository_.get());
   SetHealth(true);

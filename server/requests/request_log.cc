@@ -1,7 +1,6 @@
 #include "server/requests/request_log.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 
 namespace attention::server {
 namespace {
@@ -47,7 +46,7 @@ absl::string_view RequestLog::MethodPath(Method method) {
 
 void RequestLog::Failed(Method method, absl::string_view model, absl::string_view caller,
                         absl::string_view peer, const absl::Status& status) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_();
   int64_t held_back = 0;
   {
     absl::MutexLock lock(&mu_);

@@ -16,6 +16,7 @@
 #define ATTENTION_SERVER_REQUESTS_REQUEST_LOG_H_
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 
@@ -23,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/metrics/metrics.h"
 
@@ -30,8 +32,10 @@ namespace attention::server {
 
 class RequestLog {
  public:
-  explicit RequestLog(std::ostream* out, int lines_per_second = 10)
-      : out_(out), lines_per_second_(lines_per_second) {}
+  // `clock` tells the time (tests pass their own).
+  explicit RequestLog(std::ostream* out, int lines_per_second = 10,
+                      std::function<absl::Time()> clock = absl::Now)
+      : out_(out), lines_per_second_(lines_per_second), clock_(std::move(clock)) {}
 
   RequestLog(const RequestLog&) = delete;
   RequestLog& operator=(const RequestLog&) = delete;
@@ -50,6 +54,7 @@ class RequestLog {
  private:
   std::ostream* const out_;
   const int lines_per_second_;
+  const std::function<absl::Time()> clock_;
   mutable absl::Mutex mu_;
   absl::Time window_start_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int lines_in_window_ ABSL_GUARDED_BY(mu_) = 0;

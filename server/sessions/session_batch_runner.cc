@@ -94,26 +94,6 @@ absl::Status Admit(SessionManager& manager, SessionModel& model, const PendingRe
 
 }  // namespace
 
-int64_t AppendResponseBytes(const MhaSpec& spec, int64_t tokens, int64_t columns, DType out_dtype,
-                            bool need_weights, bool average_weights, int64_t id_bytes) {
-  const int64_t out_size = static_cast<int64_t>(DTypeSize(out_dtype));
-  int64_t bytes = tokens * spec.embed_dim * out_size + kResponseFramingBytes + id_bytes;
-  if (need_weights) bytes += (average_weights ? 1 : spec.num_heads) * tokens * columns * out_size;
-  return bytes;
-}
-
-int64_t AppendWorkingBytes(const SessionEngine& engine, int64_t tokens, int64_t columns,
-                           DType out_dtype, bool need_weights, bool average_weights) {
-  const MhaSpec& spec = engine.spec();
-  const int64_t f32 = static_cast<int64_t>(sizeof(float));
-  int64_t bytes = engine.StepWorkingBytes(tokens, columns, need_weights, average_weights);
-  if (out_dtype != DType::kFloat32) bytes += tokens * spec.embed_dim * f32;
-  if (need_weights && out_dtype != DType::kFloat32) {
-    bytes += (average_weights ? 1 : spec.num_heads) * tokens * columns * f32;
-  }
-  return bytes;
-}
-
 std::vector<RequestOutcome> RunSessionBatch(
     SessionManager& manager, SessionModel& model,
     const std::vector<std::unique_ptr<PendingRequest>>& batch, BatchStats* stats) {
@@ -223,6 +203,18 @@ std::vector<RequestOutcome> RunSessionBatch(
     model.served->metrics->session_tokens->Increment(static_cast<double>(t));
   }
   return outcomes;
+}
+
+void InstallSessionRunners(SessionManager& manager, const ModelRepository& repository) {
+  for (const ServedModel* served : repository.models()) {
+    SessionModel* model = manager.model(served);
+    if (model == nullptr) continue;
+    served->batcher->SetSessionRunner(
+        [&manager, model](const std::vector<std::unique_ptr<PendingRequest>>& batch,
+                          BatchStats* stats) {
+          return RunSessionBatch(manager, *model, batch, stats);
+        });
+  }
 }
 
 }  // namespace attention::server

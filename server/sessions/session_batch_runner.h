@@ -23,22 +23,15 @@
 
 #include "server/batching/batch_runner.h"
 #include "server/batching/pending_request.h"
+#include "server/sessions/append_size.h"
 #include "server/sessions/session_manager.h"
 
 namespace attention::server {
 
-// Field tags and lengths, shapes, timings of a response: well under this.
-inline constexpr int64_t kResponseFramingBytes = 1024;
-
-// The size of an append's response, at most: output (T, E) and, when asked,
-// weights over `columns` keys, in `out_dtype`, with framing and `id_bytes`.
-int64_t AppendResponseBytes(const MhaSpec& spec, int64_t tokens, int64_t columns, DType out_dtype,
-                            bool need_weights, bool average_weights, int64_t id_bytes);
-
-// An upper bound on what computing an append allocates besides its
-// response: the engine's working memory and this runner's float32 buffers.
-int64_t AppendWorkingBytes(const SessionEngine& engine, int64_t tokens, int64_t columns,
-                           DType out_dtype, bool need_weights, bool average_weights);
+// Makes every model's batcher run its session work with RunSessionBatch on
+// `manager`; once, right after the manager is made, before any session
+// work is queued. `manager` must outlive the batchers' use of it.
+void InstallSessionRunners(SessionManager& manager, const ModelRepository& repository);
 
 std::vector<RequestOutcome> RunSessionBatch(
     SessionManager& manager, SessionModel& model,

@@ -7,7 +7,6 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "server/batching/pending_request.h"
-#include "server/sessions/session_batch_runner.h"
 
 namespace attention::server {
 
@@ -31,11 +30,6 @@ SessionManager::SessionManager(const ModelRepository* repository, Metrics* metri
     m->max_sessions = config.max_sessions.value_or(options_.max_sessions);
     m->max_session_tokens = config.max_session_tokens.value_or(options_.max_session_tokens);
     m->ttl = config.session_ttl_s ? absl::Seconds(*config.session_ttl_s) : options_.ttl;
-    SessionModel* raw = m.get();
-    served->batcher->SetSessionRunner(
-        [this, raw](const std::vector<std::unique_ptr<PendingRequest>>& batch, BatchStats* stats) {
-          return RunSessionBatch(*this, *raw, batch, stats);
-        });
     models_[served] = std::move(m);
   }
   metrics_->session_memory_capacity_bytes().Set(static_cast<double>(budget_.capacity()));

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "server/requests/identifiers.h"
-#include "server/sessions/session_batch_runner.h"
+#include "server/sessions/append_size.h"
 
 namespace attention::server {
 

@@ -38,6 +38,7 @@
 #include "server/frontends/sequence_sessions.h"
 #include "server/requests/identifiers.h"
 #include "server/requests/request_path.h"
+#include "server/sessions/session_batch_runner.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_path.h"
 #include "tests/fuzz/fuzz_entries.h"
@@ -283,6 +284,7 @@ absl::Status FuzzOneOipRequest(const uint8_t* data, size_t size) {
   Sessions sessions;
   sessions.manager =
       std::make_unique<server::SessionManager>(env.repository.get(), env.metrics.get(), options);
+  server::InstallSessionRunners(*sessions.manager, *env.repository);
   sessions.service = std::make_unique<server::SessionPath>(env.service.get());
   sessions.service->SetManager(sessions.manager.get());
   sessions.sequences = std::make_unique<server::SequenceSessions>(sessions.service.get());
