@@ -15,6 +15,7 @@
 #include "server/frontends/reflection_service.h"
 #include "server/frontends/sequence_sessions.h"
 #include "server/metrics/process_metrics.h"
+#include "server/port_probe.h"
 #include "server/sessions/session_batch_runner.h"
 
 #ifndef ATTENTION_VERSION
@@ -34,6 +35,11 @@ AttentionServer::AttentionServer(const ServerOptions& options)
 
 absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
     const ServerOptions& options) {
+  // Busy ports are one clear line, before anything starts or is announced.
+  RETURN_IF_ERROR(CheckPortFree(options.host, options.port, "port"));
+  if (options.metrics_port > 0) {
+    RETURN_IF_ERROR(CheckPortFree(options.host, options.metrics_port, "metrics_port"));
+  }
   auto s = std::unique_ptr<AttentionServer>(new AttentionServer(options));
   if (options.metrics_port > 0) {
     const std::string address = absl::StrCat(options.host, ":", options.metrics_port);

@@ -30,6 +30,7 @@
 #include "server/attention_server.h"
 #include "server/memory_limit.h"
 #include "server/memory_plan.h"
+#include "server/port_probe.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on for gRPC and metrics.");
 ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one and print it).");
@@ -158,6 +159,14 @@ int Run() {
                              ? absl::GetFlag(FLAGS_threads)
                              : static_cast<int>(std::thread::hardware_concurrency());
   repo.warmup = absl::GetFlag(FLAGS_warmup);
+  // A busy port is one line, before the plan's table or anything else.
+  for (const auto& [port, flag] :
+       {std::pair{options.port, "port"}, std::pair{options.metrics_port, "metrics_port"}}) {
+    if (const absl::Status free = CheckPortFree(options.host, port, flag); !free.ok()) {
+      std::cerr << free.message() << "\n";
+      return 1;
+    }
+  }
   // Every memory budget from one plan (see MemoryPlan), logged as a table.
   MemoryPlanInputs plan_inputs;
   if (absl::GetFlag(FLAGS_memory_limit_bytes) > 0) {

@@ -4,11 +4,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <cstdio>
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_split.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "core/mha_engine.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server_test_util.h"
 #include "tests/test_util.h"
@@ -18,6 +21,8 @@ namespace {
 
 using ::attention::testing::FromProto;
 using ::attention::testing::ToProto;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(ServerProcessTest, SigtermDrainsAcceptedRequestsAndExitsZero) {
   testing::ServerProcess server(ATTENTION_SERVER_BINARY, {"--drain_timeout_s=20"});
@@ -77,6 +82,27 @@ TEST(ServerProcessTest, SigtermDrainsAcceptedRequestsAndExitsZero) {
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_EQ(unexpected.load(), 0);
   EXPECT_GT(refused.load(), 0) << "the clients never saw the server stop";
+}
+
+// A second server on a busy port says so in one line naming the flag, before
+// it starts anything or announces its metrics URL, and exits non-zero.
+TEST(ServerProcessTest, ABusyPortIsOneLineBeforeAnythingStarts) {
+  testing::ServerProcess first(ATTENTION_SERVER_BINARY, {});
+  ASSERT_TRUE(first.ok());
+  const std::string command = std::string(ATTENTION_SERVER_BINARY) + " --host=" + first.host() +
+                              " --port=" + std::to_string(first.port()) +
+                              " --metrics_port=" + std::to_string(testing::FreePort()) + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, n);
+  const int status = pclose(pipe);
+  EXPECT_NE(status, 0);
+  const std::vector<std::string> lines = absl::StrSplit(output, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 1u) << output;
+  EXPECT_THAT(lines[0], HasSubstr("--port " + std::to_string(first.port()) + ": cannot listen on"));
+  EXPECT_THAT(output, Not(HasSubstr("metrics on")));
 }
 
 }  // namespace
