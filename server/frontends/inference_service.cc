@@ -216,8 +216,9 @@ InferenceServiceImpl::ModelStreamInfer(grpc::CallbackServerContext* context) {
       [this](std::shared_ptr<inference::ModelInferRequest> request, const CallContext& call) {
         Reactor::Prepared out;
         auto prepared = std::make_shared<RequestPath::Prepared>();
+        std::shared_ptr<const Principal> caller;
         absl::StatusOr<const ServedModel*> model =
-            Model(call, request->model_name(), request->model_version());
+            Model(call, request->model_name(), request->model_version(), &caller);
         absl::StatusOr<OipRequest> decoded =
             model.ok() ? DecodeModelInfer(*request) : absl::StatusOr<OipRequest>(model.status());
         out.model = model.ok() ? *model : nullptr;
@@ -225,9 +226,33 @@ InferenceServiceImpl::ModelStreamInfer(grpc::CallbackServerContext* context) {
         if (out.status.ok()) out.status = CheckIdentifier(request->id(), "id");
         if (!out.status.ok()) return out;
         if (decoded->sequence_id) {
-          out.status = absl::UnimplementedError(
-              "parameters['sequence_id']: sequences are served by ModelInfer; on "
-              "ModelStreamInfer send each step as its own request");
+          // A sequence's steps on one stream are queued in the order read.
+          if (sequences_ == nullptr) {
+            out.status =
+                absl::UnimplementedError("parameters['sequence_id']: this server has no sessions");
+            return out;
+          }
+          const std::vector<OipOutput> outputs = decoded->outputs;
+          auto step = sequences_->Prepare(call, *request, *std::move(decoded), out.model,
+                                          caller.get(), request);
+          out.status = step.status();
+          if (!step.ok()) return out;
+          out.response_bytes = SequenceSessions::ResponseBytes(**step);
+          const int64_t max_bytes = requests_->options().max_response_bytes;
+          const ServedModel* served = out.model;
+          out.submit = [this, step = *std::move(step), outputs, max_bytes, served, request](
+                           Reactor::Reply reply, Admission* admission) {
+            return sequences_->Commit(
+                step, admission,
+                [reply, outputs, max_bytes, served, request](RequestOutcome outcome) {
+                  inference::ModelStreamInferResponse response;
+                  absl::Status result = outcome.status;
+                  inference::ModelInferResponse* infer = response.mutable_infer_response();
+                  Label(*request, served, infer);
+                  if (result.ok()) result = EncodeModelInfer(outcome, outputs, max_bytes, infer);
+                  reply(std::move(response), result);
+                });
+          };
           return out;
         }
         const std::vector<OipOutput> outputs = decoded->outputs;

@@ -104,10 +104,23 @@ void SequenceSessions::Started(const Key& key, const std::string& session_id, bo
   if (!to_close.empty() && manager != nullptr) (void)manager->Close(to_close);
 }
 
-absl::Status SequenceSessions::Submit(
+struct SequenceSessions::Step {
+  Key key;
+  const ServedModel* model = nullptr;
+  std::string owner;                 // The caller's Principal::id; empty without tokens.
+  std::shared_ptr<Session> session;  // Null until Commit for a start.
+  std::shared_ptr<void> queued;      // The step's tokens in its session's queue.
+  SessionPath::PreparedAppend prepared;
+  int64_t tokens = 0;
+  int64_t request_bytes = 0;
+  bool batched = false, start = false, end = false;
+};
+
+int64_t SequenceSessions::ResponseBytes(const Step& step) { return step.prepared.response_bytes; }
+
+absl::StatusOr<std::shared_ptr<SequenceSessions::Step>> SequenceSessions::Prepare(
     const CallContext& call, const inference::ModelInferRequest& request, OipRequest decoded,
-    const ServedModel* model, const Principal* caller, std::shared_ptr<const void> keep_alive,
-    std::function<void(RequestOutcome)> done, AdmissionHolder* holder) {
+    const ServedModel* model, const Principal* caller, std::shared_ptr<const void> keep_alive) {
   SessionManager* manager = sessions_->manager();
   if (manager == nullptr) return absl::UnavailableError("server is not ready yet");
   const MhaInputs& in = decoded.inputs;
@@ -133,34 +146,43 @@ absl::Status SequenceSessions::Submit(
   step.output_dtype = in.output_dtype;
   step.id_bytes = request.id().size();
 
-  const Key key(caller != nullptr ? caller->id : "", model->name, *decoded.sequence_id);
+  auto out = std::make_shared<Step>();
+  out->owner = caller != nullptr ? caller->id : "";
+  out->key = Key(out->owner, model->name, *decoded.sequence_id);
+  out->model = model;
+  out->batched = batched;
+  out->start = decoded.sequence_start;
+  out->end = decoded.sequence_end;
+  out->request_bytes = static_cast<int64_t>(request.ByteSizeLong());
   SessionModel* session_model = manager->model(model);
   if (session_model == nullptr) {
     return absl::FailedPreconditionError("model: serves no sessions, so no sequences");
   }
   // A start is validated and admitted before its session exists.
-  std::shared_ptr<Session> session;
-  std::shared_ptr<void> queued;  // The step's tokens in its session's queue.
   int64_t held_keys = 0;
-  if (!decoded.sequence_start) {
-    ASSIGN_OR_RETURN(session, Find(key));
-    held_keys = SessionPath::HeldKeys(session, step.tokens.dim(0), &queued);
+  if (step.tokens.rank() == 2) out->tokens = step.tokens.dim(0);
+  if (!out->start) {
+    ASSIGN_OR_RETURN(out->session, Find(out->key));
+    held_keys = SessionPath::HeldKeys(out->session, out->tokens, &out->queued);
   }
-  SessionPath::PreparedAppend prepared;
   RETURN_IF_ERROR(sessions_->PrepareStep(step, *session_model, /*cross=*/false, held_keys,
-                                         std::move(keep_alive), call, &prepared));
+                                         std::move(keep_alive), call, &out->prepared));
   if (decoded.timeout) {
-    prepared.pending->deadline =
-        std::min(prepared.pending->deadline, absl::Now() + *decoded.timeout);
+    out->prepared.pending->deadline =
+        std::min(out->prepared.pending->deadline, absl::Now() + *decoded.timeout);
   }
-  const int64_t request_bytes = static_cast<int64_t>(request.ByteSizeLong());
-  ASSIGN_OR_RETURN(std::shared_ptr<Admission> held,
-                   sessions_->requests().budget().Take(request_bytes + prepared.response_bytes));
-  const bool start = decoded.sequence_start;
-  if (start) {
-    const std::string owner = caller != nullptr ? caller->id : "";
-    auto created =
-        manager->Create(model, /*cross=*/false, /*is_causal=*/true, absl::ZeroDuration(), owner);
+  return out;
+}
+
+absl::Status SequenceSessions::Commit(const std::shared_ptr<Step>& step, Admission* admission,
+                                      std::function<void(RequestOutcome)> done) {
+  SessionManager* manager = sessions_->manager();
+  if (manager == nullptr) return absl::UnavailableError("server is not ready yet");
+  const Key& key = step->key;
+  std::shared_ptr<Session> session = step->session;
+  if (step->start) {
+    auto created = manager->Create(step->model, /*cross=*/false, /*is_causal=*/true,
+                                   absl::ZeroDuration(), step->owner);
     if (created.status().code() == absl::StatusCode::kResourceExhausted) {
       // At a session limit a restart takes its own sequence's slot (it can
       // then not go back to it if its step fails).
@@ -168,21 +190,20 @@ absl::Status SequenceSessions::Submit(
       if (live.ok()) {
         (void)manager->Close((*live)->id);
         Forget(key, (*live)->id);
-        created = manager->Create(model, /*cross=*/false, /*is_causal=*/true, absl::ZeroDuration(),
-                                  owner);
+        created = manager->Create(step->model, /*cross=*/false, /*is_causal=*/true,
+                                  absl::ZeroDuration(), step->owner);
       }
     }
     ASSIGN_OR_RETURN(session, std::move(created));
     Start(key, session->id);
-    SessionPath::HeldKeys(session, step.tokens.dim(0), &queued);
+    SessionPath::HeldKeys(session, step->tokens, &step->queued);
   }
-  sessions_->Attach(session, std::move(queued), held.get(), request_bytes, &prepared);
-  const bool end = decoded.sequence_end;
+  SessionPath::PreparedAppend& prepared = step->prepared;
+  sessions_->Attach(session, std::move(step->queued), admission, step->request_bytes, &prepared);
+  const bool batched = step->batched, start = step->start, end = step->end;
   const std::string session_id = session->id;
-  prepared.pending->done = [this, held, holder, batched, start, end, key, session_id,
+  prepared.pending->done = [this, batched, start, end, key, session_id,
                             done = std::move(done)](RequestOutcome outcome) mutable {
-    if (holder != nullptr) holder->Hold(std::move(held));  // Until the response is sent.
-    held.reset();
     if (batched) {  // Shaped like the stateless call's results.
       outcome.output.shape.insert(outcome.output.shape.begin(), 1);
       if (outcome.attn_weights) {
@@ -203,6 +224,25 @@ absl::Status SequenceSessions::Submit(
   const absl::Status submitted = manager->Submit(session, std::move(prepared.pending));
   if (!submitted.ok() && start) Started(key, session_id, /*ok=*/false);
   return submitted;
+}
+
+absl::Status SequenceSessions::Submit(
+    const CallContext& call, const inference::ModelInferRequest& request, OipRequest decoded,
+    const ServedModel* model, const Principal* caller, std::shared_ptr<const void> keep_alive,
+    std::function<void(RequestOutcome)> done, AdmissionHolder* holder) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Step> step, Prepare(call, request, std::move(decoded), model,
+                                                       caller, std::move(keep_alive)));
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<Admission> held,
+      sessions_->requests().budget().Take(step->request_bytes + step->prepared.response_bytes));
+  Admission* admission = held.get();
+  return Commit(step, admission,
+                [held, holder, done = std::move(done)](RequestOutcome outcome) mutable {
+                  // Until the response is sent.
+                  if (holder != nullptr) holder->Hold(std::move(held));
+                  held.reset();
+                  done(std::move(outcome));
+                });
 }
 
 }  // namespace attention::server

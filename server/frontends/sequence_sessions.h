@@ -37,18 +37,39 @@ class SequenceSessions {
   // `sessions` (and its request path) must outlive it.
   explicit SequenceSessions(SessionPath* sessions);
 
+  // A sequence step decoded and validated (its session found, unless it
+  // starts the sequence), not yet admitted: see Prepare and Commit.
+  struct Step;
+
   // Appends the query of `decoded` (a request of sequence
   // decoded.sequence_id to `model`, by `caller`, null without
-  // authentication) to the sequence's session. OK: queued, and `done` will
-  // be called with the outcome (output and weights shaped like a stateless
-  // call's: [1, T, E] for a [1, T, E] query). Errors: INVALID_ARGUMENT
-  // (inputs other than the query, a batch of more than one, another model
-  // than the sequence's), NOT_FOUND (no live session: not started, ended,
-  // expired or evicted), and those of session appends.
+  // authentication) to the sequence's session: Prepare, the in-flight
+  // admission (held by `holder` until the response is sent, when given),
+  // then Commit. OK: queued, and `done` will be called with the outcome
+  // (output and weights shaped like a stateless call's: [1, T, E] for a
+  // [1, T, E] query). Errors: INVALID_ARGUMENT (inputs other than the
+  // query, a batch of more than one), NOT_FOUND (no live session: not
+  // started, ended, expired or evicted), RESOURCE_EXHAUSTED, and those of
+  // session appends.
   absl::Status Submit(const CallContext& call, const inference::ModelInferRequest& request,
                       OipRequest decoded, const ServedModel* model, const Principal* caller,
                       std::shared_ptr<const void> keep_alive,
                       std::function<void(RequestOutcome)> done, AdmissionHolder* holder = nullptr);
+
+  // The first half of Submit, for callers that admit the step themselves
+  // (a stream): validates it and sizes its response (Step::response_bytes).
+  // `keep_alive` owns the request's bytes.
+  absl::StatusOr<std::shared_ptr<Step>> Prepare(const CallContext& call,
+                                                const inference::ModelInferRequest& request,
+                                                OipRequest decoded, const ServedModel* model,
+                                                const Principal* caller,
+                                                std::shared_ptr<const void> keep_alive);
+  // The second half: starts the sequence's session if the step starts it,
+  // and queues the step, its request and response held by `admission`
+  // (grown when the exact response is larger). Once per step.
+  absl::Status Commit(const std::shared_ptr<Step>& step, Admission* admission,
+                      std::function<void(RequestOutcome)> done);
+  static int64_t ResponseBytes(const Step& step);
 
   // Sequences with a live mapping (for tests and metrics).
   size_t size() const;
