@@ -13,6 +13,15 @@ namespace attention::server {
 
 absl::Status CheckPortFree(const std::string& host, int port, absl::string_view flag) {
   if (port == 0) return absl::OkStatus();
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " ", port, ": expected a TCP port, 0 to 65535"));
+  }
+  // gRPC writes IPv6 hosts in brackets ("[::1]"); getaddrinfo takes them bare.
+  std::string bare = host;
+  if (bare.size() >= 2 && bare.front() == '[' && bare.back() == ']') {
+    bare = bare.substr(1, bare.size() - 2);
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -20,7 +29,7 @@ absl::Status CheckPortFree(const std::string& host, int port, absl::string_view 
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
   const int rc =
-      getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+      getaddrinfo(bare.empty() ? nullptr : bare.c_str(), service.c_str(), &hints, &found);
   if (rc != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--host ", host, ": cannot resolve it (", gai_strerror(rc), ")"));

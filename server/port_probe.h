@@ -16,8 +16,10 @@
 namespace attention::server {
 
 // OK when `host`:`port` can be bound now (or `port` is 0: any free port).
+// `host` as gRPC takes it: a name, an IPv4 address or a bracketed IPv6 one.
 // UNAVAILABLE "--<flag> <port>: cannot listen on <host>:<port>: in use ..." when
-// another process holds it; INVALID_ARGUMENT when `host` does not resolve.
+// another process holds it; INVALID_ARGUMENT when `host` does not resolve
+// or `port` is not 0 to 65535.
 absl::Status CheckPortFree(const std::string& host, int port, absl::string_view flag);
 
 }  // namespace attention::server

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -162,6 +163,7 @@ int Run() {
   // A busy port is one line, before the plan's table or anything else.
   for (const auto& [port, flag] :
        {std::pair{options.port, "port"}, std::pair{options.metrics_port, "metrics_port"}}) {
+    if (port < 0 && std::string_view(flag) == "metrics_port") continue;  // Metrics off.
     if (const absl::Status free = CheckPortFree(options.host, port, flag); !free.ok()) {
       std::cerr << free.message() << "\n";
       return 1;

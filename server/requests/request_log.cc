@@ -50,7 +50,8 @@ void RequestLog::Failed(Method method, absl::string_view model, absl::string_vie
   int64_t held_back = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (now - window_start_ >= absl::Seconds(1)) {
+    // A new window each second, or when the clock was set back.
+    if (now < window_start_ || now - window_start_ >= absl::Seconds(1)) {
       window_start_ = now;
       lines_in_window_ = 0;
     }
