@@ -303,6 +303,9 @@ void DynamicBatcher::Execute(std::vector<std::unique_ptr<PendingRequest>> batch)
   }
   metrics_->compute_duration->Observe(absl::ToDoubleSeconds(compute));
   metrics_->batch_size->Observe(static_cast<double>(batch.size()));
+  uint64_t items = 0;
+  for (const auto& r : batch) items += static_cast<uint64_t>(r->call.batch);
+  metrics_->stats->Executed(batch.size(), items, compute, start + compute);
   metrics_->padding_ratio->Observe(static_cast<double>(stats.padded_tokens) /
                                    static_cast<double>(stats.real_tokens));
   metrics_->tokens->Increment(static_cast<double>(stats.real_tokens));
@@ -311,6 +314,7 @@ void DynamicBatcher::Execute(std::vector<std::unique_ptr<PendingRequest>> batch)
     outcomes[i].queue_us = absl::ToInt64Microseconds(start - batch[i]->enqueued);
     outcomes[i].compute_us = absl::ToInt64Microseconds(compute);
     metrics_->queue_duration->Observe(absl::ToDoubleSeconds(start - batch[i]->enqueued));
+    metrics_->stats->Queued(start - batch[i]->enqueued);
     batch[i]->done(std::move(outcomes[i]));
   }
 }

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
 #include "server/frontends/admitted_reactor.h"
 #include "server/frontends/grpc_call.h"
+#include "server/frontends/oip_model_info.h"
 #include "server/frontends/sequence_sessions.h"
 #include "server/requests/identifiers.h"
 
@@ -33,9 +35,20 @@ InferenceServiceImpl::InferenceServiceImpl(RequestPath* requests, SequenceSessio
 
 absl::StatusOr<const ServedModel*> InferenceServiceImpl::Model(
     const CallContext& call, const std::string& name, const std::string& version,
-    std::shared_ptr<const Principal>* caller) {
+    std::shared_ptr<const Principal>* caller, bool* stateful) {
   RETURN_IF_ERROR(CheckIdentifier(version, "model_version"));
-  ASSIGN_OR_RETURN(const ServedModel* model, requests_->Admissible(call, name, caller));
+  absl::StatusOr<const ServedModel*> found = requests_->Admissible(call, name, caller);
+  const bool unknown = found.status().code() == absl::StatusCode::kNotFound ||
+                       found.status().code() == absl::StatusCode::kPermissionDenied;
+  if (unknown && sequences_ != nullptr && absl::EndsWith(name, kSequenceSuffix)) {
+    auto base =
+        requests_->Admissible(call, name.substr(0, name.size() - kSequenceSuffix.size()), caller);
+    if (base.ok()) {
+      found = base;
+      if (stateful != nullptr) *stateful = true;
+    }
+  }
+  ASSIGN_OR_RETURN(const ServedModel* model, std::move(found));
   if (!version.empty() && version != kModelVersion) {
     return absl::NotFoundError(absl::StrCat("model_version: model '", model->name,
                                             "' has version '", kModelVersion, "' only, got '",
@@ -47,7 +60,9 @@ absl::StatusOr<const ServedModel*> InferenceServiceImpl::Model(
 void InferenceServiceImpl::Label(const inference::ModelInferRequest& request,
                                  const ServedModel* model,
                                  inference::ModelInferResponse* response) {
-  response->set_model_name(model != nullptr ? model->name : request.model_name());
+  // The stateful alias is echoed as asked.
+  const bool alias = model != nullptr && request.model_name() == SequenceAlias(model->name);
+  response->set_model_name(model != nullptr && !alias ? model->name : request.model_name());
   response->set_model_version(kModelVersion);
   response->set_id(Echoed(request.id()));
 }
@@ -93,6 +108,8 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::ServerMetadata(
   // Triton's extension names for what is really supported: request
   // parameters, and (with sessions) sequences.
   response->add_extensions("parameters");
+  response->add_extensions("model_configuration");
+  response->add_extensions("statistics");
   if (sequences_ != nullptr) response->add_extensions("sequence");
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -276,6 +293,93 @@ InferenceServiceImpl::ModelStreamInfer(grpc::CallbackServerContext* context) {
         };
         return out;
       });
+}
+
+grpc::ServerUnaryReactor* InferenceServiceImpl::ModelConfig(
+    grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
+    inference::ModelConfigResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  bool stateful = false;
+  const auto model = Model(*CallOf(context, Method::kModelInfer), request->name(),
+                           request->version(), nullptr, &stateful);
+  if (!model.ok()) {
+    reactor->Finish(wire::ToGrpcStatus(model.status()));
+    return reactor;
+  }
+  std::optional<absl::Duration> idle;
+  if (stateful) idle = sequences_->IdleTimeout(*model);
+  DescribeModelConfig(**model, stateful ? request->name() : (*model)->name, idle,
+                      response->mutable_config());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceServiceImpl::ModelStatistics(
+    grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
+    inference::ModelStatisticsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const CallRef call = CallOf(context, Method::kModelInfer);
+  const std::string version = request->version().empty() ? kModelVersion : request->version();
+  if (!request->name().empty()) {
+    bool stateful = false;
+    const auto model = Model(*call, request->name(), request->version(), nullptr, &stateful);
+    if (!model.ok()) {
+      reactor->Finish(wire::ToGrpcStatus(model.status()));
+      return reactor;
+    }
+    DescribeModelStatistics(**model, stateful ? request->name() : (*model)->name, version,
+                            response->add_model_stats());
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  // Every model the caller may use.
+  const ModelRepository* repository = requests_->repository();
+  auto principal = requests_->Authenticate(*call);
+  absl::Status status = principal.status();
+  if (status.ok() && repository == nullptr)
+    status = absl::UnavailableError("server is not ready yet");
+  if (status.ok() && !request->version().empty() && request->version() != kModelVersion) {
+    status = absl::NotFoundError(absl::StrCat("version: every model has version '", kModelVersion,
+                                              "' only, got '", Shown(request->version()), "'"));
+  }
+  if (status.ok()) {
+    for (const ServedModel* m : repository->models()) {
+      if (*principal != nullptr && !(*principal)->MayUse(m->name)) continue;
+      DescribeModelStatistics(*m, m->name, version, response->add_model_stats());
+    }
+  }
+  reactor->Finish(wire::ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceServiceImpl::RepositoryIndex(
+    grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
+    inference::RepositoryIndexResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const ModelRepository* repository = requests_->repository();
+  auto principal = requests_->Authenticate(*CallOf(context, Method::kModelInfer));
+  absl::Status status = principal.status();
+  if (status.ok() && repository == nullptr)
+    status = absl::UnavailableError("server is not ready yet");
+  if (status.ok() && !request->repository_name().empty()) {
+    status = absl::NotFoundError(
+        absl::StrCat("repository_name: this server has one repository (leave it empty), got '",
+                     Shown(request->repository_name()), "'"));
+  }
+  if (status.ok()) {
+    const bool draining = requests_->draining();
+    for (const ServedModel* m : repository->models()) {
+      if (*principal != nullptr && !(*principal)->MayUse(m->name)) continue;
+      if (request->ready() && draining) continue;
+      auto* index = response->add_models();
+      index->set_name(m->name);
+      index->set_version(kModelVersion);
+      index->set_state(draining ? "UNAVAILABLE" : "READY");
+      if (draining) index->set_reason("server is shutting down");
+    }
+  }
+  reactor->Finish(wire::ToGrpcStatus(status));
+  return reactor;
 }
 
 }  // namespace attention::server

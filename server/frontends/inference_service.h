@@ -65,12 +65,25 @@ class InferenceServiceImpl final : public inference::GRPCInferenceService::Callb
                                        inference::ModelInferResponse* response) override;
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
   ModelStreamInfer(grpc::CallbackServerContext* context) override;
+  // Triton's configuration, statistics and repository extensions.
+  grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* context,
+                                        const inference::ModelConfigRequest* request,
+                                        inference::ModelConfigResponse* response) override;
+  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
+                                            const inference::ModelStatisticsRequest* request,
+                                            inference::ModelStatisticsResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* context,
+                                            const inference::RepositoryIndexRequest* request,
+                                            inference::RepositoryIndexResponse* response) override;
 
  private:
-  // The model `name` at `version` ("" or "1") for the caller of `context`.
+  // The model `name` at `version` ("" or "1") for the caller of `call`.
+  // With sessions, "<model>_sequence" names <model> as a stateful model
+  // (*stateful set) for Triton's tools, unless a model has that name.
   absl::StatusOr<const ServedModel*> Model(const CallContext& call, const std::string& name,
                                            const std::string& version,
-                                           std::shared_ptr<const Principal>* caller = nullptr);
+                                           std::shared_ptr<const Principal>* caller = nullptr,
+                                           bool* stateful = nullptr);
   // A stateless request, decoded and validated into *prepared.
   absl::Status Prepare(const inference::ModelInferRequest& request, OipRequest decoded,
                        std::shared_ptr<const void> keep_alive, const CallContext& call,

@@ -21,6 +21,12 @@ constexpr size_t kSweepAbove = 4096;
 
 SequenceSessions::SequenceSessions(SessionPath* sessions) : sessions_(sessions) {}
 
+absl::Duration SequenceSessions::IdleTimeout(const ServedModel* model) const {
+  SessionManager* manager = sessions_->manager();
+  const SessionModel* m = manager != nullptr ? manager->model(model) : nullptr;
+  return m != nullptr ? m->ttl : absl::ZeroDuration();
+}
+
 size_t SequenceSessions::size() const {
   absl::MutexLock lock(&mu_);
   return sequences_.size();

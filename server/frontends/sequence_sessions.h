@@ -71,6 +71,10 @@ class SequenceSessions {
                       std::function<void(RequestOutcome)> done);
   static int64_t ResponseBytes(const Step& step);
 
+  // How long a sequence of `model` may stay idle before it is ended (its
+  // sessions' TTL); zero when the model serves no sessions.
+  absl::Duration IdleTimeout(const ServedModel* model) const;
+
   // Sequences with a live mapping (for tests and metrics).
   size_t size() const;
 

@@ -22,6 +22,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "proto/codec/status_codes.h"
+#include "server/metrics/model_stats.h"
 
 namespace attention::server {
 
@@ -77,6 +78,9 @@ struct ModelMetrics {
   std::array<prometheus::Counter*, kNumSessionEnds> session_ends{};
   // attention_requests_total by [method][status code].
   std::array<std::array<prometheus::Counter*, wire::kNumStatusCodes>, kNumMethods> requests{};
+
+  // The same requests and batches in Triton's statistics form.
+  std::unique_ptr<ModelStats> stats = std::make_unique<ModelStats>();
 
   void CountRequest(Method method, absl::StatusCode code) const {
     requests[static_cast<int>(method)][static_cast<int>(code)]->Increment();

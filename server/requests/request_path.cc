@@ -103,12 +103,12 @@ void RequestPath::Answered(const ServedModel* model, const CallContext& call,
   if (model != nullptr) {
     model->metrics->CountRequest(method, status.code());
     const double seconds = absl::ToDoubleSeconds(absl::Now() - received);
-    if (method == Method::kInfer || method == Method::kInferStream ||
-        method == Method::kModelInfer || method == Method::kModelStreamInfer) {
-      model->metrics->request_duration->Observe(seconds);
-    } else if (method == Method::kAppend || method == Method::kSessionStream) {
-      model->metrics->append_duration->Observe(seconds);
-    }
+    const bool infer = method == Method::kInfer || method == Method::kInferStream ||
+                       method == Method::kModelInfer || method == Method::kModelStreamInfer;
+    const bool append = method == Method::kAppend || method == Method::kSessionStream;
+    if (infer) model->metrics->request_duration->Observe(seconds);
+    if (append) model->metrics->append_duration->Observe(seconds);
+    if (infer || append) model->metrics->stats->Answered(status.ok(), absl::Seconds(seconds));
   }
   if (!status.ok()) {
     log_.Failed(method, model != nullptr ? model->name : "", CallerName(call), call.peer, status);

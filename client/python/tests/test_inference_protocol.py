@@ -50,14 +50,16 @@ try:
     import torch
     if GEN not in sys.path:
         sys.path.insert(0, GEN)
-    from inference import grpc_predict_v2_pb2 as pb
-    from inference import grpc_predict_v2_pb2_grpc as pb_grpc
     sys.path.insert(0, os.path.join(REPO, "scripts"))
     from export_torch_mha import export_mha
     from attention_client import AttentionClient
     MISSING = None
 except ImportError as e:  # Reported as a skip with the reason.
     MISSING = str(e)
+if MISSING is None:
+    # The build's own stubs: missing or broken is a failure, never a skip.
+    from inference import grpc_predict_v2_pb2 as pb
+    from inference import grpc_predict_v2_pb2_grpc as pb_grpc
 
 INVALID = "StatusCode.INVALID_ARGUMENT"
 FP32_ATOL = FP32_RTOL = 1e-5
@@ -314,7 +316,8 @@ class InferenceProtocolTest(unittest.TestCase):
         meta = self.stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=10)
         self.assertEqual(meta.name, "attention-service")
         self.assertNotEqual(meta.version, "")
-        self.assertEqual(sorted(meta.extensions), ["parameters", "sequence"])
+        self.assertEqual(sorted(meta.extensions),
+                         ["model_configuration", "parameters", "sequence", "statistics"])
 
     def test_model_ready(self):
         for name in ("small", "cross"):

@@ -1,0 +1,90 @@
+#include "server/frontends/oip_model_info.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/metrics/model_stats.h"
+
+namespace attention::server {
+namespace {
+
+void AddInput(const std::string& name, inference::DataType type, std::vector<int64_t> dims,
+              bool optional, inference::ModelConfig* config) {
+  inference::ModelInput* input = config->add_input();
+  input->set_name(name);
+  input->set_data_type(type);
+  for (int64_t d : dims) input->add_dims(d);
+  input->set_optional(optional);
+}
+
+void AddOutput(const std::string& name, std::vector<int64_t> dims, inference::ModelConfig* config) {
+  inference::ModelOutput* output = config->add_output();
+  output->set_name(name);
+  output->set_data_type(inference::TYPE_FP32);
+  for (int64_t d : dims) output->add_dims(d);
+}
+
+void Set(const ModelStats::Duration& d, inference::StatisticDuration* out) {
+  out->set_count(d.count);
+  out->set_ns(d.ns);
+}
+
+}  // namespace
+
+std::string SequenceAlias(const std::string& model) { return absl::StrCat(model, kSequenceSuffix); }
+
+void DescribeModelConfig(const ServedModel& model, const std::string& name,
+                         std::optional<absl::Duration> sequence_idle,
+                         inference::ModelConfig* config) {
+  const MhaSpec& s = model.model->spec();
+  config->set_name(name);
+  config->set_platform("attention_mha");
+  config->set_backend("attention");
+  config->set_max_batch_size(0);  // Each request's shapes carry its batch.
+  AddInput("query", inference::TYPE_FP32, {-1, -1, s.embed_dim}, false, config);
+  if (sequence_idle) {
+    // A sequence step sends only its query; the session holds the rest.
+    config->mutable_sequence_batching()->set_max_sequence_idle_microseconds(
+        static_cast<uint64_t>(absl::ToInt64Microseconds(*sequence_idle)));
+  } else {
+    AddInput("key", inference::TYPE_FP32, {-1, -1, s.kdim}, true, config);
+    AddInput("value", inference::TYPE_FP32, {-1, -1, s.vdim}, true, config);
+    AddInput("key_padding_mask", inference::TYPE_BOOL, {-1, -1}, true, config);
+    AddInput("attn_mask", inference::TYPE_BOOL, {-1, -1}, true, config);
+    config->mutable_dynamic_batching()->set_max_queue_delay_microseconds(
+        static_cast<uint64_t>(model.batcher->options().max_queue_delay_us));
+  }
+  AddOutput("output", {-1, -1, s.embed_dim}, config);
+  AddOutput("attn_weights", {-1, -1, -1}, config);
+  config->mutable_model_transaction_policy()->set_decoupled(false);
+  (*config->mutable_parameters())["stateful_alias"].set_string_value(
+      sequence_idle ? model.name : SequenceAlias(model.name));
+}
+
+void DescribeModelStatistics(const ServedModel& model, const std::string& name,
+                             const std::string& version, inference::ModelStatistics* stats) {
+  const ModelStats::Snapshot s = model.metrics->stats->Read();
+  stats->set_name(name);
+  stats->set_version(version);
+  stats->set_last_inference(static_cast<uint64_t>(s.last_inference_ms));
+  stats->set_inference_count(s.inference_count);
+  stats->set_execution_count(s.execution_count);
+  inference::InferStatistics* infer = stats->mutable_inference_stats();
+  Set(s.success, infer->mutable_success());
+  Set(s.fail, infer->mutable_fail());
+  Set(s.queue, infer->mutable_queue());
+  Set({s.compute.count, 0}, infer->mutable_compute_input());
+  Set(s.compute, infer->mutable_compute_infer());
+  Set({s.compute.count, 0}, infer->mutable_compute_output());
+  infer->mutable_cache_hit();
+  infer->mutable_cache_miss();
+  for (const auto& [size, d] : s.batches) {
+    inference::InferBatchStatistics* b = stats->add_batch_stats();
+    b->set_batch_size(size);
+    Set({d.count, 0}, b->mutable_compute_input());
+    Set(d, b->mutable_compute_infer());
+    Set({d.count, 0}, b->mutable_compute_output());
+  }
+}
+
+}  // namespace attention::server
