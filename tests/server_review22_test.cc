@@ -92,8 +92,8 @@ TEST(Review22Test, ListensOnABracketedIpv6Host) {
   EXPECT_EQ((*listening)->port(), port);
   ASSERT_TRUE((*listening)->LoadModels().ok());
   // And it serves there.
-  auto channel = grpc::CreateChannel("[::1]:" + std::to_string(port),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel("[::1]:" + std::to_string(port), grpc::InsecureChannelCredentials());
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::ListModelsResponse models;
@@ -139,8 +139,7 @@ TEST(Review22Test, AFailedRequestIsOneLogLineAndAnOkOneNone) {
     testing::ToProto(Tensor(DType::kFloat32, {1, 2, kE}), request.mutable_query());
     grpc::ClientContext context;
     v1::InferResponse response;
-    EXPECT_EQ(stub->Infer(&context, request, &response).error_code(),
-              grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(stub->Infer(&context, request, &response).error_code(), grpc::StatusCode::NOT_FOUND);
   }
   {
     v1::InferRequest request;
@@ -190,7 +189,7 @@ TEST(Review22Test, RequestLogRecoversFromAClockSetBack) {
   for (int i = 0; i < 2; ++i) {
     log.Failed(server::Method::kInfer, "m", "-", "-", absl::UnavailableError("x"));
   }
-  now -= absl::Hours(1);  // The clock is set back.
+  now -= absl::Hours(1);    // The clock is set back.
   now += absl::Seconds(5);  // Five real seconds later.
   log.Failed(server::Method::kInfer, "m", "-", "-", absl::UnavailableError("after the step"));
   EXPECT_THAT(out.str(), HasSubstr("after the step"))
