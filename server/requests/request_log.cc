@@ -46,6 +46,13 @@ absl::string_view RequestLog::MethodPath(Method method) {
 
 void RequestLog::Failed(Method method, absl::string_view model, absl::string_view caller,
                         absl::string_view peer, const absl::Status& status) {
+  Failed(
+      method, model, [caller] { return std::string(caller); }, peer, status);
+}
+
+void RequestLog::Failed(Method method, absl::string_view model,
+                        absl::FunctionRef<std::string()> caller, absl::string_view peer,
+                        const absl::Status& status) {
   const absl::Time now = clock_();
   int64_t held_back = 0;
   {
@@ -64,12 +71,13 @@ void RequestLog::Failed(Method method, absl::string_view model, absl::string_vie
     held_back = suppressed_;
     suppressed_ = 0;
   }
+  const std::string name = caller();
   absl::string_view reason = status.message();
   if (reason.size() > kMaxReasonBytes) reason = reason.substr(0, kMaxReasonBytes);
   std::string line = absl::StrCat(
       absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", now, absl::UTCTimeZone()),
       " request failed: ", absl::StatusCodeToString(status.code()), " ", MethodPath(method),
-      " model=", model.empty() ? "-" : model, " caller=", caller.empty() ? "-" : caller,
+      " model=", model.empty() ? "-" : model, " caller=", name.empty() ? "-" : name,
       " peer=", peer.empty() ? "-" : peer, ": ", Printable(reason));
   if (held_back > 0) absl::StrAppend(&line, " (and ", held_back, " more not logged)");
   line.push_back('\n');

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -43,6 +44,10 @@ class RequestLog {
   // Logs `status` (not OK) of a `method` call for `model` (empty: none
   // found) by `caller` from `peer`, unless this second's lines are spent.
   void Failed(Method method, absl::string_view model, absl::string_view caller,
+              absl::string_view peer, const absl::Status& status);
+  // The same, naming the caller only if the line is written (finding the
+  // name may cost a token's hash).
+  void Failed(Method method, absl::string_view model, absl::FunctionRef<std::string()> caller,
               absl::string_view peer, const absl::Status& status);
 
   // "attention.v1.AttentionService/Infer" and the like.

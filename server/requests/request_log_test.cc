@@ -61,6 +61,24 @@ TEST(RequestLogTest, HoldsBackPastTheRateAndSaysHowMany) {
   EXPECT_THAT(lines[3], HasSubstr("(and 7 more not logged)"));
 }
 
+TEST(RequestLogTest, TheCallerIsNamedOnlyForLinesWritten) {
+  std::ostringstream out;
+  absl::Time now = absl::FromUnixSeconds(1800000000);
+  RequestLog log(&out, /*lines_per_second=*/2, [&now] { return now; });
+  int named = 0;
+  for (int i = 0; i < 5; ++i) {
+    log.Failed(
+        Method::kInfer, "m",
+        [&named] {
+          ++named;
+          return std::string("alice");
+        },
+        "-", absl::UnavailableError("draining"));
+  }
+  EXPECT_EQ(named, 2);
+  EXPECT_EQ(Lines(out).size(), 2u);
+}
+
 TEST(RequestLogTest, EveryMethodHasItsPath) {
   for (int m = 0; m < kNumMethods; ++m) {
     EXPECT_NE(RequestLog::MethodPath(static_cast<Method>(m)), "unknown") << m;

@@ -111,7 +111,9 @@ void RequestPath::Answered(const ServedModel* model, const CallContext& call,
     if (infer || append) model->metrics->stats->Answered(status.ok(), absl::Seconds(seconds));
   }
   if (!status.ok()) {
-    log_.Failed(method, model != nullptr ? model->name : "", CallerName(call), call.peer, status);
+    log_.Failed(
+        method, model != nullptr ? model->name : "", [&] { return CallerName(call); }, call.peer,
+        status);
   }
   metrics_->inflight_requests().Decrement();
   absl::MutexLock lock(&mu_);
