@@ -264,21 +264,21 @@ grpc::ServerBidiReactor<v1::AppendRequest, v1::AppendResponse>* SessionServiceIm
       });
 }
 
-grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(grpc::CallbackServerContext* context,
-                                                         const v1::GetSessionRequest* request,
-                                                         v1::SessionInfo* response) {
+grpc::ServerUnaryReactor* SessionServiceImpl::OnSession(
+    grpc::CallbackServerContext* context, Method method, const std::string& id,
+    absl::FunctionRef<absl::Status(SessionManager&, const std::shared_ptr<Session>&)> act) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time received = absl::Now();
   requests_->Received();
-  const CallRef call = CallOf(context, Method::kGetSession);
+  const CallRef call = CallOf(context, method);
   absl::Status status;
   const ServedModel* model = nullptr;
   if (SessionManager* manager = sessions_->ReadyManager(&status)) {
-    auto session = sessions_->FindForCaller(manager, *call, request->session_id());
+    auto session = sessions_->FindForCaller(manager, *call, id);
     status = session.status();
     if (session.ok()) {
       model = (*session)->model->served;
-      DescribeSession(manager->Snapshot(**session), response);
+      status = act(*manager, *session);
     }
   }
   requests_->Answered(model, *call, status, received);
@@ -286,28 +286,25 @@ grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(grpc::CallbackServerCon
   return reactor;
 }
 
+grpc::ServerUnaryReactor* SessionServiceImpl::GetSession(grpc::CallbackServerContext* context,
+                                                         const v1::GetSessionRequest* request,
+                                                         v1::SessionInfo* response) {
+  return OnSession(context, Method::kGetSession, request->session_id(),
+                   [response](SessionManager& manager, const std::shared_ptr<Session>& session) {
+                     DescribeSession(manager.Snapshot(*session), response);
+                     return absl::OkStatus();
+                   });
+}
+
 grpc::ServerUnaryReactor* SessionServiceImpl::CloseSession(grpc::CallbackServerContext* context,
                                                            const v1::CloseSessionRequest* request,
                                                            v1::CloseSessionResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Time received = absl::Now();
-  requests_->Received();
-  const CallRef call = CallOf(context, Method::kCloseSession);
-  absl::Status status;
-  const ServedModel* model = nullptr;
-  if (SessionManager* manager = sessions_->ReadyManager(&status)) {
-    auto session = sessions_->FindForCaller(manager, *call, request->session_id());
-    status = session.status();
-    if (session.ok()) {
-      model = (*session)->model->served;
-      auto freed = manager->Close(request->session_id());
-      status = freed.status();
-      if (freed.ok()) response->set_freed_bytes(*freed);
-    }
-  }
-  requests_->Answered(model, *call, status, received);
-  reactor->Finish(wire::ToGrpcStatus(status));
-  return reactor;
+  return OnSession(context, Method::kCloseSession, request->session_id(),
+                   [request, response](SessionManager& manager, const std::shared_ptr<Session>&) {
+                     auto freed = manager.Close(request->session_id());
+                     if (freed.ok()) response->set_freed_bytes(*freed);
+                     return freed.status();
+                   });
 }
 
 }  // namespace attention::server

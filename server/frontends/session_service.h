@@ -18,6 +18,7 @@
 #include <atomic>
 #include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "attention/v1/sessions.grpc.pb.h"
 #include "server/requests/call_context.h"
 #include "server/requests/request_path.h"
@@ -55,6 +56,11 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
   absl::Status PrepareAppend(const v1::AppendRequest& request,
                              std::shared_ptr<const void> keep_alive, const CallContext& call,
                              PreparedAppend* prepared);
+  // GetSession and CloseSession: the caller's live session `id`, then `act`
+  // on it; the call is counted as `method` and finished with the status.
+  grpc::ServerUnaryReactor* OnSession(
+      grpc::CallbackServerContext* context, Method method, const std::string& id,
+      absl::FunctionRef<absl::Status(SessionManager&, const std::shared_ptr<Session>&)> act);
   // Fills `response` from a computed append; RESOURCE_EXHAUSTED if it would
   // exceed the response size limit.
   absl::Status EncodeAppend(RequestOutcome& outcome, v1::AppendResponse* response) const;
