@@ -136,22 +136,14 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ListModels(grpc::CallbackServerC
                                                            const v1::ListModelsRequest*,
                                                            v1::ListModelsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const ModelRepository* repository = path_->repository();
-  if (repository == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is not ready yet"));
-    return reactor;
+  const auto models = path_->VisibleModels(*CallOf(context, Method::kInfer));
+  if (models.ok()) {
+    const std::string& default_model = path_->repository()->default_model();
+    for (const ServedModel* m : *models) {
+      DescribeModel(*m, m->name == default_model, response->add_models());
+    }
   }
-  auto principal = path_->Authenticate(*CallOf(context, Method::kInfer));
-  if (!principal.ok()) {
-    reactor->Finish(wire::ToGrpcStatus(principal.status()));
-    return reactor;
-  }
-  // A caller sees only the models it may use.
-  for (const ServedModel* m : repository->models()) {
-    if (*principal != nullptr && !(*principal)->MayUse(m->name)) continue;
-    DescribeModel(*m, m->name == repository->default_model(), response->add_models());
-  }
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(wire::ToGrpcStatus(models.status()));
   return reactor;
 }
 

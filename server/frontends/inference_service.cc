@@ -49,12 +49,15 @@ absl::StatusOr<const ServedModel*> InferenceServiceImpl::Model(
     }
   }
   ASSIGN_OR_RETURN(const ServedModel* model, std::move(found));
-  if (!version.empty() && version != kModelVersion) {
-    return absl::NotFoundError(absl::StrCat("model_version: model '", model->name,
-                                            "' has version '", kModelVersion, "' only, got '",
-                                            Shown(version), "'"));
-  }
+  RETURN_IF_ERROR(CheckVersion(absl::StrCat("model '", model->name, "'"), version));
   return model;
+}
+
+absl::Status InferenceServiceImpl::CheckVersion(const std::string& what,
+                                                const std::string& version) {
+  if (version.empty() || version == kModelVersion) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat("model_version: ", what, " has version '", kModelVersion,
+                                          "' only, got '", Shown(version), "'"));
 }
 
 void InferenceServiceImpl::Label(const inference::ModelInferRequest& request,
@@ -333,18 +336,11 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::ModelStatistics(
     return reactor;
   }
   // Every model the caller may use.
-  const ModelRepository* repository = requests_->repository();
-  auto principal = requests_->Authenticate(*call);
-  absl::Status status = principal.status();
-  if (status.ok() && repository == nullptr)
-    status = absl::UnavailableError("server is not ready yet");
-  if (status.ok() && !request->version().empty() && request->version() != kModelVersion) {
-    status = absl::NotFoundError(absl::StrCat("version: every model has version '", kModelVersion,
-                                              "' only, got '", Shown(request->version()), "'"));
-  }
+  auto models = requests_->VisibleModels(*call);
+  absl::Status status = models.status();
+  if (status.ok()) status = CheckVersion("every model", request->version());
   if (status.ok()) {
-    for (const ServedModel* m : repository->models()) {
-      if (*principal != nullptr && !(*principal)->MayUse(m->name)) continue;
+    for (const ServedModel* m : *models) {
       DescribeModelStatistics(*m, m->name, version, response->add_model_stats());
     }
   }
@@ -356,11 +352,8 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::RepositoryIndex(
     grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
     inference::RepositoryIndexResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const ModelRepository* repository = requests_->repository();
-  auto principal = requests_->Authenticate(*CallOf(context, Method::kModelInfer));
-  absl::Status status = principal.status();
-  if (status.ok() && repository == nullptr)
-    status = absl::UnavailableError("server is not ready yet");
+  auto models = requests_->VisibleModels(*CallOf(context, Method::kModelInfer));
+  absl::Status status = models.status();
   if (status.ok() && !request->repository_name().empty()) {
     status = absl::NotFoundError(
         absl::StrCat("repository_name: this server has one repository (leave it empty), got '",
@@ -368,8 +361,7 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::RepositoryIndex(
   }
   if (status.ok()) {
     const bool draining = requests_->draining();
-    for (const ServedModel* m : repository->models()) {
-      if (*principal != nullptr && !(*principal)->MayUse(m->name)) continue;
+    for (const ServedModel* m : *models) {
       if (request->ready() && draining) continue;
       auto* index = response->add_models();
       index->set_name(m->name);

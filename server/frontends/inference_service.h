@@ -88,6 +88,8 @@ class InferenceServiceImpl final : public inference::GRPCInferenceService::Callb
   absl::Status Prepare(const inference::ModelInferRequest& request, OipRequest decoded,
                        std::shared_ptr<const void> keep_alive, const CallContext& call,
                        RequestPath::Prepared* prepared);
+  // NOT_FOUND naming `what` unless `version` is "" or the one version.
+  static absl::Status CheckVersion(const std::string& what, const std::string& version);
   // Completes a response with the request's model, version and id.
   static void Label(const inference::ModelInferRequest& request, const ServedModel* model,
                     inference::ModelInferResponse* response);

@@ -171,6 +171,18 @@ absl::StatusOr<const ServedModel*> RequestPath::FindModel(const Principal* princ
   return model;
 }
 
+absl::StatusOr<std::vector<const ServedModel*>> RequestPath::VisibleModels(
+    const CallContext& call) const {
+  const ModelRepository* repository = repository_.load();
+  if (repository == nullptr) return absl::UnavailableError("server is not ready yet");
+  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, Authenticate(call));
+  std::vector<const ServedModel*> visible;
+  for (const ServedModel* m : repository->models()) {
+    if (principal == nullptr || principal->MayUse(m->name)) visible.push_back(m);
+  }
+  return visible;
+}
+
 absl::Status RequestPath::Admit(int64_t bytes) { return budget_.Admit(bytes); }
 
 void RequestPath::Release(int64_t bytes) { budget_.Release(bytes); }

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -126,6 +127,11 @@ class RequestPath {
   // NOT_FOUND when it is not served.
   absl::StatusOr<const ServedModel*> FindModel(const Principal* principal,
                                                const std::string& name) const;
+
+  // The served models the caller of `call` may use (a caller sees only
+  // those), in the repository's order: UNAVAILABLE before SetRepository(),
+  // then as Authenticate. For listings; admission is Admissible's.
+  absl::StatusOr<std::vector<const ServedModel*>> VisibleModels(const CallContext& call) const;
 
   // Reserves `bytes` of the in-flight byte budget, or RESOURCE_EXHAUSTED
   // naming the limit. Every admitted byte is released with Release().
