@@ -59,7 +59,7 @@ class Server:
         else:
             env = os.environ
             cmd = [os.path.join(build, "bin", "attention-server"), "--host=127.0.0.1",
-                   f"--port={self.port}", f"--metrics_port={self.metrics}", *extra]
+                   f"--port={self.port}", f"--metrics_port={self.metrics}", "--http_port=0", *extra]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         client = os.path.join(build, "bin", "attention-client")

@@ -44,7 +44,7 @@ class Server:
         self.port, self.metrics = free_port(), free_port()
         self.proc = subprocess.Popen(
             [os.path.join(build, "bin", "attention-server"), "--host=127.0.0.1",
-             f"--port={self.port}", f"--metrics_port={self.metrics}", *extra],
+             f"--port={self.port}", f"--metrics_port={self.metrics}", "--http_port=0", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.client = os.path.join(build, "bin", "attention-client")
         for _ in range(600):

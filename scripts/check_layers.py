@@ -77,7 +77,7 @@ def longest_chain(graph):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--max-depth", type=int, default=10)
+    parser.add_argument("--max-depth", type=int, default=11)
     parser.add_argument("--max-lines", type=int, default=420)
     args = parser.parse_args()
     graph = units()

@@ -31,6 +31,8 @@ build_pkgs=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc grpc-proto
   prometheus-cpp-dev
   nlohmann-json3-dev
+  # The REST front-end: cpp-httplib (HTTP/1.1, TLS) and simdjson (request JSON).
+  libcpp-httplib-dev libsimdjson-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   ca-certificates
 )
@@ -47,6 +49,7 @@ bench_pkgs=(python3-matplotlib python3-onnx)
 runtime_pkgs=(
   libdnnl2 ocl-icd-libopencl1 libgomp1 libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
   libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libc-ares2 libre2-9 libssl3
+  libcpp-httplib0.11 libsimdjson14
 )
 
 case $mode in

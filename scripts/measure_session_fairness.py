@@ -54,7 +54,7 @@ def main():
     port, metrics_port = free_port(), free_port()
     with open(os.path.join(work, "server.log"), "w") as log:
         server = subprocess.Popen(
-            [args.server, f"--port={port}", f"--metrics_port={metrics_port}", "--host=127.0.0.1",
+            [args.server, f"--port={port}", f"--metrics_port={metrics_port}", "--http_port=0", "--host=127.0.0.1",
              f"--auth_tokens_file={tokens_file}", "--warmup=false"] + args.server_flags,
             stderr=log)
     try:

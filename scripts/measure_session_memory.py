@@ -19,7 +19,7 @@ def tensor(a, dt):
 
 def run(binary, extra, scenario):
     port = 50700 + os.getpid() % 200
-    p = subprocess.Popen([binary, f"--port={port}", "--metrics_port=0", "--host=127.0.0.1",
+    p = subprocess.Popen([binary, f"--port={port}", "--metrics_port=0", "--http_port=0", "--host=127.0.0.1",
                           "--max_inflight_bytes=67108864", "--max_batch_tokens=20000", *extra],
                          stderr=subprocess.PIPE, text=True)
     for line in p.stderr:

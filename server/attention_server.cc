@@ -40,6 +40,9 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   if (options.metrics_port > 0) {
     RETURN_IF_ERROR(CheckPortFree(options.host, options.metrics_port, "metrics_port"));
   }
+  if (options.http_port > 0) {
+    RETURN_IF_ERROR(CheckPortFree(options.host, options.http_port, "http_port"));
+  }
   auto s = std::unique_ptr<AttentionServer>(new AttentionServer(options));
   if (options.metrics_port > 0) {
     const std::string address = absl::StrCat(options.host, ":", options.metrics_port);
@@ -82,8 +85,9 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   s->session_service_ = std::make_unique<SessionServiceImpl>(s->session_path_.get());
   // The Open Inference Protocol, its sequences appended to sessions.
   s->sequences_ = std::make_unique<SequenceSessions>(s->session_path_.get());
-  s->inference_service_ = std::make_unique<InferenceServiceImpl>(
+  s->inference_protocol_ = std::make_unique<InferenceProtocol>(
       s->requests_.get(), s->sequences_.get(), ATTENTION_VERSION);
+  s->inference_service_ = std::make_unique<InferenceServiceImpl>(s->inference_protocol_.get());
   // Every service the server registers, by full name: health reports on the
   // application services, reflection lists them all.
   std::vector<std::pair<std::string, grpc::Service*>> services = {
@@ -150,6 +154,19 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   s->SetHealth(false);
   std::cerr << "listening on port " << s->port_ << " (" << DescribeTransport(options.tls)
             << "; health NOT_SERVING until models are ready)\n";
+  if (options.http_port >= 0) {
+    RestOptions rest;
+    rest.host = options.host;
+    rest.port = options.http_port;
+    rest.threads = options.http_threads;
+    rest.max_body_bytes = options.max_message_bytes;
+    rest.tls_cert_file = options.tls.cert_file;
+    rest.tls_key_file = options.tls.key_file;
+    rest.tls_client_ca_file = options.tls.client_ca_file;
+    ASSIGN_OR_RETURN(s->rest_, RestFrontend::Start(s->inference_protocol_.get(), rest));
+    std::cerr << "REST (KServe v2) on " << (s->rest_->tls() ? "https" : "http") << "://"
+              << options.host << ":" << s->rest_->port() << "/v2\n";
+  }
   return s;
 }
 
@@ -204,6 +221,7 @@ bool AttentionServer::Drain() {
   // drain timeout, then are cancelled.
   const absl::Duration left =
       std::max(absl::ZeroDuration(), start + options_.drain_timeout - absl::Now());
+  if (rest_ != nullptr) rest_->Stop();  // Its handlers have all answered.
   server_->Shutdown(absl::ToChronoTime(absl::Now() + left));
   server_->Wait();
   // gRPC may still be running a call's OnDone, which drops the call's hold on

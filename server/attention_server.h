@@ -23,8 +23,10 @@
 #include "server/batching/model_repository.h"
 #include "server/frontends/attention_service.h"
 #include "server/frontends/health_service.h"
+#include "server/frontends/inference_protocol.h"
 #include "server/frontends/inference_service.h"
 #include "server/frontends/reflection_service.h"
+#include "server/frontends/rest_frontend.h"
 #include "server/frontends/session_service.h"
 #include "server/metrics/metrics.h"
 #include "server/metrics/process_metrics.h"
@@ -43,6 +45,11 @@ struct ServerOptions {
   std::string host = "0.0.0.0";  // Listen address for gRPC and metrics.
   int port = 50051;              // 0: a free port (see port()).
   int metrics_port = 9464;       // 0: no /metrics endpoint.
+  // The KServe v2 REST port (RestFrontend), with the gRPC port's TLS and
+  // tokens: -1 off (the library's default; the binary's --http_port is
+  // 8000), 0 a free port (see http_port()).
+  int http_port = -1;
+  int http_threads = 32;
   int max_message_bytes = 64 << 20;
   // Per InferStream: requests read but not yet answered and written, by
   // count and bytes, before the stream stops reading (ServiceOptions).
@@ -100,6 +107,8 @@ class AttentionServer {
   bool Drain();
 
   int port() const { return port_; }
+  // The REST port; 0 when it is off.
+  int http_port() const { return rest_ != nullptr ? rest_->port() : 0; }
   std::shared_ptr<grpc::Channel> InProcessChannel();
   Metrics& metrics() { return *metrics_; }
   // The request path every front-end calls (drain, the in-flight budget).
@@ -121,12 +130,14 @@ class AttentionServer {
   std::unique_ptr<AttentionServiceImpl> service_;
   std::unique_ptr<SessionServiceImpl> session_service_;
   std::unique_ptr<SequenceSessions> sequences_;
+  std::unique_ptr<InferenceProtocol> inference_protocol_;
   std::unique_ptr<InferenceServiceImpl> inference_service_;
   std::unique_ptr<HealthServiceImpl> health_service_;
   std::unique_ptr<ReflectionServiceV1> reflection_v1_;
   std::unique_ptr<ReflectionServiceV1Alpha> reflection_v1alpha_;
   std::unique_ptr<TlsIdentityWatcher> tls_identity_;  // Null for plaintext; outlives server_.
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<RestFrontend> rest_;  // Null when the REST port is off.
   // Destroyed in dependency order (Drain, else members in reverse): the
   // session manager, which reads the models, before the repository.
   std::unique_ptr<ModelRepository> repository_;

@@ -51,6 +51,11 @@ ABSL_FLAG(int64_t, max_queue_delay_us, 0,
           "(0: batch only what queued up while the previous batch computed).");
 ABSL_FLAG(int64_t, max_queue_size, 1024,
           "Default queued requests per model beyond which new ones get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, http_port, 8000,
+          "KServe v2 REST port (HTTP/JSON, Triton's binary tensor extension), with the gRPC "
+          "port's TLS and tokens; 0 turns REST off.");
+ABSL_FLAG(int, http_threads, 32,
+          "REST connections served at once (one thread each; more wait to be accepted).");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest request or response message, in bytes.");
 ABSL_FLAG(int64_t, max_stream_pending, 64,
           "Per InferStream: requests read but not yet answered and written before the stream "
@@ -143,6 +148,8 @@ int Run() {
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.http_port = absl::GetFlag(FLAGS_http_port) > 0 ? absl::GetFlag(FLAGS_http_port) : -1;
+  options.http_threads = absl::GetFlag(FLAGS_http_threads);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_stream_pending = absl::GetFlag(FLAGS_max_stream_pending);
   options.max_stream_pending_bytes = absl::GetFlag(FLAGS_max_stream_pending_bytes);
@@ -162,8 +169,9 @@ int Run() {
   repo.warmup = absl::GetFlag(FLAGS_warmup);
   // A busy port is one line, before the plan's table or anything else.
   for (const auto& [port, flag] :
-       {std::pair{options.port, "port"}, std::pair{options.metrics_port, "metrics_port"}}) {
-    if (port < 0 && std::string_view(flag) == "metrics_port") continue;  // Metrics off.
+       {std::pair{options.port, "port"}, std::pair{options.metrics_port, "metrics_port"},
+        std::pair{options.http_port, "http_port"}}) {
+    if (port < 0 && std::string_view(flag) != "port") continue;  // Metrics or REST off.
     if (const absl::Status free = CheckPortFree(options.host, port, flag); !free.ok()) {
       std::cerr << free.message() << "\n";
       return 1;

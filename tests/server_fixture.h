@@ -53,6 +53,7 @@ class ServerTest : public ::testing::Test {
     options.port = 0;
     metrics_port_ = testing::FreePort();
     options.metrics_port = metrics_port_;
+    options.http_port = 0;  // REST on a free port (server_rest_test).
     options.max_message_bytes = 1 << 20;
     options.repository.path = dir;
     options.repository.default_model = "small";

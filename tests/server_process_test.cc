@@ -91,7 +91,8 @@ TEST(ServerProcessTest, ABusyPortIsOneLineBeforeAnythingStarts) {
   ASSERT_TRUE(first.ok());
   const std::string command = std::string(ATTENTION_SERVER_BINARY) + " --host=" + first.host() +
                               " --port=" + std::to_string(first.port()) +
-                              " --metrics_port=" + std::to_string(testing::FreePort()) + " 2>&1";
+                              " --metrics_port=" + std::to_string(testing::FreePort()) +
+                              " --http_port=0 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string output;

@@ -87,8 +87,10 @@ ServerProcess::ServerProcess(const std::string& binary, const std::vector<std::s
     : host_(host) {
   port_ = port > 0 ? port : FreePort();
   metrics_port_ = FreePort();
+  http_port_ = FreePort();
   std::vector<std::string> args = {binary, "--host=" + host_, "--port=" + std::to_string(port_),
-                                   "--metrics_port=" + std::to_string(metrics_port_)};
+                                   "--metrics_port=" + std::to_string(metrics_port_),
+                                   "--http_port=" + std::to_string(http_port_)};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_ = fork();
   if (pid_ == 0) {

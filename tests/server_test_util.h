@@ -34,7 +34,7 @@ double MetricValue(const std::string& exposition, const std::string& name,
 class ServerProcess {
  public:
   // Starts `binary` with --host=`host` (a loopback address), --port=`port`
-  // (0: a free one), a free --metrics_port, and `extra_args`; waits (bounded,
+  // (0: a free one), a free --metrics_port and --http_port, and `extra_args`; waits (bounded,
   // 30 s) for health SERVING. Check ok().
   ServerProcess(const std::string& binary, const std::vector<std::string>& extra_args,
                 const std::string& host = "127.0.0.1", int port = 0);
@@ -45,6 +45,7 @@ class ServerProcess {
   int pid() const { return pid_; }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  int http_port() const { return http_port_; }
   const std::string& host() const { return host_; }
   std::string target() const { return host_ + ":" + std::to_string(port_); }
   // Sends SIGTERM and waits; returns the exit code (-1 if it did not exit).
@@ -61,6 +62,7 @@ class ServerProcess {
   std::string host_;
   int port_ = 0;
   int metrics_port_ = 0;
+  int http_port_ = 0;
   bool ready_ = false;
 };
 

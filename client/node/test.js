@@ -182,7 +182,7 @@ async function tlsTokenTest() {
 
     const port = await freePort();
     const server = spawn(SERVER, [
-      '--host=127.0.0.1', `--port=${port}`, '--metrics_port=0',
+      '--host=127.0.0.1', `--port=${port}`, '--metrics_port=0', '--http_port=0',
       `--advertise_address=127.0.0.1:${port}`, `--tls_cert_file=${file('server.pem')}`,
       `--tls_key_file=${file('server.key')}`, `--tls_client_ca_file=${file('ca.pem')}`,
       `--auth_tokens_file=${file('tokens')}`], {stdio: ['ignore', 'ignore', 'inherit']});
@@ -231,7 +231,7 @@ async function main() {
   }
   const passed = await channelTests();
   const port = await freePort();
-  const server = spawn(SERVER, ['--host=127.0.0.1', `--port=${port}`, '--metrics_port=0',
+  const server = spawn(SERVER, ['--host=127.0.0.1', `--port=${port}`, '--metrics_port=0', '--http_port=0', '--http_port=0',
                                 `--advertise_address=127.0.0.1:${port}`],
                        {stdio: ['ignore', 'ignore', 'inherit']});
   const exited = new Promise((resolve) => server.on('exit', (code) => resolve(code)));

@@ -9,14 +9,19 @@
 // Sequence requests (Triton's sequence_id / sequence_start / sequence_end)
 // append to a session (server/frontends/sequence_sessions.h).
 //
-// Thread-safe. The attention service (options, metrics, models, drain) and
-// the sequence sessions must outlive it.
+// Each call is translated to InferenceProtocol's transport-neutral
+// operations (server/frontends/inference_protocol.h), shared with the REST
+// front-end.
+//
+// Thread-safe. The protocol (and its request path and sequences) must
+// outlive it.
 #ifndef ATTENTION_SERVER_FRONTENDS_INFERENCE_SERVICE_H_
 #define ATTENTION_SERVER_FRONTENDS_INFERENCE_SERVICE_H_
 
 #include <string>
 
 #include "inference/grpc_predict_v2.grpc.pb.h"
+#include "server/frontends/inference_protocol.h"
 #include "server/frontends/oip_codec.h"
 #include "server/frontends/stream_reactor.h"
 #include "server/requests/call_context.h"
@@ -24,8 +29,6 @@
 #include "server/requests/request_path.h"
 
 namespace attention::server {
-
-class SequenceSessions;
 
 // ModelStreamInfer's messages: the request's `id`; a failure in
 // error_message, a result in infer_response.
@@ -41,9 +44,9 @@ struct StreamCodec<inference::ModelInferRequest, inference::ModelStreamInferResp
 
 class InferenceServiceImpl final : public inference::GRPCInferenceService::CallbackService {
  public:
-  // `version` is reported by ServerMetadata. `sequences` may be null:
-  // sequence parameters are then UNIMPLEMENTED.
-  InferenceServiceImpl(RequestPath* requests, SequenceSessions* sequences, std::string version);
+  // Translates every call to `protocol`'s operations (which the REST
+  // front-end shares); `protocol` must outlive it.
+  explicit InferenceServiceImpl(InferenceProtocol* protocol);
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -77,26 +80,7 @@ class InferenceServiceImpl final : public inference::GRPCInferenceService::Callb
                                             inference::RepositoryIndexResponse* response) override;
 
  private:
-  // The model `name` at `version` ("" or "1") for the caller of `call`.
-  // With sessions, "<model>_sequence" names <model> as a stateful model
-  // (*stateful set) for Triton's tools, unless a model has that name.
-  absl::StatusOr<const ServedModel*> Model(const CallContext& call, const std::string& name,
-                                           const std::string& version,
-                                           std::shared_ptr<const Principal>* caller = nullptr,
-                                           bool* stateful = nullptr);
-  // A stateless request, decoded and validated into *prepared.
-  absl::Status Prepare(const inference::ModelInferRequest& request, OipRequest decoded,
-                       std::shared_ptr<const void> keep_alive, const CallContext& call,
-                       RequestPath::Prepared* prepared);
-  // NOT_FOUND naming `what` unless `version` is "" or the one version.
-  static absl::Status CheckVersion(const std::string& what, const std::string& version);
-  // Completes a response with the request's model, version and id.
-  static void Label(const inference::ModelInferRequest& request, const ServedModel* model,
-                    inference::ModelInferResponse* response);
-
-  RequestPath* const requests_;
-  SequenceSessions* const sequences_;
-  const std::string version_;
+  InferenceProtocol* const protocol_;
 };
 
 }  // namespace attention::server

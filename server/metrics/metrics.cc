@@ -112,14 +112,15 @@ const ModelMetrics* Metrics::AddModel(const std::string& model) {
   for (int i = 0; i < kNumSessionEnds; ++i) {
     m->session_ends[i] = &session_ends_.Add({{"model", model}, {"reason", kSessionEndLabels[i]}});
   }
-  const char* methods[kNumMethods] = {"Infer",        "InferStream",   "CreateSession",
-                                      "Append",       "SessionStream", "GetSession",
-                                      "CloseSession", "ModelInfer",    "ModelStreamInfer"};
+  const char* methods[kNumMethods] = {
+      "Infer",      "InferStream",  "CreateSession", "Append",           "SessionStream",
+      "GetSession", "CloseSession", "ModelInfer",    "ModelStreamInfer", "ModelInfer"};
   for (int method = 0; method < kNumMethods; ++method) {
     for (int code = 0; code < wire::kNumStatusCodes; ++code) {
       m->requests[method][code] = &requests_.Add(
           {{"model", model},
            {"method", methods[method]},
+           {"protocol", method == static_cast<int>(Method::kRestModelInfer) ? "http" : "grpc"},
            {"code", std::string(wire::StatusCodeName(static_cast<absl::StatusCode>(code)))}});
     }
   }

@@ -36,8 +36,9 @@ enum class Method {
   kCloseSession = 6,
   kModelInfer = 7,        // inference.GRPCInferenceService (the Open Inference Protocol).
   kModelStreamInfer = 8,  // Its streaming extension.
+  kRestModelInfer = 9,    // The same protocol's REST infer (POST .../infer).
 };
-inline constexpr int kNumMethods = 9;
+inline constexpr int kNumMethods = 10;
 
 // Why a session ended (attention_session_ends_total{reason}): closed by its
 // caller, expired after its idle TTL, or evicted (idle past the grace) for
@@ -76,7 +77,9 @@ struct ModelMetrics {
   prometheus::Counter* session_tokens = nullptr;      // Tokens appended to sessions.
   prometheus::Histogram* append_duration = nullptr;   // Receipt to response, seconds.
   std::array<prometheus::Counter*, kNumSessionEnds> session_ends{};
-  // attention_requests_total by [method][status code].
+  // attention_requests_total by [method][status code]; labelled with the
+  // method's name and its protocol ("grpc", or "http" for kRestModelInfer,
+  // whose method label is "ModelInfer").
   std::array<std::array<prometheus::Counter*, wire::kNumStatusCodes>, kNumMethods> requests{};
 
   // The same requests and batches in Triton's statistics form.

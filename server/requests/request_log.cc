@@ -40,6 +40,8 @@ absl::string_view RequestLog::MethodPath(Method method) {
       return "inference.GRPCInferenceService/ModelInfer";
     case Method::kModelStreamInfer:
       return "inference.GRPCInferenceService/ModelStreamInfer";
+    case Method::kRestModelInfer:
+      return "POST /v2/models/{model}/infer";
   }
   return "unknown";
 }

@@ -104,7 +104,8 @@ void RequestPath::Answered(const ServedModel* model, const CallContext& call,
     model->metrics->CountRequest(method, status.code());
     const double seconds = absl::ToDoubleSeconds(absl::Now() - received);
     const bool infer = method == Method::kInfer || method == Method::kInferStream ||
-                       method == Method::kModelInfer || method == Method::kModelStreamInfer;
+                       method == Method::kModelInfer || method == Method::kModelStreamInfer ||
+                       method == Method::kRestModelInfer;
     const bool append = method == Method::kAppend || method == Method::kSessionStream;
     if (infer) model->metrics->request_duration->Observe(seconds);
     if (append) model->metrics->append_duration->Observe(seconds);

@@ -252,7 +252,7 @@ def live_check(args, work, procs, dashboard, alerts_file, failures):
     # The server picks its gRPC port (--port=0) and prints it; the metrics port must be given.
     metrics_port = free_port()
     _, server_log = procs.start("attention-server", [
-        server_bin, "--host=127.0.0.1", "--port=0", f"--metrics_port={metrics_port}"])
+        server_bin, "--host=127.0.0.1", "--port=0", f"--metrics_port={metrics_port}", "--http_port=0"])
 
     def grpc_port():
         procs.check_alive()

@@ -569,7 +569,7 @@ class Server:
         self.lines = []
         self.port = None
         self._listening = threading.Event()
-        args = [binary, "--host=127.0.0.1", "--port=0", "--metrics_port=0",
+        args = [binary, "--host=127.0.0.1", "--port=0", "--metrics_port=0", "--http_port=0",
                 f"--model_repository={repo_dir}", f"--default_model={DEFAULT_MODEL}"] + extra_args
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True, bufsize=1)

@@ -54,7 +54,7 @@ def main():
         export_mha(layer, os.path.join(repo, "my_layer"))
         port = free_port()
         server = subprocess.Popen([args.server_binary, "--host=127.0.0.1", f"--port={port}",
-                                   "--metrics_port=0", f"--model_repository={repo}"])
+                                   "--metrics_port=0", "--http_port=0", f"--model_repository={repo}"])
         try:
             client = AttentionClient(f"127.0.0.1:{port}", timeout=10)
             deadline = time.monotonic() + 30

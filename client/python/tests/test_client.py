@@ -43,7 +43,7 @@ class ClientTest(unittest.TestCase):
     def setUpClass(cls):
         cls.port = free_port()
         cls.server = subprocess.Popen([SERVER, "--host=127.0.0.1", f"--port={cls.port}",
-                                       "--metrics_port=0"], stderr=subprocess.DEVNULL)
+                                       "--metrics_port=0", "--http_port=0"], stderr=subprocess.DEVNULL)
         cls.client = AttentionClient(f"127.0.0.1:{cls.port}", timeout=10)
         deadline = time.monotonic() + 30
         while not cls.client.health():

@@ -122,7 +122,7 @@ def setUpModule():
     STATE["target"] = f"127.0.0.1:{port}"
     STATE["log"] = open(os.path.join(STATE["dir"].name, "server.log"), "w+")
     STATE["server"] = subprocess.Popen(
-        [SERVER, "--host=127.0.0.1", f"--port={port}", "--metrics_port=0",
+        [SERVER, "--host=127.0.0.1", f"--port={port}", "--metrics_port=0", "--http_port=0",
          f"--model_repository={repository}", "--threads=2"],
         stderr=STATE["log"])
     try:

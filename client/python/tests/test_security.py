@@ -108,7 +108,7 @@ class Servers:
         target = f"127.0.0.1:{free_port()}"
         host, port = target.split(":")
         self.processes.append(subprocess.Popen(
-            [SERVER, f"--host={host}", f"--port={port}", "--metrics_port=0",
+            [SERVER, f"--host={host}", f"--port={port}", "--metrics_port=0", "--http_port=0",
              f"--advertise_address={target}", f"--auth_tokens_file={self.path('tokens')}"]
             + flags, stderr=subprocess.DEVNULL))
         return target

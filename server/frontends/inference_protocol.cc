@@ -1,0 +1,234 @@
+#include "server/frontends/inference_protocol.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "server/frontends/oip_model_info.h"
+#include "server/frontends/sequence_sessions.h"
+#include "server/requests/identifiers.h"
+
+namespace attention::server {
+namespace {
+
+constexpr char kPlatform[] = "attention_mha";
+
+void AddTensor(const std::string& name, const std::string& datatype,
+               std::initializer_list<int64_t> shape,
+               inference::ModelMetadataResponse::TensorMetadata* t) {
+  t->set_name(name);
+  t->set_datatype(datatype);
+  t->mutable_shape()->Assign(shape.begin(), shape.end());
+}
+
+}  // namespace
+
+InferenceProtocol::InferenceProtocol(RequestPath* requests, SequenceSessions* sequences,
+                                     std::string version)
+    : requests_(requests), sequences_(sequences), version_(std::move(version)) {}
+
+absl::Status InferenceProtocol::AuthenticateProbe(const CallContext& call) const {
+  if (!requests_->options().authenticate_health) return absl::OkStatus();
+  return requests_->Authenticate(call).status();
+}
+
+bool InferenceProtocol::ServerReady() const {
+  return requests_->repository() != nullptr && !requests_->draining();
+}
+
+void InferenceProtocol::ServerMetadata(inference::ServerMetadataResponse* response) const {
+  response->set_name("attention-service");
+  response->set_version(version_);
+  // Triton's extension names for what is really supported: request
+  // parameters, configuration, statistics, and (with sessions) sequences.
+  response->add_extensions("parameters");
+  response->add_extensions("model_configuration");
+  response->add_extensions("statistics");
+  if (sequences_ != nullptr) response->add_extensions("sequence");
+}
+
+absl::StatusOr<const ServedModel*> InferenceProtocol::Model(
+    const CallContext& call, const std::string& name, const std::string& version,
+    std::shared_ptr<const Principal>* caller, bool* stateful) {
+  RETURN_IF_ERROR(CheckIdentifier(version, "model_version"));
+  absl::StatusOr<const ServedModel*> found = requests_->Admissible(call, name, caller);
+  const bool unknown = found.status().code() == absl::StatusCode::kNotFound ||
+                       found.status().code() == absl::StatusCode::kPermissionDenied;
+  if (unknown && sequences_ != nullptr && absl::EndsWith(name, kSequenceSuffix)) {
+    auto base =
+        requests_->Admissible(call, name.substr(0, name.size() - kSequenceSuffix.size()), caller);
+    if (base.ok()) {
+      found = base;
+      if (stateful != nullptr) *stateful = true;
+    }
+  }
+  ASSIGN_OR_RETURN(const ServedModel* model, std::move(found));
+  RETURN_IF_ERROR(CheckVersion(absl::StrCat("model '", model->name, "'"), version));
+  return model;
+}
+
+absl::Status InferenceProtocol::CheckVersion(const std::string& what, const std::string& version) {
+  if (version.empty() || version == kModelVersion) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat("model_version: ", what, " has version '", kModelVersion,
+                                          "' only, got '", Shown(version), "'"));
+}
+
+void InferenceProtocol::Label(const inference::ModelInferRequest& request, const ServedModel* model,
+                              inference::ModelInferResponse* response) {
+  // The stateful alias is echoed as asked.
+  const bool alias = model != nullptr && request.model_name() == SequenceAlias(model->name);
+  response->set_model_name(model != nullptr && !alias ? model->name : request.model_name());
+  response->set_model_version(kModelVersion);
+  response->set_id(Echoed(request.id()));
+}
+
+absl::Status InferenceProtocol::ModelReady(const CallContext& call, const std::string& name,
+                                           const std::string& version, bool* ready) {
+  *ready = false;
+  if (requests_->draining()) return absl::OkStatus();  // Not ready; not an error.
+  RETURN_IF_ERROR(Model(call, name, version).status());
+  *ready = true;
+  return absl::OkStatus();
+}
+
+absl::Status InferenceProtocol::ModelMetadata(const CallContext& call,
+                                              const inference::ModelMetadataRequest& request,
+                                              inference::ModelMetadataResponse* response) {
+  ASSIGN_OR_RETURN(const ServedModel* model, Model(call, request.name(), request.version()));
+  const MhaSpec& s = model->model->spec();
+  response->set_name(model->name);
+  response->add_versions(kModelVersion);
+  response->set_platform(kPlatform);
+  // Inputs also accept FP16 and BF16 (masks: BOOL or FP32); -1: any size.
+  AddTensor("query", "FP32", {-1, -1, s.embed_dim}, response->add_inputs());
+  AddTensor("key", "FP32", {-1, -1, s.kdim}, response->add_inputs());
+  AddTensor("value", "FP32", {-1, -1, s.vdim}, response->add_inputs());
+  AddTensor("key_padding_mask", "BOOL", {-1, -1}, response->add_inputs());
+  AddTensor("attn_mask", "BOOL", {-1, -1}, response->add_inputs());
+  AddTensor("output", "FP32", {-1, -1, s.embed_dim}, response->add_outputs());
+  AddTensor("attn_weights", "FP32", {-1, -1, -1}, response->add_outputs());
+  return absl::OkStatus();
+}
+
+absl::Status InferenceProtocol::ModelConfig(const CallContext& call,
+                                            const inference::ModelConfigRequest& request,
+                                            inference::ModelConfigResponse* response) {
+  bool stateful = false;
+  ASSIGN_OR_RETURN(const ServedModel* model,
+                   Model(call, request.name(), request.version(), nullptr, &stateful));
+  std::optional<absl::Duration> idle;
+  if (stateful) idle = sequences_->IdleTimeout(model);
+  DescribeModelConfig(*model, stateful ? request.name() : model->name, idle,
+                      response->mutable_config());
+  return absl::OkStatus();
+}
+
+absl::Status InferenceProtocol::ModelStatistics(const CallContext& call,
+                                                const inference::ModelStatisticsRequest& request,
+                                                inference::ModelStatisticsResponse* response) {
+  const std::string version = request.version().empty() ? kModelVersion : request.version();
+  if (!request.name().empty()) {
+    bool stateful = false;
+    ASSIGN_OR_RETURN(const ServedModel* model,
+                     Model(call, request.name(), request.version(), nullptr, &stateful));
+    DescribeModelStatistics(*model, stateful ? request.name() : model->name, version,
+                            response->add_model_stats());
+    return absl::OkStatus();
+  }
+  // Every model the caller may use.
+  ASSIGN_OR_RETURN(std::vector<const ServedModel*> models, requests_->VisibleModels(call));
+  RETURN_IF_ERROR(CheckVersion("every model", request.version()));
+  for (const ServedModel* m : models) {
+    DescribeModelStatistics(*m, m->name, version, response->add_model_stats());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InferenceProtocol::RepositoryIndex(const CallContext& call,
+                                                const inference::RepositoryIndexRequest& request,
+                                                inference::RepositoryIndexResponse* response) {
+  ASSIGN_OR_RETURN(std::vector<const ServedModel*> models, requests_->VisibleModels(call));
+  if (!request.repository_name().empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("repository_name: this server has one repository (leave it empty), got '",
+                     Shown(request.repository_name()), "'"));
+  }
+  const bool draining = requests_->draining();
+  for (const ServedModel* m : models) {
+    if (request.ready() && draining) continue;
+    auto* index = response->add_models();
+    index->set_name(m->name);
+    index->set_version(kModelVersion);
+    index->set_state(draining ? "UNAVAILABLE" : "READY");
+    if (draining) index->set_reason("server is shutting down");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InferenceProtocol::Prepare(const inference::ModelInferRequest& request,
+                                        OipRequest decoded, std::shared_ptr<const void> keep_alive,
+                                        const CallContext& call, RequestPath::Prepared* prepared) {
+  auto pending = std::make_unique<PendingRequest>();
+  pending->inputs = std::move(decoded.inputs);
+  RETURN_IF_ERROR(requests_->Finalize(std::move(pending), request.id().size(),
+                                      std::move(keep_alive), call, prepared));
+  if (decoded.timeout) {  // Triton's `timeout`: the longest wait in the queue.
+    prepared->pending->deadline =
+        std::min(prepared->pending->deadline, absl::Now() + *decoded.timeout);
+  }
+  // Outputs and their order ride along in the raw bytes' place: a response
+  // of 2 outputs costs 2 small entries more than estimated.
+  return absl::OkStatus();
+}
+
+void InferenceProtocol::Infer(CallRef call, const inference::ModelInferRequest& request,
+                              inference::ModelInferResponse* response, AdmissionHolder* holder,
+                              std::function<void(const absl::Status&)> finish) {
+  const absl::Time received = absl::Now();
+  requests_->Received();
+  std::shared_ptr<const Principal> caller;
+  const absl::StatusOr<const ServedModel*> model =
+      Model(*call, request.model_name(), request.model_version(), &caller);
+  absl::StatusOr<OipRequest> decoded =
+      model.ok() ? DecodeModelInfer(request) : absl::StatusOr<OipRequest>(model.status());
+  const ServedModel* served = model.ok() ? *model : nullptr;
+  Label(request, served, response);
+  auto answer = [this, received, served, call,
+                 finish = std::move(finish)](const absl::Status& status) {
+    requests_->Answered(served, *call, status, received);
+    finish(status);
+  };
+  absl::Status status = decoded.status();
+  if (status.ok()) status = CheckIdentifier(request.id(), "id");
+  if (status.ok()) {
+    const int64_t max_bytes = requests_->options().max_response_bytes;
+    std::vector<OipOutput> outputs = decoded->outputs;
+    auto done = [response, answer, outputs, max_bytes](RequestOutcome outcome) {
+      absl::Status result = outcome.status;
+      if (result.ok()) result = EncodeModelInfer(outcome, outputs, max_bytes, response);
+      answer(result);
+    };
+    if (decoded->sequence_id) {
+      status =
+          sequences_ == nullptr
+              ? absl::UnimplementedError("parameters['sequence_id']: this server has no sessions")
+              : sequences_->Submit(*call, request, *std::move(decoded), served, caller.get(),
+                                   nullptr, std::move(done), holder);
+    } else {
+      RequestPath::Prepared prepared;
+      prepared.model = served;
+      status = Prepare(request, *std::move(decoded), nullptr, *call, &prepared);
+      if (status.ok()) {
+        status = requests_->Submit(prepared, static_cast<int64_t>(request.ByteSizeLong()),
+                                   std::move(done), holder);
+      }
+    }
+  }
+  if (!status.ok()) answer(status);
+}
+
+}  // namespace attention::server

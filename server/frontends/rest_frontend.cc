@@ -1,0 +1,303 @@
+#include "server/frontends/rest_frontend.h"
+
+#include <httplib.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "server/frontends/rest_codec.h"
+#include "server/frontends/rest_encode.h"
+#include "server/frontends/rest_json.h"
+
+namespace attention::server {
+namespace {
+
+// {m}[/versions/{v}] in a path.
+constexpr char kModel[] = R"(/v2/models/([^/]+)(?:/versions/([^/]+))?)";
+
+CallRef CallOfRequest(const httplib::Request& req, Method method) {
+  auto call = std::make_shared<CallContext>();
+  call->method = method;
+  if (req.has_header("Authorization")) call->authorization = req.get_header_value("Authorization");
+  call->peer = absl::StrCat("http:", req.remote_addr, ":", req.remote_port);
+  return call;
+}
+
+void ReplyJson(httplib::Response& res, std::string body) {
+  res.status = 200;
+  res.body = std::move(body);
+  res.set_header("Content-Type", "application/json");
+}
+
+void ReplyError(httplib::Response& res, const absl::Status& status) {
+  res.status = HttpStatusOf(status.code());
+  res.body = ErrorBody(status);
+  res.set_header("Content-Type", "application/json");
+  if (status.code() == absl::StatusCode::kUnauthenticated) {
+    res.set_header("WWW-Authenticate", "Bearer");
+  }
+}
+
+// The answer to a probe: 200 when `up`, else 400 (as Triton answers).
+void ReplyProbe(httplib::Response& res, const absl::Status& allowed, bool up) {
+  if (!allowed.ok()) return ReplyError(res, allowed);
+  if (up) {
+    res.status = 200;
+  } else {
+    ReplyError(res, absl::UnavailableError("not ready"));
+    res.status = 400;
+  }
+}
+
+std::string Group(const httplib::Request& req, size_t i) {
+  return i < req.matches.size() ? req.matches[i].str() : std::string();
+}
+
+// Holds a request's in-flight admission until the handler returns (the
+// response written into the httplib::Response).
+class HeldAdmission : public AdmissionHolder {
+ public:
+  void Hold(std::shared_ptr<Admission> held) override { held_ = std::move(held); }
+
+ private:
+  std::shared_ptr<Admission> held_;
+};
+
+}  // namespace
+
+RestFrontend::RestFrontend(InferenceProtocol* protocol, const RestOptions& options)
+    : protocol_(protocol), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<RestFrontend>> RestFrontend::Start(InferenceProtocol* protocol,
+                                                                  const RestOptions& options) {
+  auto f = std::unique_ptr<RestFrontend>(new RestFrontend(protocol, options));
+  const bool tls = !options.tls_cert_file.empty() && !options.tls_key_file.empty();
+  if (tls) {
+    auto ssl = std::make_unique<httplib::SSLServer>(
+        options.tls_cert_file.c_str(), options.tls_key_file.c_str(),
+        options.tls_client_ca_file.empty() ? nullptr : options.tls_client_ca_file.c_str());
+    if (!ssl->is_valid()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--http_port: cannot load the TLS certificate '", options.tls_cert_file,
+                       "', key '", options.tls_key_file, "'",
+                       options.tls_client_ca_file.empty()
+                           ? std::string()
+                           : absl::StrCat(" or client CA '", options.tls_client_ca_file, "'")));
+    }
+    f->server_ = std::move(ssl);
+  } else {
+    f->server_ = std::make_unique<httplib::Server>();
+  }
+  f->tls_ = tls;
+  const int threads = std::max(1, options.threads);
+  f->server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  f->server_->set_keep_alive_max_count(100000);
+  f->server_->set_keep_alive_timeout(
+      std::max<time_t>(1, static_cast<time_t>(absl::ToInt64Seconds(options.keep_alive))));
+  // Content-Length bodies past the limit are skipped unread (then 413 below);
+  // chunked or compressed ones are cut off by the handlers' readers.
+  f->server_->set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
+  f->Route();
+  if (options.port == 0) {
+    f->port_ = f->server_->bind_to_any_port(options.host);
+  } else if (f->server_->bind_to_port(options.host, options.port)) {
+    f->port_ = options.port;
+  }
+  if (f->port_ <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--http_port: cannot listen on ", options.host, ":", options.port));
+  }
+  httplib::Server* server = f->server_.get();
+  f->listener_ = std::thread([server] { server->listen_after_bind(); });
+  // stop() only stops a server that runs: wait until it does.
+  while (!server->is_running()) absl::SleepFor(absl::Milliseconds(1));
+  return f;
+}
+
+RestFrontend::~RestFrontend() { Stop(); }
+
+void RestFrontend::Stop() {
+  if (!listener_.joinable()) return;
+  server_->stop();
+  listener_.join();  // listen_after_bind() returns once its pool has finished.
+}
+
+void RestFrontend::Route() {
+  httplib::Server& s = *server_;
+  InferenceProtocol* p = protocol_;
+  const int64_t max_body = options_.max_body_bytes;
+  // Reads a body up to the limit; false (with the reply set) when it is not
+  // read whole.
+  auto read_body = [max_body](const httplib::Request& req, httplib::Response& res,
+                              const httplib::ContentReader& reader, std::string* body) {
+    // A Content-Length past the limit is read and dropped by httplib (so the
+    // client, still sending, reads the 413); a chunked or compressed body is
+    // cut off at the limit and its connection closed.
+    bool too_big = std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) >
+                   static_cast<uint64_t>(max_body);
+    const bool read = reader([&](const char* data, size_t n) {
+      if (body->size() + n > static_cast<size_t>(max_body)) {
+        too_big = true;
+        return false;
+      }
+      body->append(data, n);
+      return true;
+    });
+    if (too_big) {
+      ReplyError(res, absl::ResourceExhaustedError(
+                          absl::StrCat("request body: larger than the server's limit of ", max_body,
+                                       " bytes (--max_message_bytes)")));
+      res.status = 413;
+      return false;
+    }
+    if (!read) {
+      ReplyError(res, absl::InvalidArgumentError("request body: could not be read whole"));
+      return false;
+    }
+    return true;
+  };
+
+  s.Get("/v2/health/live", [p](const httplib::Request& req, httplib::Response& res) {
+    ReplyProbe(res, p->AuthenticateProbe(*CallOfRequest(req, Method::kModelInfer)), true);
+  });
+  s.Get("/v2/health/ready", [p](const httplib::Request& req, httplib::Response& res) {
+    ReplyProbe(res, p->AuthenticateProbe(*CallOfRequest(req, Method::kModelInfer)),
+               p->ServerReady());
+  });
+  s.Get("/v2", [p](const httplib::Request& req, httplib::Response& res) {
+    const absl::Status allowed = p->AuthenticateProbe(*CallOfRequest(req, Method::kModelInfer));
+    if (!allowed.ok()) return ReplyError(res, allowed);
+    inference::ServerMetadataResponse metadata;
+    p->ServerMetadata(&metadata);
+    ReplyJson(res, ProtoToJson(metadata).dump());
+  });
+  // Statistics: every model's first, else "stats" would read as a model.
+  auto stats = [p](const httplib::Request& req, httplib::Response& res) {
+    inference::ModelStatisticsRequest request;
+    request.set_name(Group(req, 1));
+    request.set_version(Group(req, 2));
+    inference::ModelStatisticsResponse response;
+    const absl::Status status =
+        p->ModelStatistics(*CallOfRequest(req, Method::kModelInfer), request, &response);
+    if (!status.ok()) return ReplyError(res, status);
+    ReplyJson(res, ProtoToJson(response).dump());
+  };
+  s.Get("/v2/models/stats", stats);
+  s.Get(absl::StrCat(kModel, "/stats"), stats);
+  s.Get(absl::StrCat(kModel, "/ready"), [p](const httplib::Request& req, httplib::Response& res) {
+    bool ready = false;
+    const absl::Status status = p->ModelReady(*CallOfRequest(req, Method::kModelInfer),
+                                              Group(req, 1), Group(req, 2), &ready);
+    ReplyProbe(res, status, ready);
+  });
+  s.Get(absl::StrCat(kModel, "/config"), [p](const httplib::Request& req, httplib::Response& res) {
+    inference::ModelConfigRequest request;
+    request.set_name(Group(req, 1));
+    request.set_version(Group(req, 2));
+    inference::ModelConfigResponse response;
+    const absl::Status status =
+        p->ModelConfig(*CallOfRequest(req, Method::kModelInfer), request, &response);
+    if (!status.ok()) return ReplyError(res, status);
+    ReplyJson(res, ProtoToJson(response.config()).dump());
+  });
+  s.Get(kModel, [p](const httplib::Request& req, httplib::Response& res) {
+    inference::ModelMetadataRequest request;
+    request.set_name(Group(req, 1));
+    request.set_version(Group(req, 2));
+    inference::ModelMetadataResponse response;
+    const absl::Status status =
+        p->ModelMetadata(*CallOfRequest(req, Method::kModelInfer), request, &response);
+    if (!status.ok()) return ReplyError(res, status);
+    ReplyJson(res, ProtoToJson(response).dump());
+  });
+  s.Post("/v2/repository/index", [p, read_body](const httplib::Request& req, httplib::Response& res,
+                                                const httplib::ContentReader& reader) {
+    std::string body;
+    if (!read_body(req, res, reader, &body)) return;
+    inference::RepositoryIndexRequest request;
+    if (!body.empty()) {
+      const nlohmann::json json = nlohmann::json::parse(body, nullptr, false);
+      if (!json.is_object() || (json.contains("ready") && !json["ready"].is_boolean())) {
+        return ReplyError(res, absl::InvalidArgumentError(
+                                   "request body: expected {} or {\"ready\": true|false}"));
+      }
+      request.set_ready(json.value("ready", false));
+    }
+    inference::RepositoryIndexResponse response;
+    const absl::Status status =
+        p->RepositoryIndex(*CallOfRequest(req, Method::kModelInfer), request, &response);
+    if (!status.ok()) return ReplyError(res, status);
+    nlohmann::json models = nlohmann::json::array();
+    for (const auto& m : response.models()) models.push_back(ProtoToJson(m));
+    ReplyJson(res, models.dump());
+  });
+  s.Post(absl::StrCat(kModel, "/infer"), [p, read_body](const httplib::Request& req,
+                                                        httplib::Response& res,
+                                                        const httplib::ContentReader& reader) {
+    const CallRef call = CallOfRequest(req, Method::kRestModelInfer);
+    std::string body;
+    if (!read_body(req, res, reader, &body)) return;
+    std::optional<size_t> header_length;
+    if (req.has_header("Inference-Header-Content-Length")) {
+      const std::string v = req.get_header_value("Inference-Header-Content-Length");
+      size_t n = 0;
+      const auto [end, error] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (error != std::errc() || end != v.data() + v.size()) {
+        return ReplyError(res, absl::InvalidArgumentError(absl::StrCat(
+                                   "Inference-Header-Content-Length: expected a byte count, got '",
+                                   v.substr(0, 32), "'")));
+      }
+      header_length = n;
+    }
+    absl::StatusOr<RestInferRequest> decoded =
+        DecodeRestInfer(body, header_length, Group(req, 1), Group(req, 2));
+    std::string().swap(body);
+    if (!decoded.ok()) {
+      // Counted and logged as the protocol counts a refusal.
+      p->requests()->Received();
+      p->requests()->Answered(nullptr, *call, decoded.status(), absl::Now());
+      return ReplyError(res, decoded.status());
+    }
+    inference::ModelInferResponse response;
+    HeldAdmission held;
+    absl::Notification answered;
+    absl::Status result;
+    p->Infer(call, decoded->request, &response, &held, [&](const absl::Status& status) {
+      result = status;
+      answered.Notify();
+    });
+    answered.WaitForNotification();
+    if (!result.ok()) return ReplyError(res, result);
+    RestBody out = EncodeRestInfer(response, *decoded);
+    res.status = 200;
+    res.body = std::move(out.bytes);
+    if (out.header_length) {
+      res.set_header("Content-Type", "application/octet-stream");
+      res.set_header("Inference-Header-Content-Length", absl::StrCat(*out.header_length));
+    } else {
+      res.set_header("Content-Type", "application/json");
+    }
+  });
+  // Any other POST: refused before its body is read.
+  s.Post(
+      ".*", [](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
+        ReplyError(res,
+                   absl::NotFoundError(absl::StrCat("no endpoint POST ", req.path.substr(0, 200))));
+      });
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const absl::Status status = res.status == 404
+                                    ? absl::NotFoundError(absl::StrCat(
+                                          "no endpoint ", req.method, " ", req.path.substr(0, 200)))
+                                    : absl::InvalidArgumentError(absl::StrCat("HTTP ", res.status));
+    const int code = res.status;
+    ReplyError(res, status);
+    res.status = code;
+  });
+}
+
+}  // namespace attention::server

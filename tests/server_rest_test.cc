@@ -1,0 +1,575 @@
+// The KServe v2 REST front-end end to end over loopback (cpp-httplib's
+// client): JSON and binary-extension inference equal to the engine's solo
+// result and to the same request over gRPC, on every model variant of the
+// shared fixture (kdim/vdim != E, bias_kv, zero_attn); sequences in request
+// parameters; metadata, configuration, statistics and the repository index
+// as Triton's tools read them; bad requests answered with the right HTTP
+// status and a message naming the field; bodies past the limit refused;
+// tokens and TLS on the REST port.
+#include <httplib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "inference/grpc_predict_v2.grpc.pb.h"
+#include "nlohmann/json.hpp"
+#include "server/security/token_authenticator.h"
+#include "tests/server_fixture.h"
+#include "tests/test_certificates.h"
+
+namespace attention {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+json FloatsJson(const Tensor& t) {
+  json data = json::array();
+  for (int64_t i = 0; i < t.num_elements(); ++i) data.push_back(t.as<float>()[i]);
+  return data;
+}
+
+json BoolsJson(const Tensor& t) {
+  json data = json::array();
+  for (int64_t i = 0; i < t.num_elements(); ++i) data.push_back(t.as<uint8_t>()[i] != 0);
+  return data;
+}
+
+json Input(const std::string& name, const std::string& datatype, const Shape& shape, json data) {
+  return json{{"name", name}, {"datatype", datatype}, {"shape", shape}, {"data", std::move(data)}};
+}
+
+// The floats of output `name` in a JSON response.
+std::vector<float> OutputData(const json& response, const std::string& name) {
+  for (const json& o : response["outputs"]) {
+    if (o["name"] == name) return o["data"].get<std::vector<float>>();
+  }
+  ADD_FAILURE() << "no output " << name << " in " << response.dump().substr(0, 300);
+  return {};
+}
+
+class RestTest : public ServerTest {
+ protected:
+  httplib::Client Client() {
+    httplib::Client client("127.0.0.1", server_->http_port());
+    client.set_read_timeout(30, 0);
+    return client;
+  }
+  httplib::Result PostJson(const std::string& path, const json& body) {
+    return Client().Post(path.c_str(), body.dump(), "application/json");
+  }
+  // The same inputs over gRPC's ModelInfer, outputs as floats by name.
+  std::map<std::string, std::vector<float>> GrpcInfer(
+      const std::string& model, const std::vector<std::pair<std::string, const Tensor*>>& inputs,
+      bool need_weights) {
+    inference::ModelInferRequest r;
+    r.set_model_name(model);
+    for (const auto& [name, t] : inputs) {
+      auto* in = r.add_inputs();
+      in->set_name(name);
+      in->set_datatype(t->dtype() == DType::kBool ? "BOOL" : "FP32");
+      in->mutable_shape()->Assign(t->shape().begin(), t->shape().end());
+      r.add_raw_input_contents(std::string(static_cast<const char*>(t->data()), t->num_bytes()));
+    }
+    if (need_weights) (*r.mutable_parameters())["need_weights"].set_bool_param(true);
+    grpc::ClientContext context;
+    inference::ModelInferResponse response;
+    const grpc::Status status =
+        inference::GRPCInferenceService::NewStub(*channel_)->ModelInfer(&context, r, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    std::map<std::string, std::vector<float>> out;
+    for (int i = 0; i < response.outputs_size() && status.ok(); ++i) {
+      const std::string& bytes = response.raw_output_contents(i);
+      std::vector<float> v(bytes.size() / 4);
+      std::memcpy(v.data(), bytes.data(), bytes.size());
+      out[response.outputs(i).name()] = v;
+    }
+    return out;
+  }
+};
+
+TEST_F(RestTest, JsonInferEqualsGrpcAndTheEngineOnACrossModel) {
+  // "cross": E=16, kdim 12, vdim 10, bias_kv, zero_attn.
+  std::mt19937 rng(7);
+  const Tensor query = RandomTensor({2, 5, 16}, rng);
+  const Tensor key = RandomTensor({2, 7, 12}, rng);
+  const Tensor value = RandomTensor({2, 7, 10}, rng);
+  const Tensor kpm = RandomMask({2, 7}, rng, 0.3);
+  const Tensor mask = RandomTensor({5, 7}, rng, 1.0f);
+  const json body = {{"id", "req-1"},
+                     {"parameters", {{"need_weights", true}}},
+                     {"inputs",
+                      {Input("query", "FP32", query.shape(), FloatsJson(query)),
+                       Input("key", "FP32", key.shape(), FloatsJson(key)),
+                       Input("value", "FP32", value.shape(), FloatsJson(value)),
+                       Input("key_padding_mask", "BOOL", kpm.shape(), BoolsJson(kpm)),
+                       Input("attn_mask", "FP32", mask.shape(), FloatsJson(mask))}}};
+  const auto res = PostJson("/v2/models/cross/infer", body);
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+  const json response = json::parse(res->body);
+  EXPECT_EQ(response["model_name"], "cross");
+  EXPECT_EQ(response["model_version"], "1");
+  EXPECT_EQ(response["id"], "req-1");
+  EXPECT_TRUE(response["parameters"]["queue_us"].is_number());
+  ASSERT_EQ(response["outputs"].size(), 2u);
+  EXPECT_EQ(response["outputs"][0]["shape"], json({2, 5, 16}));
+  EXPECT_EQ(response["outputs"][1]["shape"], json({2, 5, 9}));  // 7 keys + bias_kv + zero_attn.
+
+  MhaInputs in;
+  in.query = query.view();
+  in.key = key.view();
+  in.value = value.view();
+  in.key_padding_mask = kpm.view();
+  in.attn_mask = mask.view();
+  in.need_weights = true;
+  const MhaOutputs solo = *Engine("cross").Forward(in);
+  const std::vector<float> output = OutputData(response, "output");
+  const std::vector<float> weights = OutputData(response, "attn_weights");
+  ASSERT_EQ(output.size(), static_cast<size_t>(solo.output.num_elements()));
+  for (size_t i = 0; i < output.size(); ++i) {
+    ASSERT_NEAR(output[i], solo.output.as<float>()[i], 1e-5) << i;
+  }
+  ASSERT_EQ(weights.size(), static_cast<size_t>(solo.attn_weights->num_elements()));
+  // And over gRPC, the same numbers (JSON's shortest form round-trips a float).
+  auto grpc = GrpcInfer("cross",
+                        {{"query", &query},
+                         {"key", &key},
+                         {"value", &value},
+                         {"key_padding_mask", &kpm},
+                         {"attn_mask", &mask}},
+                        true);
+  ASSERT_EQ(grpc["output"].size(), output.size());
+  for (size_t i = 0; i < output.size(); ++i) ASSERT_NEAR(grpc["output"][i], output[i], 1e-6) << i;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    ASSERT_NEAR(grpc["attn_weights"][i], weights[i], 1e-6) << i;
+  }
+}
+
+TEST_F(RestTest, BinaryExtensionInAndOutEqualsJson) {
+  std::mt19937 rng(8);
+  const Tensor query = RandomTensor({1, 6, 32}, rng);
+  // Nested JSON data, as a JSON client may send it.
+  json nested = json::array();
+  for (int l = 0; l < 6; ++l) {
+    json row = json::array();
+    for (int e = 0; e < 32; ++e) row.push_back(query.as<float>()[l * 32 + e]);
+    nested.push_back(row);
+  }
+  const auto json_res =
+      PostJson("/v2/models/small/infer",
+               {{"inputs", {Input("query", "FP32", {1, 6, 32}, json::array({nested}))}},
+                {"parameters", {{"is_causal", true}}}});
+  ASSERT_TRUE(json_res);
+  ASSERT_EQ(json_res->status, 200) << json_res->body;
+  const std::vector<float> from_json = OutputData(json::parse(json_res->body), "output");
+
+  const json header = {
+      {"parameters", {{"is_causal", true}}},
+      {"inputs",
+       {{{"name", "query"},
+         {"datatype", "FP32"},
+         {"shape", {1, 6, 32}},
+         {"parameters", {{"binary_data_size", query.num_bytes()}}}}}},
+      {"outputs", {{{"name", "output"}, {"parameters", {{"binary_data", true}}}}}}};
+  const std::string head = header.dump();
+  const std::string body =
+      head + std::string(static_cast<const char*>(query.data()), query.num_bytes());
+  httplib::Headers headers = {{"Inference-Header-Content-Length", std::to_string(head.size())}};
+  const auto res =
+      Client().Post("/v2/models/small/infer", headers, body, "application/octet-stream");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  ASSERT_TRUE(res->has_header("Inference-Header-Content-Length"));
+  const size_t json_length = std::stoul(res->get_header_value("Inference-Header-Content-Length"));
+  const json response = json::parse(res->body.substr(0, json_length));
+  ASSERT_EQ(response["outputs"][0]["parameters"]["binary_data_size"], 6 * 32 * 4);
+  EXPECT_FALSE(response["outputs"][0].contains("data"));
+  ASSERT_EQ(res->body.size(), json_length + 6 * 32 * 4);
+  std::vector<float> from_binary(6 * 32);
+  std::memcpy(from_binary.data(), res->body.data() + json_length, 6 * 32 * 4);
+  ASSERT_EQ(from_binary.size(), from_json.size());
+  for (size_t i = 0; i < from_json.size(); ++i) EXPECT_EQ(from_binary[i], from_json[i]) << i;
+
+  // BF16 travels binary only; its result is within bfloat16's rounding.
+  std::string bf16(6 * 32 * 2, '\0');
+  for (int i = 0; i < 6 * 32; ++i) {
+    const uint16_t b = FloatToBFloat16(query.as<float>()[i]);
+    std::memcpy(&bf16[2 * i], &b, 2);
+  }
+  json bf_header = header;
+  bf_header["inputs"][0]["datatype"] = "BF16";
+  bf_header["inputs"][0]["parameters"]["binary_data_size"] = bf16.size();
+  bf_header["parameters"]["binary_data_output"] = true;
+  bf_header.erase("outputs");
+  const std::string bf_head = bf_header.dump();
+  headers = {{"Inference-Header-Content-Length", std::to_string(bf_head.size())}};
+  const auto bf_res =
+      Client().Post("/v2/models/small/infer", headers, bf_head + bf16, "application/octet-stream");
+  ASSERT_TRUE(bf_res);
+  ASSERT_EQ(bf_res->status, 200) << bf_res->body;
+  const size_t bf_json = std::stoul(bf_res->get_header_value("Inference-Header-Content-Length"));
+  const json bf_response = json::parse(bf_res->body.substr(0, bf_json));
+  const std::string dtype = bf_response["outputs"][0]["datatype"];
+  const size_t size = dtype == "FP32" ? 4 : 2;
+  ASSERT_EQ(bf_res->body.size() - bf_json, 6 * 32 * size) << dtype;
+  for (int i = 0; i < 6 * 32; ++i) {
+    float v = 0;
+    if (size == 4) {
+      std::memcpy(&v, bf_res->body.data() + bf_json + 4 * i, 4);
+    } else {
+      uint16_t b = 0;
+      std::memcpy(&b, bf_res->body.data() + bf_json + 2 * i, 2);
+      v = BFloat16ToFloat(b);
+    }
+    EXPECT_NEAR(v, from_json[i], 2e-2 * (1 + std::abs(from_json[i]))) << i;
+  }
+}
+
+TEST_F(RestTest, BadRequestsGetTheRightStatusAndNameTheField) {
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string message;
+  };
+  const std::string q = R"("inputs":[{"name":"query","datatype":"FP32","shape":[1,1,32],"data":)";
+  std::string data32 = "[";
+  for (int i = 0; i < 32; ++i) absl::StrAppend(&data32, i ? "," : "", "0.5");
+  data32 += "]";
+  const std::vector<Case> cases = {
+      {"/v2/models/small/infer", "{not json", 400, "not valid JSON"},
+      {"/v2/models/small/infer", "[1,2]", 400, "request body: expected a JSON object"},
+      {"/v2/models/small/infer", "{" + q + "[1,2,3]}]}", 400,
+       "inputs[0] ('query').data: shape [1,1,32] holds 32 elements, got 3"},
+      {"/v2/models/nope/infer", "{" + q + data32 + "}]}", 404, "nope"},
+      {"/v2/models/small/versions/7/infer", "{" + q + data32 + "}]}", 404, "model_version"},
+      {"/v2/models/small/infer",
+       R"({"inputs":[{"name":"quer","datatype":"FP32","shape":[1,1,32],"data":)" + data32 + "}]}",
+       400, "inputs[0] ('quer').name: expected one of"},
+      {"/v2/models/small/infer", "{" + q + "[\"a\"]}]}", 400, "inputs[0] ('query').data"},
+      {"/v2/models/small/infer",
+       R"({"inputs":[{"name":"query","datatype":"FP16","shape":[1,1,32],"data":)" + data32 + "}]}",
+       400, "FP16 has no JSON form here"},
+      {"/v2/models/small/infer",
+       R"({"inputs":[{"name":"query","datatype":"INT8","shape":[1],"data":[1]}]})", 400,
+       "inputs[0] ('query').datatype: expected FP32, FP16, BF16 or BOOL, got 'INT8'"},
+      // A huge claimed shape with little data: refused by counting, before
+      // anything is allocated for it.
+      {"/v2/models/small/infer",
+       R"({"inputs":[{"name":"query","datatype":"FP32","shape":[100000,100000,100000],"data":[1,2]}]})",
+       400, "holds too many elements, got 2"},
+      {"/v2/models/small/infer",
+       R"({"inputs":[{"name":"query","datatype":"FP32","shape":[1,1,32],"parameters":{"binary_data_size":128}}]})",
+       400, "only 0 bytes of binary data are left"},
+      {"/v2/models/small/infer",
+       R"({"inputs":[{"name":"query","datatype":"FP32","shape":[1,2,32],"parameters":{"binary_data_size":128}}]})",
+       400, "shape [1,2,32] of FP32 needs 256 bytes, got 128"},
+      {"/v2/models/small/infer", "{" + q + data32 + R"(}],"parameters":{"need_weights":3}})", 400,
+       "parameters['need_weights']: expected bool_param"},
+      {"/v2/models/small/infer", "{" + q + data32 + R"(}],"outputs":[{"name":"logits"}]})", 400,
+       "logits"},
+      {"/v2/nothing", "{}", 404, "no endpoint POST /v2/nothing"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.path + " " + c.body.substr(0, 120));
+    const auto res = Client().Post(c.path.c_str(), c.body, "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, c.status) << res->body;
+    const json error = json::parse(res->body, nullptr, false);
+    ASSERT_TRUE(error.is_object()) << res->body;
+    EXPECT_THAT(error.value("error", ""), HasSubstr(c.message));
+  }
+  // Wrong dimension: the engine's validation message, as over gRPC.
+  const auto res =
+      PostJson("/v2/models/small/infer",
+               {{"inputs", {Input("query", "FP32", {1, 2, 16}, std::vector<float>(32, 1.f))}}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_THAT(res->body, HasSubstr("query"));
+  EXPECT_THAT(res->body, HasSubstr("32"));
+  // The server still serves.
+  const auto ok =
+      Client().Post("/v2/models/small/infer", "{" + q + data32 + "}]}", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+TEST_F(RestTest, OversizedBodiesAre413ChunkedOrNot) {
+  // The fixture's limit is 1 MiB.
+  const std::string big(size_t{1} << 21, ' ');
+  auto res = Client().Post("/v2/models/small/infer", big, "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 413);
+  EXPECT_THAT(res->body, HasSubstr("--max_message_bytes"));
+  // Chunked: no Content-Length to refuse by, cut off while read.
+  httplib::Client client = Client();
+  size_t sent = 0;
+  res = client.Post(
+      "/v2/models/small/infer",
+      [&](size_t, httplib::DataSink& sink) {
+        if (sent >= (size_t{4} << 20)) {
+          sink.done();
+          return true;
+        }
+        const std::string chunk(1 << 16, ' ');
+        sent += chunk.size();
+        return sink.write(chunk.data(), chunk.size());
+      },
+      "application/json");
+  if (res) {
+    EXPECT_EQ(res->status, 413);
+  }  // Else the server closed the connection while the client still sent.
+  EXPECT_LE(sent, size_t{4} << 20);
+  // Still serving.
+  EXPECT_EQ(Client().Get("/v2/health/ready")->status, 200);
+}
+
+TEST_F(RestTest, MetadataConfigStatsAndIndexAsTritonToolsReadThem) {
+  auto res = Client().Get("/v2");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  const json server = json::parse(res->body);
+  EXPECT_EQ(server["name"], "attention-service");
+  EXPECT_THAT(server["extensions"].get<std::vector<std::string>>(),
+              ::testing::IsSupersetOf({"statistics", "model_configuration", "sequence"}));
+  EXPECT_EQ(Client().Get("/v2/health/live")->status, 200);
+  EXPECT_EQ(Client().Get("/v2/health/ready")->status, 200);
+  EXPECT_EQ(Client().Get("/v2/models/cross/ready")->status, 200);
+  EXPECT_EQ(Client().Get("/v2/models/cross/versions/1/ready")->status, 200);
+  EXPECT_EQ(Client().Get("/v2/models/nope/ready")->status, 404);
+
+  res = Client().Get("/v2/models/cross");
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json metadata = json::parse(res->body);
+  EXPECT_EQ(metadata["versions"], json({"1"}));
+  EXPECT_EQ(metadata["inputs"][1]["shape"], json({-1, -1, 12}));  // Numbers, not strings.
+
+  res = Client().Get("/v2/models/cross/config");
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json config = json::parse(res->body);
+  EXPECT_EQ(config["name"], "cross");
+  EXPECT_EQ(config["max_batch_size"], 0);
+  EXPECT_TRUE(config.contains("dynamic_batching"));
+  EXPECT_FALSE(config.contains("sequence_batching"));
+  EXPECT_EQ(config["input"][0]["data_type"], "TYPE_FP32");
+  EXPECT_EQ(config["input"][0]["optional"], false);
+  EXPECT_EQ(config["input"][1]["optional"], true);
+  EXPECT_EQ(config["input"][1]["dims"], json({-1, -1, 12}));
+  res = Client().Get("/v2/models/cross_sequence/config");
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_TRUE(json::parse(res->body).contains("sequence_batching"));
+
+  // Statistics: numbers and a string version (perf_analyzer reads them
+  // with GetUint64 and GetString), equal compute counts.
+  ASSERT_EQ(PostJson("/v2/models/tiny_queue/infer",
+                     {{"inputs",
+                       {Input("query", "FP32", {1, 1, 16},
+                              json::array({json(std::vector<float>(16, 0.25f))}))}}})
+                ->status,
+            200);
+  res = Client().Get("/v2/models/tiny_queue/stats");
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json stats = json::parse(res->body)["model_stats"][0];
+  EXPECT_EQ(stats["name"], "tiny_queue");
+  EXPECT_EQ(stats["version"], "1");
+  EXPECT_TRUE(stats["inference_count"].is_number_unsigned());
+  EXPECT_GE(stats["inference_count"].get<uint64_t>(), 1u);
+  for (const char* key : {"success", "fail", "queue", "compute_input", "compute_infer",
+                          "compute_output", "cache_hit", "cache_miss"}) {
+    ASSERT_TRUE(stats["inference_stats"].contains(key)) << key;
+    EXPECT_TRUE(stats["inference_stats"][key]["count"].is_number()) << key;
+    EXPECT_TRUE(stats["inference_stats"][key]["ns"].is_number()) << key;
+  }
+  EXPECT_EQ(stats["inference_stats"]["compute_input"]["count"],
+            stats["inference_stats"]["compute_infer"]["count"]);
+  res = Client().Get("/v2/models/stats");
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(json::parse(res->body)["model_stats"].size(), 3u);
+
+  res = Client().Post("/v2/repository/index", R"({"ready": true})", "application/json");
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json index = json::parse(res->body);
+  ASSERT_TRUE(index.is_array());
+  ASSERT_EQ(index.size(), 3u);
+  EXPECT_EQ(index[0]["state"], "READY");
+  EXPECT_EQ(Client().Post("/v2/repository/index", "", "application/json")->status, 200);
+  EXPECT_EQ(Client().Post("/v2/repository/index", "[", "application/json")->status, 400);
+}
+
+TEST_F(RestTest, SequencesInParametersDecodeTokenByTokenAsOverGrpc) {
+  std::mt19937 rng(9);
+  const Tensor tokens = RandomTensor({1, 4, 32}, rng);
+  std::vector<std::vector<float>> rest_rows;
+  for (int t = 0; t < 4; ++t) {
+    std::vector<float> row(tokens.as<float>() + t * 32, tokens.as<float>() + (t + 1) * 32);
+    json parameters = {{"sequence_id", 4242}};
+    if (t == 0) parameters["sequence_start"] = true;
+    if (t == 3) parameters["sequence_end"] = true;
+    const auto res = PostJson(
+        "/v2/models/small_sequence/infer",
+        {{"parameters", parameters}, {"inputs", {Input("query", "FP32", {1, 1, 32}, row)}}});
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(json::parse(res->body)["model_name"], "small_sequence");
+    rest_rows.push_back(OutputData(json::parse(res->body), "output"));
+  }
+  // The stateless causal result over the whole prefix: row t attends to 0..t.
+  MhaInputs in;
+  in.query = tokens.view();
+  in.is_causal = true;
+  const MhaOutputs causal = *Engine("small").Forward(in);
+  for (int t = 0; t < 4; ++t) {
+    for (int e = 0; e < 32; ++e) {
+      ASSERT_NEAR(rest_rows[t][e], causal.output.as<float>()[t * 32 + e], 1e-5) << t << "," << e;
+    }
+  }
+  // Ended: the next step is NOT_FOUND, as over gRPC.
+  const auto res =
+      PostJson("/v2/models/small/infer",
+               {{"parameters", {{"sequence_id", 4242}}},
+                {"inputs", {Input("query", "FP32", {1, 1, 32}, std::vector<float>(32, 0.f))}}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404) << res->body;
+}
+
+TEST_F(RestTest, RequestsAreCountedWithTheHttpProtocolLabel) {
+  const server::ModelMetrics& m = ModelMetricsOf("small");
+  const auto count = [&] {
+    return m.requests[static_cast<int>(server::Method::kRestModelInfer)][0]->Value();
+  };
+  const double before = count();
+  const auto res =
+      PostJson("/v2/models/small/infer",
+               {{"inputs", {Input("query", "FP32", {1, 1, 32}, std::vector<float>(32, 1.f))}}});
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(count(), before + 1);
+  httplib::Client metrics("127.0.0.1", metrics_port_);
+  const auto text = metrics.Get("/metrics");
+  ASSERT_TRUE(text);
+  EXPECT_THAT(text->body, HasSubstr("protocol=\"http\""));
+  EXPECT_THAT(text->body, HasSubstr("protocol=\"grpc\""));
+}
+
+// Tokens and TLS on the REST port: servers of their own.
+class RestSecurityTest : public ::testing::Test {
+ protected:
+  static std::string Dir() {
+    return ::testing::TempDir() + "/rest_security_test_" + std::to_string(getpid());
+  }
+  static std::unique_ptr<AttentionServer> Start(const std::function<void(ServerOptions&)>& tweak) {
+    const std::string models = Dir() + "/models";
+    if (!std::filesystem::exists(models)) {
+      testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1),
+                             models + "/small");
+      testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 2),
+                             models + "/other");
+    }
+    ServerOptions o;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.metrics_port = 0;
+    o.http_port = 0;
+    o.repository.path = models;
+    o.repository.compute_threads = 1;
+    o.repository.warmup = false;
+    tweak(o);
+    auto server = AttentionServer::Listen(o);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return nullptr;
+    EXPECT_TRUE((*server)->LoadModels().ok());
+    return *std::move(server);
+  }
+  static std::string Body() {
+    return json{{"inputs", {Input("query", "FP32", {1, 1, 16}, std::vector<float>(16, 1.f))}}}
+        .dump();
+  }
+};
+
+TEST_F(RestSecurityTest, BearerTokensAsOverGrpc) {
+  std::filesystem::create_directories(Dir());
+  const std::string tokens = Dir() + "/tokens";
+  {
+    std::ofstream out(tokens);
+    const auto hash = [](const std::string& t) {
+      const auto h = server::TokenAuthenticator::Hash(t);
+      return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h.data()), 32));
+    };
+    out << hash("alice-secret") << " alice small\n";
+  }
+  auto server = Start([&](ServerOptions& o) { o.auth_tokens_file = tokens; });
+  ASSERT_NE(server, nullptr);
+  httplib::Client client("127.0.0.1", server->http_port());
+  auto res = client.Post("/v2/models/small/infer", Body(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 401);
+  EXPECT_EQ(res->get_header_value("WWW-Authenticate"), "Bearer");
+  EXPECT_THAT(res->body, HasSubstr("error"));
+  httplib::Headers bad = {{"Authorization", "Bearer wrong"}};
+  EXPECT_EQ(client.Post("/v2/models/small/infer", bad, Body(), "application/json")->status, 401);
+  httplib::Headers alice = {{"Authorization", "Bearer alice-secret"}};
+  res = client.Post("/v2/models/small/infer", alice, Body(), "application/json");
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(client.Post("/v2/models/other/infer", alice, Body(), "application/json")->status, 403);
+  EXPECT_EQ(client.Get("/v2/models/other/config", alice)->status, 403);
+  EXPECT_EQ(client.Get("/v2/models/small/config")->status, 401);
+  // Probes stay open without --auth_probes, as over gRPC.
+  EXPECT_EQ(client.Get("/v2/health/ready")->status, 200);
+  res = client.Get("/v2/models/stats", alice);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(json::parse(res->body)["model_stats"].size(), 1u);  // Only alice's model.
+}
+
+TEST_F(RestSecurityTest, TlsOnTheRestPortWithTheGrpcPortsCertificate) {
+  testing::TestCertificates certs(Dir() + "/certs");
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  auto server = Start([&](ServerOptions& o) {
+    o.tls.cert_file = certs.Path("server-ca1.pem");
+    o.tls.key_file = certs.Path("server-ca1.key");
+  });
+  ASSERT_NE(server, nullptr);
+  httplib::SSLClient trusting("localhost", server->http_port());
+  trusting.set_ca_cert_path(certs.Path("ca1.pem").c_str());
+  trusting.enable_server_certificate_verification(true);
+  auto res = trusting.Post("/v2/models/small/infer", Body(), "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200) << res->body;
+  httplib::SSLClient other_ca("localhost", server->http_port());
+  other_ca.set_ca_cert_path(certs.Path("ca2.pem").c_str());
+  other_ca.enable_server_certificate_verification(true);
+  EXPECT_FALSE(other_ca.Get("/v2/health/live"));
+  httplib::Client plain("127.0.0.1", server->http_port());
+  const auto plain_res = plain.Get("/v2/health/live");
+  EXPECT_TRUE(!plain_res || plain_res->status != 200);
+}
+
+TEST_F(RestSecurityTest, MutualTlsNeedsAClientCertificate) {
+  testing::TestCertificates certs(Dir() + "/mcerts");
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  auto server = Start([&](ServerOptions& o) {
+    o.tls.cert_file = certs.Path("server-ca1.pem");
+    o.tls.key_file = certs.Path("server-ca1.key");
+    o.tls.client_ca_file = certs.Path("ca1.pem");
+  });
+  ASSERT_NE(server, nullptr);
+  httplib::SSLClient with_cert("localhost", server->http_port(), certs.Path("client-ca1.pem"),
+                               certs.Path("client-ca1.key"));
+  with_cert.set_ca_cert_path(certs.Path("ca1.pem").c_str());
+  auto res = with_cert.Post("/v2/models/small/infer", Body(), "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  httplib::SSLClient without("localhost", server->http_port());
+  without.set_ca_cert_path(certs.Path("ca1.pem").c_str());
+  EXPECT_FALSE(without.Get("/v2/health/live"));
+}
+
+}  // namespace
+}  // namespace attention
