@@ -1,5 +1,11 @@
 #!/usr/bin/env python3
-"""Checks deploy/kserve/inferenceservice.yaml for what KServe and Knative need (no cluster).
+"""Checks deploy/kserve/inferenceservice{,-rest}.yaml for what KServe and Knative need (no cluster).
+
+inferenceservice-rest.yaml is the same predictor serving the KServe v2 REST protocol: its one
+port is http1 (--http_port, 8000) and its probes are HTTP GETs of /v2/health/ready and
+/v2/health/live (Knative routes a single port per revision, so gRPC and REST are two
+InferenceServices). The rest of this description holds for both, with their own port.
+
 
     /usr/bin/python3 tests/deploy/check_kserve.py [--repo DIR]
 
@@ -27,18 +33,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_kubernetes import memory_bytes  # noqa: E402
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repo", default=os.path.join(os.path.dirname(__file__), "..", ".."))
-    args = parser.parse_args()
+def check_isvc(repo, name, rest):
+    """Checks deploy/kserve/<name>: gRPC (h2c, 50051) or, with `rest`, REST (http1, 8000)."""
     errors = []
 
     def check(condition, message):
         if not condition:
-            errors.append(message)
+            errors.append(f"{name}: {message}")
         return condition
 
-    with open(os.path.join(args.repo, "deploy", "kserve", "inferenceservice.yaml")) as f:
+    args = argparse.Namespace(repo=repo)
+    with open(os.path.join(args.repo, "deploy", "kserve", name)) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
     with open(os.path.join(args.repo, "deploy", "kubernetes", "deployment.yaml")) as f:
         deployment = next(d for d in yaml.safe_load_all(f) if d and d["kind"] == "Deployment")
@@ -79,7 +84,15 @@ def main():
             flags[m.group(1)] = m.group(2)
     ports = [p for c in containers for p in c.get("ports", [])]
     check(len(ports) == 1, f"Knative allows one container port, got {len(ports)}")
-    if ports:
+    if ports and rest:
+        # REST: HTTP/1.1 to the server's --http_port; gRPC stays reachable
+        # only inside the pod (Knative routes one port).
+        port = ports[0]
+        check(port.get("name") == "http1",
+              f"the REST port must be named http1, got {port.get('name')!r}")
+        check(port.get("containerPort") == int(flags.get("http_port", 8000)),
+              f"the http1 port {port.get('containerPort')} is not --http_port")
+    elif ports:
         port = ports[0]
         check(port.get("name") == "h2c",
               f"the port must be named h2c (gRPC over HTTP/2 cleartext), got {port.get('name')!r}")
@@ -102,7 +115,14 @@ def main():
     # Probes.
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         spec = container.get(probe)
-        if check(spec is not None, f"{probe} missing"):
+        if not check(spec is not None, f"{probe} missing"):
+            continue
+        if rest:
+            path = "/v2/health/ready" if probe == "readinessProbe" else "/v2/health/live"
+            get = spec.get("httpGet", {})
+            check(get.get("path") == path and get.get("port") == int(flags.get("http_port", 8000)),
+                  f"{probe} must be an HTTP GET of {path} on --http_port")
+        else:
             check(spec.get("grpc", {}).get("port") == 50051,
                   f"{probe} must be a gRPC health probe on 50051")
 
@@ -164,10 +184,18 @@ def main():
     check(annotations.get("prometheus.kserve.io/path") == "/metrics",
           "prometheus.kserve.io/path must be /metrics")
 
+    print(f"checked deploy/kserve/{name}: {'ok' if not errors else f'{len(errors)} problem(s)'}")
+    return errors
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repo", default=os.path.join(os.path.dirname(__file__), "..", ".."))
+    args = parser.parse_args()
+    errors = (check_isvc(args.repo, "inferenceservice.yaml", rest=False) +
+              check_isvc(args.repo, "inferenceservice-rest.yaml", rest=True))
     for e in errors:
         print("FAIL:", e)
-    print(f"checked deploy/kserve/inferenceservice.yaml: "
-          f"{'ok' if not errors else f'{len(errors)} problem(s)'}")
     return 1 if errors else 0
 
 

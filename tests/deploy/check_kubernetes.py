@@ -143,8 +143,19 @@ def main():
           "the HPA must target the Deployment")
     with open(os.path.join(args.repo, "docker", "Dockerfile")) as f:
         dockerfile = f.read()
-    check(re.search(r"^EXPOSE 50051 9464$", dockerfile, re.M) is not None,
-          "the Dockerfile must EXPOSE 50051 9464")
+    check(re.search(r"^EXPOSE 50051 8000 9464$", dockerfile, re.M) is not None,
+          "the Dockerfile must EXPOSE 50051 8000 9464")
+    # REST: the container port named http is --http_port, the Service and
+    # the NetworkPolicy expose it.
+    http = int(flags.get("http_port", "8000"))
+    check(http > 0 and {"name": "http", "containerPort": http} in container.get("ports", []),
+          f"the container must declare port 'http' = --http_port ({http})")
+    check(any(p.get("name") == "http" and p.get("port") == http and p.get("targetPort") == "http"
+              for p in svc["spec"].get("ports", [])),
+          f"the Service must expose REST as port 'http' ({http})")
+    open_ports = [p.get("port") for rule in docs["NetworkPolicy"]["spec"].get("ingress", [])
+                  if not rule.get("from") for p in rule.get("ports", [])]
+    check(http in open_ports, f"the NetworkPolicy must admit the REST port {http}")
     check("USER 10001" in dockerfile, "the image must run as uid 10001 (runAsUser)")
     for e in errors:
         print("FAIL:", e)
