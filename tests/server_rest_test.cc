@@ -6,7 +6,11 @@
 // as Triton's tools read them; bad requests answered with the right HTTP
 // status and a message naming the field; bodies past the limit refused;
 // tokens and TLS on the REST port.
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -54,6 +58,26 @@ std::vector<float> OutputData(const json& response, const std::string& name) {
   }
   ADD_FAILURE() << "no output " << name << " in " << response.dump().substr(0, 300);
   return {};
+}
+
+// Sends `request` as is on a new connection and returns what comes back
+// until the server closes it (or 5 s pass).
+std::string RawExchange(int port, const std::string& request) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
+  }
+  close(fd);
+  return out;
 }
 
 class RestTest : public ServerTest {
@@ -402,6 +426,11 @@ TEST_F(RestTest, MetadataConfigStatsAndIndexAsTritonToolsReadThem) {
   ASSERT_EQ(index.size(), 3u);
   EXPECT_EQ(index[0]["state"], "READY");
   EXPECT_EQ(Client().Post("/v2/repository/index", "", "application/json")->status, 200);
+  // No Content-Length and no chunks (curl -X POST): no body, not a wait for one.
+  EXPECT_THAT(RawExchange(server_->http_port(),
+                          "POST /v2/repository/index HTTP/1.1\r\nHost: t\r\n"
+                          "Connection: close\r\n\r\n"),
+              ::testing::StartsWith("HTTP/1.1 200"));
   EXPECT_EQ(Client().Post("/v2/repository/index", "[", "application/json")->status, 400);
 }
 

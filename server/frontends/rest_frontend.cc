@@ -137,6 +137,9 @@ void RestFrontend::Route() {
     // A Content-Length past the limit is read and dropped by httplib (so the
     // client, still sending, reads the 413); a chunked or compressed body is
     // cut off at the limit and its connection closed.
+    // Neither a length nor chunks: no body (RFC 9112 6.3), where httplib
+    // would read until the client closes.
+    if (!req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) return true;
     bool too_big = std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) >
                    static_cast<uint64_t>(max_body);
     const bool read = reader([&](const char* data, size_t n) {
