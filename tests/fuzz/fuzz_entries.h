@@ -54,6 +54,8 @@ absl::Status FuzzOneSession(const uint8_t* data, size_t size);
 // (tests/fuzz/oip_request_fuzz.cc).
 absl::Status FuzzOneOipRequest(const uint8_t* data, size_t size);
 
+absl::Status FuzzOneRestRequest(const uint8_t* data, size_t size);
+
 // True for a verdict no input should produce (see above).
 inline bool IsFuzzBug(const absl::Status& status) {
   switch (status.code()) {

@@ -65,7 +65,8 @@ INSTANTIATE_TEST_SUITE_P(Targets, FuzzRegressionTest,
                                            Target{"infer_request_fuzzer", FuzzOneInferRequest},
                                            Target{"npy_fuzzer", FuzzOneNpy},
                                            Target{"session_fuzzer", FuzzOneSession},
-                                           Target{"oip_request_fuzzer", FuzzOneOipRequest}),
+                                           Target{"oip_request_fuzzer", FuzzOneOipRequest},
+                                           Target{"rest_request_fuzzer", FuzzOneRestRequest}),
                          [](const ::testing::TestParamInfo<Target>& info) {
                            return std::string(info.param.name);
                          });
