@@ -13,21 +13,16 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "nlohmann/json.hpp"
-#include "server/security/token_authenticator.h"
 #include "tests/server_fixture.h"
-#include "tests/test_certificates.h"
 
 namespace attention {
 namespace {
@@ -486,118 +481,6 @@ TEST_F(RestTest, RequestsAreCountedWithTheHttpProtocolLabel) {
   ASSERT_TRUE(text);
   EXPECT_THAT(text->body, HasSubstr("protocol=\"http\""));
   EXPECT_THAT(text->body, HasSubstr("protocol=\"grpc\""));
-}
-
-// Tokens and TLS on the REST port: servers of their own.
-class RestSecurityTest : public ::testing::Test {
- protected:
-  static std::string Dir() {
-    return ::testing::TempDir() + "/rest_security_test_" + std::to_string(getpid());
-  }
-  static std::unique_ptr<AttentionServer> Start(const std::function<void(ServerOptions&)>& tweak) {
-    const std::string models = Dir() + "/models";
-    if (!std::filesystem::exists(models)) {
-      testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1),
-                             models + "/small");
-      testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 2),
-                             models + "/other");
-    }
-    ServerOptions o;
-    o.host = "127.0.0.1";
-    o.port = 0;
-    o.metrics_port = 0;
-    o.http_port = 0;
-    o.repository.path = models;
-    o.repository.compute_threads = 1;
-    o.repository.warmup = false;
-    tweak(o);
-    auto server = AttentionServer::Listen(o);
-    EXPECT_TRUE(server.ok()) << server.status();
-    if (!server.ok()) return nullptr;
-    EXPECT_TRUE((*server)->LoadModels().ok());
-    return *std::move(server);
-  }
-  static std::string Body() {
-    return json{{"inputs", {Input("query", "FP32", {1, 1, 16}, std::vector<float>(16, 1.f))}}}
-        .dump();
-  }
-};
-
-TEST_F(RestSecurityTest, BearerTokensAsOverGrpc) {
-  std::filesystem::create_directories(Dir());
-  const std::string tokens = Dir() + "/tokens";
-  {
-    std::ofstream out(tokens);
-    const auto hash = [](const std::string& t) {
-      const auto h = server::TokenAuthenticator::Hash(t);
-      return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h.data()), 32));
-    };
-    out << hash("alice-secret") << " alice small\n";
-  }
-  auto server = Start([&](ServerOptions& o) { o.auth_tokens_file = tokens; });
-  ASSERT_NE(server, nullptr);
-  httplib::Client client("127.0.0.1", server->http_port());
-  auto res = client.Post("/v2/models/small/infer", Body(), "application/json");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 401);
-  EXPECT_EQ(res->get_header_value("WWW-Authenticate"), "Bearer");
-  EXPECT_THAT(res->body, HasSubstr("error"));
-  httplib::Headers bad = {{"Authorization", "Bearer wrong"}};
-  EXPECT_EQ(client.Post("/v2/models/small/infer", bad, Body(), "application/json")->status, 401);
-  httplib::Headers alice = {{"Authorization", "Bearer alice-secret"}};
-  res = client.Post("/v2/models/small/infer", alice, Body(), "application/json");
-  EXPECT_EQ(res->status, 200) << res->body;
-  EXPECT_EQ(client.Post("/v2/models/other/infer", alice, Body(), "application/json")->status, 403);
-  EXPECT_EQ(client.Get("/v2/models/other/config", alice)->status, 403);
-  EXPECT_EQ(client.Get("/v2/models/small/config")->status, 401);
-  // Probes stay open without --auth_probes, as over gRPC.
-  EXPECT_EQ(client.Get("/v2/health/ready")->status, 200);
-  res = client.Get("/v2/models/stats", alice);
-  ASSERT_EQ(res->status, 200);
-  EXPECT_EQ(json::parse(res->body)["model_stats"].size(), 1u);  // Only alice's model.
-}
-
-TEST_F(RestSecurityTest, TlsOnTheRestPortWithTheGrpcPortsCertificate) {
-  testing::TestCertificates certs(Dir() + "/certs");
-  ASSERT_TRUE(certs.ok()) << certs.error();
-  auto server = Start([&](ServerOptions& o) {
-    o.tls.cert_file = certs.Path("server-ca1.pem");
-    o.tls.key_file = certs.Path("server-ca1.key");
-  });
-  ASSERT_NE(server, nullptr);
-  httplib::SSLClient trusting("localhost", server->http_port());
-  trusting.set_ca_cert_path(certs.Path("ca1.pem").c_str());
-  trusting.enable_server_certificate_verification(true);
-  auto res = trusting.Post("/v2/models/small/infer", Body(), "application/json");
-  ASSERT_TRUE(res) << httplib::to_string(res.error());
-  EXPECT_EQ(res->status, 200) << res->body;
-  httplib::SSLClient other_ca("localhost", server->http_port());
-  other_ca.set_ca_cert_path(certs.Path("ca2.pem").c_str());
-  other_ca.enable_server_certificate_verification(true);
-  EXPECT_FALSE(other_ca.Get("/v2/health/live"));
-  httplib::Client plain("127.0.0.1", server->http_port());
-  const auto plain_res = plain.Get("/v2/health/live");
-  EXPECT_TRUE(!plain_res || plain_res->status != 200);
-}
-
-TEST_F(RestSecurityTest, MutualTlsNeedsAClientCertificate) {
-  testing::TestCertificates certs(Dir() + "/mcerts");
-  ASSERT_TRUE(certs.ok()) << certs.error();
-  auto server = Start([&](ServerOptions& o) {
-    o.tls.cert_file = certs.Path("server-ca1.pem");
-    o.tls.key_file = certs.Path("server-ca1.key");
-    o.tls.client_ca_file = certs.Path("ca1.pem");
-  });
-  ASSERT_NE(server, nullptr);
-  httplib::SSLClient with_cert("localhost", server->http_port(), certs.Path("client-ca1.pem"),
-                               certs.Path("client-ca1.key"));
-  with_cert.set_ca_cert_path(certs.Path("ca1.pem").c_str());
-  auto res = with_cert.Post("/v2/models/small/infer", Body(), "application/json");
-  ASSERT_TRUE(res) << httplib::to_string(res.error());
-  EXPECT_EQ(res->status, 200);
-  httplib::SSLClient without("localhost", server->http_port());
-  without.set_ca_cert_path(certs.Path("ca1.pem").c_str());
-  EXPECT_FALSE(without.Get("/v2/health/live"));
 }
 
 }  // namespace
