@@ -16,16 +16,7 @@
 namespace attention::server {
 namespace {
 
-constexpr char kPlatform[] = "attention_mha";
 constexpr char kModelVersion[] = "1";
-
-void AddTensor(const std::string& name, const std::string& datatype,
-               std::initializer_list<int64_t> shape,
-               inference::ModelMetadataResponse::TensorMetadata* t) {
-  t->set_name(name);
-  t->set_datatype(datatype);
-  t->mutable_shape()->Assign(shape.begin(), shape.end());
-}
 
 }  // namespace
 
@@ -140,24 +131,15 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const auto model =
-      Model(*CallOf(context, Method::kModelInfer), request->name(), request->version());
+  bool stateful = false;
+  const auto model = Model(*CallOf(context, Method::kModelInfer), request->name(),
+                           request->version(), nullptr, &stateful);
   if (!model.ok()) {
     reactor->Finish(wire::ToGrpcStatus(model.status()));
     return reactor;
   }
-  const MhaSpec& s = (*model)->model->spec();
-  response->set_name((*model)->name);
-  response->add_versions(kModelVersion);
-  response->set_platform(kPlatform);
-  // Inputs also accept FP16 and BF16 (masks: BOOL or FP32); -1: any size.
-  AddTensor("query", "FP32", {-1, -1, s.embed_dim}, response->add_inputs());
-  AddTensor("key", "FP32", {-1, -1, s.kdim}, response->add_inputs());
-  AddTensor("value", "FP32", {-1, -1, s.vdim}, response->add_inputs());
-  AddTensor("key_padding_mask", "BOOL", {-1, -1}, response->add_inputs());
-  AddTensor("attn_mask", "BOOL", {-1, -1}, response->add_inputs());
-  AddTensor("output", "FP32", {-1, -1, s.embed_dim}, response->add_outputs());
-  AddTensor("attn_weights", "FP32", {-1, -1, -1}, response->add_outputs());
+  // The alias keeps its own name: tools address requests by it.
+  DescribeModelMetadata(**model, stateful ? request->name() : (*model)->name, stateful, response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
