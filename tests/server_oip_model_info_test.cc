@@ -31,6 +31,14 @@ class ModelInfoTest : public ServerTest {
     *status = Stub()->ModelConfig(&context, request, &response);
     return response.config();
   }
+  inference::ModelMetadataResponse Metadata(const std::string& name, grpc::Status* status) {
+    grpc::ClientContext context;
+    inference::ModelMetadataRequest request;
+    request.set_name(name);
+    inference::ModelMetadataResponse response;
+    *status = Stub()->ModelMetadata(&context, request, &response);
+    return response;
+  }
   inference::ModelStatisticsResponse Stats(const std::string& name, grpc::Status* status) {
     grpc::ClientContext context;
     inference::ModelStatisticsRequest request;
@@ -108,6 +116,38 @@ TEST_F(ModelInfoTest, TheSequenceAliasIsStatefulAndServesSequences) {
   Config("nope_sequence", &status);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_FALSE(status.error_message().empty());
+}
+
+// perf_analyzer takes the model name it sends requests to and the tensors it
+// must have data for from ModelMetadata, and only their optional flags from
+// ModelConfig: the alias's metadata must name the alias and list the query
+// alone, or perf_analyzer asks for key/value/mask data ("missing tensor
+// attn_mask") and addresses the stateless model.
+TEST_F(ModelInfoTest, TheSequenceAliasMetadataAgreesWithItsConfig) {
+  grpc::Status status;
+  const inference::ModelMetadataResponse alias = Metadata("small_sequence", &status);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(alias.name(), "small_sequence");
+  EXPECT_THAT(alias.versions(), ElementsAre("1"));
+  ASSERT_EQ(alias.inputs_size(), 1);
+  EXPECT_EQ(alias.inputs(0).name(), "query");
+  EXPECT_EQ(alias.inputs(0).datatype(), "FP32");
+  EXPECT_THAT(alias.inputs(0).shape(), ElementsAre(-1, -1, 32));
+  ASSERT_EQ(alias.outputs_size(), 2);
+  EXPECT_EQ(alias.outputs(0).name(), "output");
+  const inference::ModelConfig config = Config("small_sequence", &status);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(config.input_size(), alias.inputs_size());
+  EXPECT_EQ(config.input(0).name(), alias.inputs(0).name());
+  // The stateless model keeps its own name and every input.
+  const inference::ModelMetadataResponse plain = Metadata("small", &status);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(plain.name(), "small");
+  std::vector<std::string> inputs;
+  for (const auto& t : plain.inputs()) inputs.push_back(t.name());
+  EXPECT_THAT(inputs, ElementsAre("query", "key", "value", "key_padding_mask", "attn_mask"));
+  Metadata("nope_sequence", &status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(ModelInfoTest, StatisticsCountWhatWasServed) {

@@ -13,20 +13,6 @@
 #include "server/requests/identifiers.h"
 
 namespace attention::server {
-namespace {
-
-constexpr char kPlatform[] = "attention_mha";
-
-void AddTensor(const std::string& name, const std::string& datatype,
-               std::initializer_list<int64_t> shape,
-               inference::ModelMetadataResponse::TensorMetadata* t) {
-  t->set_name(name);
-  t->set_datatype(datatype);
-  t->mutable_shape()->Assign(shape.begin(), shape.end());
-}
-
-}  // namespace
-
 InferenceProtocol::InferenceProtocol(RequestPath* requests, SequenceSessions* sequences,
                                      std::string version)
     : requests_(requests), sequences_(sequences), version_(std::move(version)) {}
@@ -98,19 +84,11 @@ absl::Status InferenceProtocol::ModelReady(const CallContext& call, const std::s
 absl::Status InferenceProtocol::ModelMetadata(const CallContext& call,
                                               const inference::ModelMetadataRequest& request,
                                               inference::ModelMetadataResponse* response) {
-  ASSIGN_OR_RETURN(const ServedModel* model, Model(call, request.name(), request.version()));
-  const MhaSpec& s = model->model->spec();
-  response->set_name(model->name);
-  response->add_versions(kModelVersion);
-  response->set_platform(kPlatform);
-  // Inputs also accept FP16 and BF16 (masks: BOOL or FP32); -1: any size.
-  AddTensor("query", "FP32", {-1, -1, s.embed_dim}, response->add_inputs());
-  AddTensor("key", "FP32", {-1, -1, s.kdim}, response->add_inputs());
-  AddTensor("value", "FP32", {-1, -1, s.vdim}, response->add_inputs());
-  AddTensor("key_padding_mask", "BOOL", {-1, -1}, response->add_inputs());
-  AddTensor("attn_mask", "BOOL", {-1, -1}, response->add_inputs());
-  AddTensor("output", "FP32", {-1, -1, s.embed_dim}, response->add_outputs());
-  AddTensor("attn_weights", "FP32", {-1, -1, -1}, response->add_outputs());
+  bool stateful = false;
+  ASSIGN_OR_RETURN(const ServedModel* model,
+                   Model(call, request.name(), request.version(), nullptr, &stateful));
+  // The alias keeps its own name: tools address requests by it.
+  DescribeModelMetadata(*model, stateful ? request.name() : model->name, stateful, response);
   return absl::OkStatus();
 }
 

@@ -24,6 +24,14 @@ void AddOutput(const std::string& name, std::vector<int64_t> dims, inference::Mo
   for (int64_t d : dims) output->add_dims(d);
 }
 
+void AddTensor(const std::string& name, const std::string& datatype,
+               std::initializer_list<int64_t> shape,
+               inference::ModelMetadataResponse::TensorMetadata* t) {
+  t->set_name(name);
+  t->set_datatype(datatype);
+  t->mutable_shape()->Assign(shape.begin(), shape.end());
+}
+
 void Set(const ModelStats::Duration& d, inference::StatisticDuration* out) {
   out->set_count(d.count);
   out->set_ns(d.ns);
@@ -32,6 +40,24 @@ void Set(const ModelStats::Duration& d, inference::StatisticDuration* out) {
 }  // namespace
 
 std::string SequenceAlias(const std::string& model) { return absl::StrCat(model, kSequenceSuffix); }
+
+void DescribeModelMetadata(const ServedModel& model, const std::string& name, bool stateful,
+                           inference::ModelMetadataResponse* metadata) {
+  const MhaSpec& s = model.model->spec();
+  metadata->set_name(name);
+  metadata->add_versions("1");
+  metadata->set_platform("attention_mha");
+  // Inputs also accept FP16 and BF16 (masks: BOOL or FP32); -1: any size.
+  AddTensor("query", "FP32", {-1, -1, s.embed_dim}, metadata->add_inputs());
+  if (!stateful) {  // A sequence step sends only its query.
+    AddTensor("key", "FP32", {-1, -1, s.kdim}, metadata->add_inputs());
+    AddTensor("value", "FP32", {-1, -1, s.vdim}, metadata->add_inputs());
+    AddTensor("key_padding_mask", "BOOL", {-1, -1}, metadata->add_inputs());
+    AddTensor("attn_mask", "BOOL", {-1, -1}, metadata->add_inputs());
+  }
+  AddTensor("output", "FP32", {-1, -1, s.embed_dim}, metadata->add_outputs());
+  AddTensor("attn_weights", "FP32", {-1, -1, -1}, metadata->add_outputs());
+}
 
 void DescribeModelConfig(const ServedModel& model, const std::string& name,
                          std::optional<absl::Duration> sequence_idle,

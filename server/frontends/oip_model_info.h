@@ -1,6 +1,7 @@
 // File: server/frontends/oip_model_info.h
 //
-// A served model as Triton's tools read it: its ModelConfig (inputs with
+// A served model as Triton's tools read it: its ModelMetadata and
+// ModelConfig (inputs with
 // their types and dims, -1 where any size goes, key/value/masks optional;
 // dynamic batching, or for the stateful alias "<model>_sequence" sequence
 // batching) and its ModelStatistics (from the model's ModelStats).
@@ -21,6 +22,14 @@ namespace attention::server {
 // The name under which `model` is served as a stateful (sequence) model.
 inline constexpr absl::string_view kSequenceSuffix = "_sequence";
 std::string SequenceAlias(const std::string& model);
+
+// `model`'s metadata under `name` (version "1", platform "attention_mha"):
+// the query as the only input for the stateful alias (`stateful`), as its
+// ModelConfig says; else query, key, value and the two masks. Tools such as
+// perf_analyzer take the tensors to send and the model name to address
+// from the metadata, so it must agree with DescribeModelConfig.
+void DescribeModelMetadata(const ServedModel& model, const std::string& name, bool stateful,
+                           inference::ModelMetadataResponse* metadata);
 
 // `model`'s configuration under `name`: with `sequence_idle` (the alias),
 // sequence batching with that idle timeout and the query as the only input;
