@@ -296,7 +296,10 @@ def security_kwargs(args):
 class AttentionClient:
     """A client of attention.v1.AttentionService.
 
-    target: any gRPC target: "host:port", "dns:///svc:50051", "ipv4:127.0.0.1:1,127.0.0.1:2".
+    target: any gRPC target: "host:port", "dns:///svc:50051", "ipv4:127.0.0.1:1,127.0.0.1:2"; a
+    URL or a host without a port raises AttentionError (INVALID_ARGUMENT) naming the right form.
+    max_message_bytes: the largest message the client sends or receives (256 MiB by default;
+    the server has its own --max_message_bytes).
     load_balancing: "round_robin" (default: calls spread over every address of the target,
     replicas reporting NOT_SERVING skipped), "pick_first", or None for gRPC's default.
     timeout: deadline of every call, in seconds.
