@@ -242,7 +242,8 @@ class TlsServer {
   TlsServer(const std::vector<std::string>& flags, const std::string& client_flags) {
     port_ = testing::FreePort();
     std::vector<std::string> args = {ATTENTION_SERVER_BINARY, "--host=127.0.0.1",
-                                     "--port=" + std::to_string(port_), "--metrics_port=0"};
+                                     "--port=" + std::to_string(port_), "--metrics_port=0",
+                                     "--http_port=0"};
     args.insert(args.end(), flags.begin(), flags.end());
     pid_ = fork();
     if (pid_ == 0) {

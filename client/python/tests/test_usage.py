@@ -45,7 +45,7 @@ def free_port():
 def start_server(*flags):
     port = free_port()
     process = subprocess.Popen([SERVER, "--host=127.0.0.1", f"--port={port}", "--metrics_port=0",
-                                f"--advertise_address=127.0.0.1:{port}", *flags],
+                                "--http_port=0", f"--advertise_address=127.0.0.1:{port}", *flags],
                                stderr=subprocess.DEVNULL)
     target = f"127.0.0.1:{port}"
     with AttentionClient(target, timeout=5) as client:
