@@ -44,8 +44,8 @@ ABSL_FLAG(int, iterations, 50, "Timed iterations per shape (the median is report
 ABSL_FLAG(int, warmup, 3, "Untimed iterations per shape first.");
 ABSL_FLAG(std::string, model, "", "Model directory (config.json + model.safetensors).");
 ABSL_FLAG(std::string, preset, "",
-          "'goals': the issue's goal shapes (1x128 E768 H12, 8x256 E512 H8, 8x512 E1024 H16), "
-          "instead of the single shape from the flags.");
+          "'goals': the three goal shapes of BENCHMARKS.md (1x128 E768 H12, 8x256 E512 H8, "
+          "8x512 E1024 H16), instead of the single shape from the flags.");
 ABSL_FLAG(int64_t, score_block_kib, 32768,
           "Engine option: float32 scores kept per query-row block, in KiB.");
 ABSL_FLAG(bool, json, false, "Print one JSON object per shape instead of a table.");
@@ -314,6 +314,7 @@ int main(int argc, char** argv) {
     return absl::EndsWith(path, "core_bench.cc");
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] { return std::string("attention-core-bench " ATTENTION_VERSION "\n"); };
   absl::SetFlagsUsageConfig(usage);
   // glibc returns freed blocks above its mmap threshold to the OS, and the
   // next call's buffers of the same size fault in again, a page at a time

@@ -24,6 +24,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -225,6 +228,15 @@ int Main() {
 }  // namespace attention
 
 int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gRPC against REST on one in-process server: attention-rest-bench [--flags]; see --help.");
+  absl::FlagsUsageConfig usage;  // --help lists this binary's own flags.
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "rest_bench.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] { return std::string("attention-rest-bench " ATTENTION_VERSION "\n"); };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   return attention::Main();
 }

@@ -18,11 +18,14 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "core/memory_budget.h"
 #include "core/mha_engine.h"
@@ -163,7 +166,18 @@ int Run() {
 }  // namespace attention
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Times a batched decode step over session caches; see --help.");
+  absl::SetProgramUsageMessage(
+      "Times a batched decode step over session caches: attention-session-bench [--flags]; see "
+      "--help.");
+  absl::FlagsUsageConfig usage;  // --help lists this binary's own flags.
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "session_bench.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] {
+    return std::string("attention-session-bench " ATTENTION_VERSION "\n");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   return attention::Run();
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Measures sessions against issue 10's goals, in one run on this machine.
+"""Measures sessions against their goals (BENCHMARKS.md, Sessions), in one run on this machine.
 
     /usr/bin/python3 bench/session_bench.py [--build build] [--json out.json]
 

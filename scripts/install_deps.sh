@@ -1,29 +1,37 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages this project needs to build and test, and
-# nothing that is already there. Idempotent; prints what it installs.
+# Installs the Debian 12 packages (and npm packages) a command of this project
+# needs, and nothing that is already there. Idempotent; says what it installs
+# and why, shows apt's progress, and prints how long it took.
 #
-# Usage: scripts/install_deps.sh [--build-only | --runtime | --bench]
-#   (no flag)     everything to build, run and test the project: the C++
-#                 toolchain and libraries, Python (PyTorch oracle, client),
-#                 Node.js, Prometheus, and podman/buildah for the container test
-#   --build-only  just what scripts/build.sh needs (the Docker build stage)
-#   --runtime     only the shared libraries the two binaries need at run time
-#                 (the Docker runtime stage)
-#   --bench       everything, plus what bench/ needs: matplotlib for charts,
-#                 python3-onnx and ONNX Runtime (npm) for the peer benchmark
+# Usage: scripts/install_deps.sh [PROFILE]
+#   run      (default) what scripts/build.sh and serving need: the C++
+#            toolchain and libraries (scripts/run.sh uses this)
+#   test     run, plus what the tests need: Python (PyTorch oracle, grpcio
+#            client, venv/pip for the package test), Node.js and its npm
+#            packages, Prometheus, podman/buildah for the container test,
+#            clang/LLVM for the sanitizers (scripts/test.sh uses this)
+#   bench    test, plus what bench/ needs: matplotlib for charts, python3-onnx
+#            and ONNX Runtime (npm) for the peer benchmark
+#   runtime  only the shared libraries the two binaries need at run time
+#            (the Docker runtime stage)
+# The old flags still work: --build-only (= run), --runtime, --bench.
 set -euo pipefail
 
-mode=full
+profile=run
 for arg in "$@"; do
   case "$arg" in
-    --runtime) mode=runtime ;;
-    --build-only) mode=build ;;
-    --bench) mode=bench ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "install_deps.sh: unknown argument '$arg'" >&2; exit 2 ;;
+    run|test|bench|runtime) profile=$arg ;;
+    --build-only) profile=run ;;
+    --runtime) profile=runtime ;;
+    --bench) profile=bench ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "install_deps.sh: unknown argument '$arg' (profiles: run, test, bench, runtime)" >&2
+       exit 2 ;;
   esac
 done
+started=$SECONDS
 
+# What each group is for; a profile installs the groups it names.
 build_pkgs=(
   build-essential cmake ninja-build pkg-config git clang-format
   libdnnl-dev ocl-icd-opencl-dev
@@ -37,8 +45,10 @@ build_pkgs=(
   ca-certificates
 )
 test_pkgs=(
-  # Python: the PyTorch oracle, the Python client and its tests.
+  # Python: the PyTorch oracle, the Python client and its tests (the package test builds a
+  # wheel with setuptools/wheel and installs it into a venv).
   python3 python3-numpy python3-grpcio python3-protobuf python3-torch libopenblas0-pthread
+  python3-venv python3-pip python3-setuptools python3-wheel
   # Monitoring tests, and the container test (no Docker engine here: podman).
   prometheus podman buildah runc debootstrap podman-compose uidmap python3-yaml fuse-overlayfs
   # scripts/sanitize.sh: clang, its sanitizer and libFuzzer runtimes, llvm-symbolizer, and
@@ -52,13 +62,13 @@ runtime_pkgs=(
   libcpp-httplib0.11 libsimdjson14
 )
 
-case $mode in
+case $profile in
   runtime) wanted=("${runtime_pkgs[@]}") ;;
-  build) wanted=("${build_pkgs[@]}") ;;
-  full|bench)
+  run) wanted=("${build_pkgs[@]}") ;;
+  test|bench)
     wanted=("${build_pkgs[@]}" "${test_pkgs[@]}")
-    [[ $mode == bench ]] && wanted+=("${bench_pkgs[@]}")
-    # The Node.js client example: Debian's node and npm unless some are on PATH.
+    [[ $profile == bench ]] && wanted+=("${bench_pkgs[@]}")
+    # The Node.js client: Debian's node and npm unless some are on PATH.
     if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
       wanted+=(nodejs npm)
     fi
@@ -73,33 +83,36 @@ for p in "${wanted[@]}"; do
 done
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-  echo "install_deps: all ${#wanted[@]} Debian packages already installed"
+  echo "install_deps ($profile): all ${#wanted[@]} Debian packages already installed"
 else
-  echo "install_deps: installing ${#missing[@]} package(s): ${missing[*]}"
+  echo "install_deps ($profile): installing ${#missing[@]} of ${#wanted[@]} package(s): ${missing[*]}"
   if [[ $(id -u) -ne 0 ]]; then
     echo "install_deps: must run as root to install packages" >&2
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  apt-get update
+  # apt's own progress (downloads, then one line per package unpacked and set up).
+  apt-get install -y --no-install-recommends -o Dpkg::Progress-Fancy=0 "${missing[@]}"
+  echo "install_deps ($profile): Debian packages installed in $((SECONDS - started)) s"
 fi
 
-# The Node.js client's packages, pinned by client/node/package-lock.json.
+# The Node.js client's packages (@grpc/grpc-js, @grpc/proto-loader, and typescript for the type
+# check of its declarations), pinned by client/node/package-lock.json.
 node_dir="$(dirname "$0")/../client/node"
-if [[ ($mode == full || $mode == bench) && -f $node_dir/package-lock.json ]]; then
+if [[ ($profile == test || $profile == bench) && -f $node_dir/package-lock.json ]]; then
   if [[ ! -d $node_dir/node_modules || $node_dir/package-lock.json -nt $node_dir/node_modules ]]; then
-    echo "install_deps: npm ci in client/node (@grpc/grpc-js, @grpc/proto-loader)"
-    npm ci --prefix "$node_dir" --no-audit --no-fund --loglevel=error >/dev/null
+    echo "install_deps ($profile): npm ci in client/node (@grpc/grpc-js, @grpc/proto-loader, typescript)"
+    npm ci --prefix "$node_dir" --no-audit --no-fund --loglevel=error
     touch "$node_dir/node_modules"
   else
-    echo "install_deps: client/node/node_modules is up to date"
+    echo "install_deps ($profile): client/node/node_modules is up to date"
   fi
 fi
 # The peer benchmark's ONNX Runtime (its .npmrc skips the CUDA download).
 peers_dir="$(dirname "$0")/../bench/peers"
-if [[ $mode == bench && -f $peers_dir/package-lock.json ]]; then
-  echo "install_deps: npm ci in bench/peers (onnxruntime-node)"
-  (cd "$peers_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+if [[ $profile == bench && -f $peers_dir/package-lock.json ]]; then
+  echo "install_deps ($profile): npm ci in bench/peers (onnxruntime-node)"
+  (cd "$peers_dir" && npm ci --no-audit --no-fund --loglevel=error)
 fi
-echo "install_deps: done"
+echo "install_deps ($profile): done in $((SECONDS - started)) s"

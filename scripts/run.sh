@@ -4,6 +4,6 @@
 # Usage (as root): scripts/run.sh [attention-server flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_deps.sh
+scripts/install_deps.sh run
 scripts/build.sh
 exec build/bin/attention-server "$@"

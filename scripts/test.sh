@@ -7,7 +7,7 @@
 #   sanitizers; SANITIZE=0 skips the sanitizers too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_deps.sh
+scripts/install_deps.sh test
 scripts/build.sh
 (
   cd build

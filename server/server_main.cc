@@ -56,13 +56,16 @@ ABSL_FLAG(int, http_port, 8000,
           "port's TLS and tokens; 0 turns REST off.");
 ABSL_FLAG(int, http_threads, 32,
           "REST connections served at once (one thread each; more wait to be accepted).");
-ABSL_FLAG(int, max_message_bytes, 64 << 20, "Largest request or response message, in bytes.");
+ABSL_FLAG(int, max_message_bytes, 64 << 20,
+          "Largest request or response message, in bytes (clients have their own limit: "
+          "attention-client --max_message_bytes, 256 MiB by default).");
 ABSL_FLAG(int64_t, max_stream_pending, 64,
-          "Per InferStream: requests read but not yet answered and written before the stream "
-          "stops reading (back-pressure on a client that does not read its responses).");
+          "Per stream (InferStream, SessionStream, ModelStreamInfer): requests read but not yet "
+          "answered and written before the stream stops reading (back-pressure on a client that "
+          "does not read its responses).");
 ABSL_FLAG(int64_t, max_stream_pending_bytes, int64_t{256} << 20,
-          "Per InferStream: bytes of those requests and their responses before the stream stops "
-          "reading.");
+          "Per stream (InferStream, SessionStream, ModelStreamInfer): bytes of those requests and "
+          "their responses before the stream stops reading.");
 ABSL_FLAG(double, max_connection_age_s, 60,
           "Connections are closed gracefully (GOAWAY) after this many seconds so that clients "
           "re-resolve the service name and reach new replicas; 0: never.");
@@ -270,6 +273,7 @@ int main(int argc, char** argv) {
     return absl::EndsWith(path, "server_main.cc");
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] { return std::string("attention-server " ATTENTION_VERSION "\n"); };
   absl::SetFlagsUsageConfig(usage);
   // glibc returns freed blocks above its mmap threshold to the OS, and the
   // next call's buffers of the same size fault in again, a page at a time

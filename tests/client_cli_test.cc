@@ -1,7 +1,12 @@
 // attention-client's subcommands against a live attention-server on free
 // loopback ports: infer from .npy files (checked against the engine), random
 // inputs, models, health, load with --json, a file of the wrong shape, a
-// missing file, and an unreachable server (a clear error within the deadline).
+// missing file, and an unreachable server (a clear error within the deadline);
+// and errors that say what to do: malformed --server values, a stray
+// argument, --version, messages over either side's size limit, and TLS
+// mistakes against TLS and mutual-TLS servers (certificates made with openssl).
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/server_test_util.h"
+#include "tests/test_certificates.h"
 #include "tests/test_util.h"
 
 namespace attention {
@@ -184,6 +190,122 @@ TEST(ClientCliUnreachableTest, FailsClearlyWithinTheDeadline) {
         << out;
     EXPECT_LT(seconds, 5.0) << command;
   }
+}
+
+// Runs attention-client with `args` (a shell fragment); its exit code, and its
+// output in `out`.
+int RunClient(const std::string& args, std::string* out) {
+  return testing::RunCommand(std::string(ATTENTION_CLIENT_BINARY) + " " + args, out);
+}
+
+TEST(ClientCliErrorsTest, MalformedServerStrayArgumentsAndVersion) {
+  std::string out;
+  EXPECT_EQ(RunClient("health --server=http://localhost:50651", &out), 2);
+  EXPECT_THAT(out, HasSubstr("--server 'http://localhost:50651': a URL; a gRPC target is "
+                             "host:port: use --server localhost:50651"));
+  EXPECT_EQ(RunClient("models --server=https://attention.example.com", &out), 2);
+  EXPECT_THAT(out, HasSubstr("use --server attention.example.com:50051 --tls"));
+  EXPECT_EQ(RunClient("infer --server=localhost", &out), 2);
+  EXPECT_THAT(out, HasSubstr("--server 'localhost': no port (gRPC would use 443): give "
+                             "host:port, e.g. 'localhost:50051'"));
+  EXPECT_EQ(RunClient("health extra --server=localhost:1", &out), 2);
+  EXPECT_THAT(out, HasSubstr("unexpected argument 'extra'"));
+  EXPECT_EQ(RunClient("--version", &out), 0);
+  EXPECT_THAT(out, ::testing::MatchesRegex("attention-client [0-9]+\\.[0-9]+\\.[0-9]+\n"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("Debug build")));
+}
+
+TEST(ClientCliErrorsTest, MessagesOverALimitNameMaxMessageBytes) {
+  // The server's limit: a 2 MiB request to a server that takes 1 MiB.
+  testing::ServerProcess small(ATTENTION_SERVER_BINARY, {"--max_message_bytes=1048576"});
+  ASSERT_TRUE(small.ok());
+  std::string out;
+  EXPECT_EQ(RunClient("infer --seq_len=2048 --server=" + small.target(), &out), 1);
+  EXPECT_THAT(out, HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(out, ::testing::ContainsRegex(
+                       "hint: the request is [0-9]+ bytes, over the server's limit of 1048576: "
+                       "send less per request, or start the server with "
+                       "--max_message_bytes=[0-9]+ or more"));
+  // The client's own limit.
+  EXPECT_EQ(RunClient("infer --seq_len=2048 --max_message_bytes=1048576 --server=" + small.target(),
+                      &out),
+            1);
+  EXPECT_THAT(out, HasSubstr("over this client's limit of 1048576: raise --max_message_bytes"));
+  EXPECT_EQ(small.Stop(), 0);
+}
+
+// attention-server with TLS flags as a child process (ServerProcess checks
+// readiness in plaintext); ready once `attention-client health` with
+// `client_flags` says SERVING (bounded, 30 s).
+class TlsServer {
+ public:
+  TlsServer(const std::vector<std::string>& flags, const std::string& client_flags) {
+    port_ = testing::FreePort();
+    std::vector<std::string> args = {ATTENTION_SERVER_BINARY, "--host=127.0.0.1",
+                                     "--port=" + std::to_string(port_), "--metrics_port=0",
+                                     "--http_port=0"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    std::string out;
+    for (int i = 0; i < 300 && !ready_; ++i) {
+      ready_ = RunClient("health --deadline_ms=500 --server=" + target() + " " + client_flags,
+                         &out) == 0;
+      if (!ready_) usleep(100 * 1000);
+    }
+  }
+  ~TlsServer() {
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+  }
+  bool ok() const { return ready_; }
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int pid_ = -1;
+  int port_ = 0;
+  bool ready_ = false;
+};
+
+TEST_F(ClientCliTest, TlsMistakesSayWhatToDo) {
+  testing::TestCertificates certs(Path("certs"));
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  const std::string ca1 = " --tls_ca_file=" + certs.Path("ca1.pem");
+  const std::string client_cert = " --tls_cert_file=" + certs.Path("client-ca1.pem") +
+                                  " --tls_key_file=" + certs.Path("client-ca1.key");
+  TlsServer tls({"--tls_cert_file=" + certs.Path("server-ca1.pem"),
+                 "--tls_key_file=" + certs.Path("server-ca1.key")},
+                ca1);
+  TlsServer mtls({"--tls_cert_file=" + certs.Path("server-ca1.pem"),
+                  "--tls_key_file=" + certs.Path("server-ca1.key"),
+                  "--tls_client_ca_file=" + certs.Path("ca1.pem")},
+                 ca1 + client_cert);
+  ASSERT_TRUE(tls.ok() && mtls.ok());
+  std::string out;
+  const std::string health = "health --deadline_ms=3000 --server=";
+  EXPECT_EQ(RunClient(health + tls.target(), &out), 1);
+  EXPECT_THAT(out, HasSubstr("hint: the server speaks TLS: pass --tls")) << out;
+  EXPECT_EQ(RunClient(health + server_->target() + ca1, &out), 1);
+  EXPECT_THAT(out, HasSubstr("hint: the server speaks plaintext, not TLS")) << out;
+  EXPECT_EQ(RunClient(health + mtls.target() + ca1, &out), 1);
+  EXPECT_THAT(out, HasSubstr("pass --tls_cert_file and --tls_key_file")) << out;
+  EXPECT_EQ(RunClient(health + mtls.target() + " --tls_ca_file=" + certs.Path("ca1.pem") +
+                          " --tls_cert_file=" + certs.Path("client-ca2.pem") +
+                          " --tls_key_file=" + certs.Path("client-ca2.key"),
+                      &out),
+            1);
+  EXPECT_THAT(out, HasSubstr("the server did not accept the client certificate")) << out;
+  EXPECT_EQ(RunClient(health + tls.target() + " --tls_ca_file=" + certs.Path("ca2.pem"), &out), 1);
+  EXPECT_THAT(out, HasSubstr("hint: the client does not trust the server's certificate")) << out;
+  // Right flags: no hint, SERVING.
+  EXPECT_EQ(RunClient(health + mtls.target() + ca1 + client_cert, &out), 0) << out;
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("hint")));
 }
 
 }  // namespace

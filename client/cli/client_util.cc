@@ -54,6 +54,11 @@ ResolvedSecurity& Security() {
   return *security;
 }
 
+int& MessageLimit() {
+  static int bytes = kMaxMessageBytes;
+  return bytes;
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot read '", path, "'"));
@@ -103,6 +108,10 @@ absl::Status SetChannelSecurity(const ChannelSecurity& s) {
   return absl::OkStatus();
 }
 
+void SetMaxMessageBytes(int bytes) { MessageLimit() = bytes; }
+
+int MaxMessageBytes() { return MessageLimit(); }
+
 std::string ServiceConfig(const std::string& lb_policy) {
   // Requests refused with UNAVAILABLE (a replica draining or gone) are retried:
   // computing attention has no side effects. With round_robin a retry goes to
@@ -128,11 +137,11 @@ std::string ServiceConfig(const std::string& lb_policy) {
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const std::string& lb_policy) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetMaxReceiveMessageSize(MaxMessageBytes());
+  args.SetMaxSendMessageSize(MaxMessageBytes());
   // gRPC keeps at most this much of a call for retries (256 KiB by default):
   // a larger request would be committed at once and never retried.
-  args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, MaxMessageBytes());
   // When a server ends a connection (its max connection age, a drain), the
   // channel re-resolves the name to find replicas added meanwhile: allow that
   // every 2 s rather than gRPC's default 30 s.

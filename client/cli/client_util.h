@@ -20,8 +20,13 @@
 namespace attention::client {
 
 // The largest message a client channel sends or receives, and keeps for
-// retries.
+// retries, unless SetMaxMessageBytes says otherwise.
 inline constexpr int kMaxMessageBytes = 256 << 20;
+
+// Sets the message limit of every channel MakeChannel makes from now on (call
+// once, before any channel; --max_message_bytes); MaxMessageBytes() reads it.
+void SetMaxMessageBytes(int bytes);
+int MaxMessageBytes();
 
 // The channel's service config: retries of UNAVAILABLE on Infer and
 // InferStream, and `lb_policy` if not empty. round_robin (the clients'
@@ -54,7 +59,7 @@ absl::StatusOr<std::string> ReadToken(const std::string& token_file);
 // "ipv4:127.0.0.1:1,127.0.0.1:2", ...) with the security set by
 // SetChannelSecurity. `lb_policy` ("round_robin", "pick_first" or empty for
 // gRPC's default, pick_first) goes into the service config. Requests up to
-// kMaxMessageBytes are retried.
+// MaxMessageBytes() are retried.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const std::string& lb_policy);
 
 // Sets a deadline `deadline_ms` from now (every call has one).

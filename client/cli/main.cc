@@ -31,10 +31,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "client/cli/call_advice.h"
 #include "client/cli/client_util.h"
 #include "client/cli/load_generator.h"
 #include "client/cli/npy.h"
 #include "client/cli/session_commands.h"
+#include "client/cli/target_check.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "proto/codec/tensor_codec.h"
 
@@ -54,6 +56,9 @@ ABSL_FLAG(std::string, tls_server_name, "",
 ABSL_FLAG(std::string, token_file, "",
           "File holding a bearer token, sent as 'authorization: Bearer <token>'; empty: the "
           "ATTENTION_TOKEN environment variable, if set.");
+ABSL_FLAG(int, max_message_bytes, attention::client::kMaxMessageBytes,
+          "Largest message this client sends or receives, in bytes (the server has its own "
+          "--max_message_bytes, 64 MiB by default).");
 ABSL_FLAG(std::string, model, "", "Model name; empty: the server's default model.");
 // infer
 ABSL_FLAG(std::string, query, "", "infer: query .npy file (N, L, E) or (L, E).");
@@ -107,8 +112,21 @@ std::unique_ptr<v1::AttentionService::Stub> Stub() {
       MakeChannel(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_lb_policy)));
 }
 
+// "CODE: message", and what to do about it when the client can tell.
+std::string RpcError(int code, const std::string& message) {
+  CallAdvice::Call call;
+  call.target = absl::GetFlag(FLAGS_server);
+  call.tls = absl::GetFlag(FLAGS_tls) || !absl::GetFlag(FLAGS_tls_ca_file).empty() ||
+             !absl::GetFlag(FLAGS_tls_cert_file).empty();
+  call.client_certificate = !absl::GetFlag(FLAGS_tls_cert_file).empty();
+  call.max_message_bytes = MaxMessageBytes();
+  const std::string hint = CallAdvice::For(code, message, call);
+  return absl::StrCat(CodeName(static_cast<grpc::StatusCode>(code)), ": ", message,
+                      hint.empty() ? "" : absl::StrCat("\n  hint: ", hint));
+}
+
 std::string RpcError(const grpc::Status& status) {
-  return absl::StrCat(CodeName(status.error_code()), ": ", status.error_message());
+  return RpcError(status.error_code(), status.error_message());
 }
 
 // Loads `flag`'s .npy file into `out` when given.
@@ -140,7 +158,11 @@ int Infer() {
   } else {
     auto model =
         FetchModel(stub.get(), absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_deadline_ms));
-    if (!model.ok()) return Fail(std::string(model.status().message()));
+    if (!model.ok()) {
+      return Fail(
+          absl::StrCat("GetModel failed: ", RpcError(static_cast<int>(model.status().code()),
+                                                     std::string(model.status().message()))));
+    }
     auto l = ParseRange(absl::GetFlag(FLAGS_seq_len));
     auto s = ParseRange(absl::GetFlag(FLAGS_kv_seq_len));
     if (!l.ok() || !s.ok()) return Fail("--seq_len/--kv_seq_len: expected a number", 2);
@@ -336,9 +358,14 @@ int main(int argc, char** argv) {
     return absl::EndsWith(path, "cli/main.cc");
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] { return std::string("attention-client " ATTENTION_VERSION "\n"); };
   absl::SetFlagsUsageConfig(usage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
+    if (args.size() > 2) {
+      std::cerr << "attention-client: unexpected argument '" << args[2]
+                << "' (flags are --name=value; see --help)\n";
+    }
     std::cerr << absl::ProgramUsageMessage() << "\n";
     return 2;
   }
@@ -359,6 +386,12 @@ int main(int argc, char** argv) {
     std::cerr << secured.message() << "\n";
     return 2;
   }
+  const absl::Status target = attention::client::TargetCheck::Check(absl::GetFlag(FLAGS_server));
+  if (!target.ok()) {
+    std::cerr << "attention-client: " << target.message() << "\n";
+    return 2;
+  }
+  attention::client::SetMaxMessageBytes(absl::GetFlag(FLAGS_max_message_bytes));
   if (command == "infer") return attention::client::Infer();
   if (command == "models") return attention::client::Models();
   if (command == "health") return attention::client::Health();

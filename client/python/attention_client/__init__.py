@@ -1,9 +1,20 @@
-"""Python client of the attention inference service (attention.v1 over gRPC).
+"""attention-client: the Python client of attention-service (attention.v1 and the Open
+Inference Protocol over gRPC).
 
-    from attention_client import AttentionClient
+    pip install --no-build-isolation ./client/python     # in a venv: see the README
+
+    import numpy as np
+    from attention_client import AttentionClient, AttentionError
+
     client = AttentionClient("localhost:50051")
-    result = client.infer(query, key_padding_mask=mask, need_weights=True)
+    client.wait_ready(timeout=30)                     # True once the server reports SERVING
+    query = np.random.rand(1, 16, 256).astype(np.float32)
+    result = client.infer(query, is_causal=True, need_weights=True)
     result.output, result.attn_weights, result.queue_us, result.compute_us
+
+    # Many requests on one stream (answers may come out of order: match request_id).
+    for r in client.infer_stream({"query": q, "request_id": str(i)} for i, q in enumerate(qs)):
+        r.request_id, r.error or r.output.shape
 
     # Sessions: the server keeps keys and values; each append sends only the new tokens.
     with client.session() as s:               # Self-attention on the default model.
@@ -11,21 +22,33 @@
         step = s.append(token)                # (1, E): equals infer(is_causal=True)'s last row.
     client.session(replay=True)               # ReplayingSession: re-created and replayed
                                               # when lost (NOT_FOUND / UNAVAILABLE).
+    client.session_stream([{"session": s, "tokens": t}, ...])  # appends on one stream
 
     # TLS (system roots, or tls_ca_file), mutual TLS (tls_cert_file + tls_key_file), and a
     # bearer token on every call (token, token_file, or the environment's ATTENTION_TOKEN):
     AttentionClient("attention:50051", tls_ca_file="ca.pem", tls_cert_file="client.pem",
                     tls_key_file="client.key", token_file="token")
 
+Also: InferenceClient (the Open Inference Protocol, KServe v2: infer, stream_infer,
+sequences), attention_client.aio.AsyncAttentionClient (asyncio), attention_client.stubs (the
+generated messages and stubs), and `python -m attention_client health|models|infer`.
+
 Inputs and outputs are NumPy arrays: float32 or float16 tensors, bool masks (bfloat16 is sent
-as raw 16-bit words with `bfloat16=True`). Run with Debian's /usr/bin/python3 (python3-grpcio,
-python3-numpy). The gRPC stubs are generated at build time from proto/ into
-build/client/python/gen; set ATTENTION_PY_GEN to use another directory. Sessions: see
-attention_client.session (and examples/decode_loop.py).
+as raw 16-bit words with `bfloat16=True`). Failed calls raise AttentionError (.code, a
+grpc.StatusCode; .details; .hint, what to do when the client can tell: a TLS/plaintext mismatch,
+a message over a size limit); a malformed target (a URL, no port) raises it at construction.
 """
-from .client import (AttentionClient, AttentionError, InferResult, add_security_flags,  # noqa: F401
+from .client import (AttentionClient, InferResult, add_security_flags,  # noqa: F401
                      security_kwargs)
+from .errors import AttentionError, check_target  # noqa: F401
+from .inference import BF16, InferenceClient, InferenceResult, Sequence  # noqa: F401
 from .session import AppendResult, ReplayingSession, Session, SessionInfo  # noqa: F401
 
+try:
+    from ._version import __version__  # noqa: F401 (written when the package is built)
+except ImportError:  # A source checkout used without installing.
+    __version__ = "0+source"
+
 __all__ = ["AttentionClient", "AttentionError", "InferResult", "Session", "ReplayingSession",
-           "AppendResult", "SessionInfo", "add_security_flags", "security_kwargs"]
+           "AppendResult", "SessionInfo", "InferenceClient", "InferenceResult", "Sequence",
+           "BF16", "add_security_flags", "security_kwargs", "check_target", "__version__"]

@@ -1,25 +1,21 @@
 """AttentionClient: infer(), models(), health() and sessions (session.py) over gRPC channels."""
 import collections
+import itertools
 import json
 import os
-import sys
 import threading
+import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional
 
 import grpc
 import numpy as np
 
-_REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-_GEN = os.environ.get("ATTENTION_PY_GEN", os.path.join(_REPO, "build", "client", "python", "gen"))
-if _GEN not in sys.path:
-    sys.path.insert(0, _GEN)
-try:
-    from attention.v1 import attention_pb2, attention_pb2_grpc  # noqa: E402
-    from attention.v1 import sessions_pb2, sessions_pb2_grpc  # noqa: E402
-except ImportError as e:  # pragma: no cover - a setup problem, reported clearly.
-    raise ImportError(f"attention_client: generated stubs not found in {_GEN} (build the project "
-                      f"with scripts/build.sh, or set ATTENTION_PY_GEN): {e}") from e
+from ._stubs import attention_pb2, attention_pb2_grpc, sessions_pb2, sessions_pb2_grpc
+from .errors import AttentionError, check_target, from_rpc_error
+
+if TYPE_CHECKING:
+    from .session import AppendResult
 
 _TO_PROTO = {
     np.dtype(np.float32): attention_pb2.DATA_TYPE_FLOAT32,
@@ -53,13 +49,22 @@ def _health_status(response):
     return response[1] if len(response) >= 2 and response[0] == 0x08 else 0
 
 
-class AttentionError(Exception):
-    """A failed call: `code` is the grpc.StatusCode, `details` the server's message."""
+def _infer_result(response):
+    """An InferResponse as an InferResult (its error, if set, as an AttentionError)."""
+    if response.HasField("error") and response.error.code != 0:
+        return InferResult(output=None, attn_weights=None, queue_us=0, compute_us=0,
+                           batch_requests=0, request_id=response.request_id,
+                           error=AttentionError(status_code(response.error.code),
+                                                response.error.message))
+    return InferResult(output=_decode(response.output),
+                       attn_weights=_decode(response.attn_weights),
+                       queue_us=response.queue_us, compute_us=response.compute_us,
+                       batch_requests=response.batch_requests, request_id=response.request_id)
 
-    def __init__(self, code, details):
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
+
+def status_code(number):
+    """The grpc.StatusCode of a numeric code (3: INVALID_ARGUMENT; UNKNOWN if unknown)."""
+    return next((c for c in grpc.StatusCode if c.value[0] == number), grpc.StatusCode.UNKNOWN)
 
 
 @dataclass
@@ -70,6 +75,7 @@ class InferResult:
     compute_us: int                      # The executed batch's compute time.
     batch_requests: int                  # Requests that shared the batch.
     request_id: str
+    error: Optional[AttentionError] = None  # infer_stream(): this request failed (no output).
 
 
 def bfloat16_to_float32(words):
@@ -147,16 +153,23 @@ def service_config(load_balancing="round_robin"):
     return config
 
 
-def _channel_options(config):
+def _channel_options(config, max_message_bytes=MAX_MESSAGE_BYTES):
     return [("grpc.service_config", json.dumps(config)),
             ("grpc.enable_retries", 1),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
             # gRPC keeps at most this much of a call for retries (256 KiB by default): a
             # larger request would be committed at once and never retried. (The second,
             # channel-wide limit is grpc-js's; gRPC C-core, under grpcio, ignores it.)
-            ("grpc.per_rpc_retry_buffer_size", MAX_MESSAGE_BYTES),
-            ("grpc.retry_buffer_size", MAX_MESSAGE_BYTES)]
+            ("grpc.per_rpc_retry_buffer_size", max_message_bytes),
+            ("grpc.retry_buffer_size", max_message_bytes)]
+
+
+# The health channel reconnects quickly (gRPC's default backoff, 1 s growing to 120 s, would
+# let a polling health() see a server come up seconds late); wait_ready() polls over a fresh
+# channel each time instead, with its own subchannel (never one still backing off).
+_HEALTH_BACKOFF_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
+                           ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 TOKEN_ENV = "ATTENTION_TOKEN"  # The bearer token when neither token nor token_file is given.
@@ -283,7 +296,10 @@ def security_kwargs(args):
 class AttentionClient:
     """A client of attention.v1.AttentionService.
 
-    target: any gRPC target: "host:port", "dns:///svc:50051", "ipv4:127.0.0.1:1,127.0.0.1:2".
+    target: any gRPC target: "host:port", "dns:///svc:50051", "ipv4:127.0.0.1:1,127.0.0.1:2"; a
+    URL or a host without a port raises AttentionError (INVALID_ARGUMENT) naming the right form.
+    max_message_bytes: the largest message the client sends or receives (256 MiB by default;
+    the server has its own --max_message_bytes).
     load_balancing: "round_robin" (default: calls spread over every address of the target,
     replicas reporting NOT_SERVING skipped), "pick_first", or None for gRPC's default.
     timeout: deadline of every call, in seconds.
@@ -309,7 +325,11 @@ class AttentionClient:
 
     def __init__(self, target, timeout=30.0, load_balancing="round_robin", tls=False,
                  tls_ca_file=None, tls_cert_file=None, tls_key_file=None, tls_server_name=None,
-                 token=None, token_file=None):
+                 token=None, token_file=None, max_message_bytes=MAX_MESSAGE_BYTES):
+        check_target(target)
+        self.target = target
+        self.max_message_bytes = max_message_bytes
+        self._client_certificate = bool(tls_cert_file)
         self._security = channel_security(tls=tls, tls_ca_file=tls_ca_file,
                                           tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
                                           tls_server_name=tls_server_name, token=token,
@@ -326,14 +346,16 @@ class AttentionClient:
         self._session_stub = sessions_pb2_grpc.SessionServiceStub(self._channel)
         self._replicas = {}  # address -> (channel, SessionServiceStub)
         self._replicas_lock = threading.Lock()
-        self._health_channel = self._make_channel(target, self.health_service_config)
+        self._health_channel = self._make_channel(target, self.health_service_config,
+                                                  _HEALTH_BACKOFF_OPTIONS)
         self._health_check = self._health_channel.unary_unary(
             "/grpc.health.v1.Health/Check", request_serializer=_health_request,
             response_deserializer=_health_status)
 
-    def _make_channel(self, target, config):
+    def _make_channel(self, target, config, extra_options=()):
         """A channel to `target` with service config `config` and the client's security."""
-        options = _channel_options(config) + self._security.options
+        options = (_channel_options(config, self.max_message_bytes) + self._security.options
+                   + list(extra_options))
         if "healthCheckConfig" in config:
             # Its subchannels are its own, not shared with the client's other channels to the
             # same target. Debian's grpcio 1.51 crashes the process (SIGSEGV) when two channels
@@ -373,6 +395,19 @@ class AttentionClient:
         default: the query's. bfloat16=True sends query/key/value as bfloat16.
         Raises AttentionError on failure.
         """
+        request = self._infer_request(query, key, value, key_padding_mask, attn_mask, is_causal,
+                                      need_weights, per_head_weights, model, output_dtype,
+                                      request_id, bfloat16)
+        try:
+            response = self._stub.Infer(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise self._error(e) from None
+        return _infer_result(response)
+
+    @staticmethod
+    def _infer_request(query, key=None, value=None, key_padding_mask=None, attn_mask=None,
+                       is_causal=False, need_weights=False, per_head_weights=False, model="",
+                       output_dtype=None, request_id="", bfloat16=False):
         request = attention_pb2.InferRequest(model=model, request_id=request_id,
                                              is_causal=is_causal, need_weights=need_weights,
                                              per_head_weights=per_head_weights,
@@ -386,15 +421,7 @@ class AttentionClient:
             _encode(key_padding_mask, request.key_padding_mask)
         if attn_mask is not None:
             _encode(attn_mask, request.attn_mask)
-        try:
-            response = self._stub.Infer(request, timeout=self.timeout)
-        except grpc.RpcError as e:
-            raise AttentionError(e.code(), e.details()) from None
-        return InferResult(output=_decode(response.output),
-                           attn_weights=_decode(response.attn_weights),
-                           queue_us=response.queue_us, compute_us=response.compute_us,
-                           batch_requests=response.batch_requests,
-                           request_id=response.request_id)
+        return request
 
     def session(self, model="", kind="self", ttl_s=0, key=None, value=None,
                 key_padding_mask=None, is_causal=False, bfloat16=False, replay=False):
@@ -440,7 +467,7 @@ class AttentionClient:
         try:
             return getattr(stub, method)(request, timeout=self.timeout)
         except grpc.RpcError as e:
-            raise AttentionError(e.code(), e.details()) from None
+            raise self._error(e) from None
 
     def models(self):
         """The served models: a list of dicts mirroring attention.v1.ModelInfo."""
@@ -448,21 +475,22 @@ class AttentionClient:
             response = self._stub.ListModels(attention_pb2.ListModelsRequest(),
                                              timeout=self.timeout)
         except grpc.RpcError as e:
-            raise AttentionError(e.code(), e.details()) from None
-        out = []
-        for m in response.models:
-            out.append({
-                "name": m.name, "embed_dim": m.embed_dim, "num_heads": m.num_heads,
-                "kdim": m.kdim, "vdim": m.vdim, "bias": m.bias, "add_bias_kv": m.add_bias_kv,
-                "add_zero_attn": m.add_zero_attn,
-                "compute_dtype": attention_pb2.DataType.Name(m.compute_dtype),
-                "is_default": m.is_default,
-                "batching": {"max_batch_size": m.batching.max_batch_size,
-                             "max_batch_tokens": m.batching.max_batch_tokens,
-                             "max_queue_delay_us": m.batching.max_queue_delay_us,
-                             "max_queue_size": m.batching.max_queue_size},
-            })
-        return out
+            raise self._error(e) from None
+        return [self._model_dict(m) for m in response.models]
+
+    @staticmethod
+    def _model_dict(m):
+        return {
+            "name": m.name, "embed_dim": m.embed_dim, "num_heads": m.num_heads,
+            "kdim": m.kdim, "vdim": m.vdim, "bias": m.bias, "add_bias_kv": m.add_bias_kv,
+            "add_zero_attn": m.add_zero_attn,
+            "compute_dtype": attention_pb2.DataType.Name(m.compute_dtype),
+            "is_default": m.is_default,
+            "batching": {"max_batch_size": m.batching.max_batch_size,
+                         "max_batch_tokens": m.batching.max_batch_tokens,
+                         "max_queue_delay_us": m.batching.max_queue_delay_us,
+                         "max_queue_size": m.batching.max_queue_size},
+        }
 
     def health_status(self, service=""):
         """grpc.health.v1 Check: "SERVING", "NOT_SERVING" (e.g. loading or draining),
@@ -471,7 +499,7 @@ class AttentionClient:
         try:
             status = self._health_check(service, timeout=self.timeout)
         except grpc.RpcError as e:
-            raise AttentionError(e.code(), e.details()) from None
+            raise self._error(e) from None
         return _HEALTH_STATUS_NAMES.get(status, "UNKNOWN")
 
     def health(self, service=""):
@@ -480,3 +508,125 @@ class AttentionClient:
             return self.health_status(service) == "SERVING"
         except AttentionError:
             return False
+
+    # Added with the package: errors with hints, readiness, streams.
+
+    def _error(self, rpc_error):
+        """An AttentionError for a failed call, with a hint when the client can tell what to do
+        (attention_client.errors.advise)."""
+        return from_rpc_error(rpc_error, self.target, self.tls, self._client_certificate,
+                              self.max_message_bytes)
+
+    def wait_ready(self, timeout=30.0, service="", poll_interval=0.1):
+        """Waits until the server reports SERVING (grpc.health.v1), up to `timeout` seconds:
+        True once it does, False if it did not in time. Each poll (every poll_interval s) makes
+        a fresh connection, so a server is noticed within about poll_interval of serving, not
+        after gRPC's reconnect backoff (seconds, growing)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            channel = self._make_channel(self.target, self.health_service_config,
+                                         [("grpc.use_local_subchannel_pool", 1)])
+            try:
+                check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                            request_serializer=_health_request,
+                                            response_deserializer=_health_status)
+                if check(service, timeout=max(0.05, min(remaining, 1.0))) == 1:
+                    return True
+            except grpc.RpcError:
+                pass
+            finally:
+                channel.close()
+            if time.monotonic() + poll_interval >= deadline:
+                return False
+            time.sleep(poll_interval)
+
+    def infer_stream(self, requests: Iterable[Mapping[str, Any]],
+                     timeout: Optional[float] = None) -> Iterator[InferResult]:
+        """Sends many requests on one InferStream and yields an InferResult per request as the
+        server answers: possibly out of order (match them by request_id; a request without
+        one is given its index as a string). Each request is a dict of infer()'s keyword
+        arguments (query required). A request that failed yields a result whose `error` is an
+        AttentionError (output None); the stream goes on. The stream's deadline is `timeout`
+        seconds (default: the client's timeout) for all of it; an error of the stream itself
+        raises AttentionError. Requests are read from the iterable as the stream sends them."""
+        def messages():
+            for index, kwargs in enumerate(requests):
+                kwargs = dict(kwargs)
+                if not kwargs.get("request_id"):
+                    kwargs["request_id"] = str(index)
+                yield self._infer_request(**kwargs)
+
+        call = self._stub.InferStream(messages(), timeout=timeout or self.timeout)
+        try:
+            for response in call:
+                yield _infer_result(response)
+        except grpc.RpcError as e:
+            raise self._error(e) from None
+        finally:
+            call.cancel()
+
+    def session_stream(self, appends: Iterable[Mapping[str, Any]],
+                       timeout: Optional[float] = None) -> Iterator["AppendResult"]:
+        """Appends to one or many sessions on one SessionStream and yields an AppendResult
+        (with session_id and request_id) per append as the server answers: in order per
+        session. Each append is a dict of Session.append()'s keyword arguments plus `session`
+        (a Session, or a session id); a Session's `length` is updated from its results.
+        Every session of a stream must live on one replica (the first append's session's).
+        A failed append yields a result whose `error` is an AttentionError; the stream goes
+        on. ReplayingSession is refused (TypeError): its history would miss stream appends."""
+        from .session import AppendResult, ReplayingSession, Session, _append_request
+        appends = iter(appends)
+        first = next(appends, None)
+        if first is None:
+            return
+        sessions = {}
+
+        def session_id(append):
+            session = append["session"]
+            if isinstance(session, ReplayingSession):
+                raise TypeError("session_stream: a ReplayingSession cannot append on a stream "
+                                "(its history would miss the appends): use Session")
+            if isinstance(session, Session):
+                return session.session_id
+            return session
+
+        stub = self.session_stub(session_id(first))
+
+        def messages():
+            for index, append in enumerate(itertools.chain([first], appends)):
+                kwargs = dict(append)
+                session = kwargs.pop("session")
+                if not kwargs.get("request_id"):
+                    kwargs["request_id"] = str(index)
+                request = _append_request(session_id(append), **kwargs)
+                if isinstance(session, Session):
+                    sessions[kwargs["request_id"]] = session
+                yield request
+
+        call = stub.SessionStream(messages(), timeout=timeout or self.timeout)
+        try:
+            for response in call:
+                if response.HasField("error") and response.error.code != 0:
+                    sessions.pop(response.request_id, None)
+                    yield AppendResult(output=None, attn_weights=None, length=0, queue_us=0,
+                                       compute_us=0, batch_requests=0,
+                                       request_id=response.request_id,
+                                       session_id=response.session_id,
+                                       error=AttentionError(status_code(response.error.code),
+                                                            response.error.message))
+                    continue
+                session = sessions.pop(response.request_id, None)
+                if session is not None:
+                    session.length = response.length
+                yield AppendResult(output=_decode(response.output),
+                                   attn_weights=_decode(response.attn_weights),
+                                   length=response.length, queue_us=response.queue_us,
+                                   compute_us=response.compute_us,
+                                   batch_requests=response.batch_requests,
+                                   request_id=response.request_id,
+                                   session_id=response.session_id)
+        except grpc.RpcError as e:
+            raise self._error(e) from None
+        finally:
+            call.cancel()

@@ -44,6 +44,21 @@ class AppendResult:
     compute_us: int                      # The executed batch's compute time.
     batch_requests: int                  # Appends (of different sessions) in the batch.
     request_id: str = ""
+    session_id: str = ""                 # session_stream(): the append's session.
+    error: Optional[AttentionError] = None  # session_stream(): this append failed (no output).
+
+
+def _append_request(session_id, tokens, not_key=None, need_weights=False,
+                    per_head_weights=False, output_dtype=None, bfloat16=False, request_id=""):
+    """The AppendRequest of Session.append()'s arguments (also session_stream()'s)."""
+    request = sessions_pb2.AppendRequest(session_id=session_id, request_id=request_id,
+                                         need_weights=need_weights,
+                                         per_head_weights=per_head_weights,
+                                         output_dtype=_OUTPUT_DTYPES[output_dtype])
+    _encode(tokens, request.tokens, bfloat16)
+    if not_key is not None:
+        _encode(not_key, request.not_key)
+    return request
 
 
 @dataclass
@@ -110,14 +125,8 @@ class Session:
 
     def _append_request(self, tokens, not_key, need_weights, per_head_weights, output_dtype,
                         bfloat16, request_id):
-        request = sessions_pb2.AppendRequest(session_id=self.session_id, request_id=request_id,
-                                             need_weights=need_weights,
-                                             per_head_weights=per_head_weights,
-                                             output_dtype=_OUTPUT_DTYPES[output_dtype])
-        _encode(tokens, request.tokens, bfloat16)
-        if not_key is not None:
-            _encode(not_key, request.not_key)
-        return request
+        return _append_request(self.session_id, tokens, not_key, need_weights, per_head_weights,
+                               output_dtype, bfloat16, request_id)
 
     def _send(self, request):
         response = self._client._session_call("Append", request)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A decode loop over a session: prefill a prompt, then step one token at a time.
 
-    /usr/bin/python3 client/python/examples/decode_loop.py --server localhost:50051 \\
+    python3 client/python/examples/decode_loop.py --server localhost:50051 \\
         [--model NAME] [--prompt 32] [--steps 16] [--check] \\
         [--tls | --tls_ca_file ca.pem] [--tls_cert_file c.pem --tls_key_file c.key] \\
         [--tls_server_name NAME] [--token_file F]   # token default: $ATTENTION_TOKEN
@@ -21,15 +21,12 @@ With --check it also compares every output row with one stateless infer(is_causa
 the whole sequence. Exits non-zero on an error or a mismatch.
 """
 import argparse
-import os
 import sys
 import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))  # client/python: the attention_client package.
-from attention_client import (AttentionClient, AttentionError, add_security_flags,  # noqa: E402
+from attention_client import (AttentionClient, AttentionError, add_security_flags,
                               security_kwargs)
 
 

@@ -26,7 +26,6 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
-sys.path.insert(0, os.path.join(REPO, "client", "python"))
 from export_torch_mha import export_mha  # noqa: E402
 from attention_client import AttentionClient  # noqa: E402
 

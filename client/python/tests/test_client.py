@@ -2,9 +2,10 @@
 calls, sessions and examples/decode_loop.py), of its encoding, and of its channel (retries,
 balancing, health, session routing) against fake grpcio replicas.
 
-Run by CTest as python_client_test (ATTENTION_SERVER_BINARY, ATTENTION_PY_GEN and PYTHONPATH
-set there); by hand: PYTHONPATH=client/python /usr/bin/python3 -m unittest discover -s
-client/python/tests
+Run by CTest as python_client_test against the source tree (ATTENTION_SERVER_BINARY,
+ATTENTION_PY_GEN and PYTHONPATH set there), and by python_package_test against the installed
+package; by hand: ATTENTION_PY_GEN=build/client/python/gen PYTHONPATH=client/python
+/usr/bin/python3 -m unittest discover -s client/python/tests -p test_client.py
 """
 import os
 import signal

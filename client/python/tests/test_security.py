@@ -7,8 +7,9 @@ mutual TLS with tokens, and plaintext with tokens (the token then goes through a
 not call credentials).
 
 Run by CTest as python_client_security_test (ATTENTION_SERVER_BINARY, ATTENTION_PY_GEN and
-PYTHONPATH set there); by hand: PYTHONPATH=client/python /usr/bin/python3 -m unittest -v
-discover -s client/python/tests -p test_security.py
+PYTHONPATH set there) and by python_package_test against the installed package; by hand:
+ATTENTION_PY_GEN=build/client/python/gen PYTHONPATH=client/python /usr/bin/python3 -m unittest
+-v discover -s client/python/tests -p test_security.py
 """
 import argparse
 import hashlib
@@ -295,6 +296,35 @@ class SecurityTest(unittest.TestCase):
                         lambda: self.tls_client(token="bob").infer(self.query))
         self.assertCode(grpc.StatusCode.UNAUTHENTICATED,
                         lambda: self.tls_client(token="").infer(self.query))
+
+    # Errors that say what to do (attention_client.errors.advise).
+
+    def test_tls_mistakes_come_with_hints(self):
+        UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+        alice = SERVERS.tokens["alice"]
+        plain_to_tls = self.client(SERVERS.tls, token=alice)
+        error = self.assertCode(UNAVAILABLE, lambda: plain_to_tls.infer(self.query))
+        self.assertIn("the server speaks TLS: pass tls=True", error.hint or "", str(error))
+        self.assertIn("the server speaks TLS", str(error))
+        tls_to_plain = self.client(SERVERS.plain, token=alice,
+                                   tls_ca_file=SERVERS.path("ca1.pem"))
+        error = self.assertCode(UNAVAILABLE, lambda: tls_to_plain.infer(self.query))
+        self.assertIn("the server speaks plaintext, not TLS", error.hint or "", str(error))
+        no_certificate = self.client(SERVERS.mtls, token=alice,
+                                     tls_ca_file=SERVERS.path("ca1.pem"))
+        error = self.assertCode(UNAVAILABLE, lambda: no_certificate.infer(self.query))
+        self.assertIn("client certificate", error.hint or "", str(error))
+        self.assertIn("tls_cert_file", error.hint or "", str(error))
+        foreign = self.client(SERVERS.mtls, token=alice, **self.mtls_kwargs("client-ca2"))
+        error = self.assertCode(UNAVAILABLE, lambda: foreign.infer(self.query))
+        self.assertIn("client certificate", error.hint or "", str(error))
+        untrusted = self.tls_client(ca="ca2")
+        error = self.assertCode(UNAVAILABLE, lambda: untrusted.infer(self.query))
+        self.assertIn("trust the server's certificate", error.hint or "", str(error))
+        # A call refused by the server itself gets no hint.
+        error = self.assertCode(grpc.StatusCode.UNAUTHENTICATED,
+                                lambda: self.tls_client(token="").infer(self.query))
+        self.assertIsNone(error.hint)
 
     # Arguments.
 

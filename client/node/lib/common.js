@@ -1,0 +1,463 @@
+// attention-client's shared pieces: errors and hints, target checks, channel settings and
+// security, tensors, and the message conversions the client classes (client.js) use.
+//
+// The package (index.js):
+//   const {AttentionClient, float32} = require('attention-client');
+//   const client = new AttentionClient('localhost:50051', {tlsCaFile: 'ca.pem', tokenFile: 'token'});
+//   await client.waitReady(10000);                       // true once the server is SERVING
+//   const r = await client.infer({query: float32(data, [1, 8, 256]), isCausal: true});
+//   r.output.shape, r.output.data (Float32Array), r.queueUs, r.computeUs, r.batchRequests
+//   for await (const s of client.inferStream(requests)) s.requestId, s.error || s.output
+//   const session = await client.session({replay: true});  // ReplayingSession
+//   await session.append(float32(token, [1, 256])); await session.close();
+//   client.close();
+//
+// Channels are set up like attention-client's (client/cli/client_util.cc): UNAVAILABLE is
+// retried (4 attempts, requests up to maxMessageBytes), round_robin by default. A session id
+// "<hex>@<address>" names the replica holding the session: its calls go there. Errors are
+// AttentionError: the status name and number, the details, and a hint when the client can
+// tell what to do (a TLS/plaintext mismatch, a message over a limit); a malformed target (a
+// URL, no port) is refused by the constructor. index.d.ts has the types.
+'use strict';
+const fs = require('fs');
+const net = require('net');
+const path = require('path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+
+const VERSION = require('../package.json').version;
+const MAX_MESSAGE_BYTES = 256 << 20;  // The largest message sent or received (default).
+const DEFAULT_DEADLINE_MS = 30000;
+const RETRY_POLICY = {
+  maxAttempts: 4, initialBackoff: '0.02s', maxBackoff: '0.5s', backoffMultiplier: 2,
+  retryableStatusCodes: ['UNAVAILABLE'],
+};
+const RETRIED_SESSION_METHODS = ['CreateSession', 'GetSession', 'CloseSession'];
+const STATUS_NAMES = Object.fromEntries(Object.entries(grpc.status).map(([k, v]) => [v, k]));
+
+// The protos: bundled in the package (proto/, copied by `npm pack`), else the repository's.
+function protoRoot() {
+  const bundled = path.join(__dirname, '..', 'proto');
+  if (fs.existsSync(path.join(bundled, 'attention', 'v1', 'attention.proto'))) return bundled;
+  return path.join(__dirname, '..', '..', '..', 'proto');
+}
+
+let loaded = null;
+function loadProtos() {
+  if (!loaded) {
+    const definition = protoLoader.loadSync(
+        ['attention/v1/attention.proto', 'attention/v1/sessions.proto'],
+        {keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true,
+         includeDirs: [protoRoot()]});
+    loaded = grpc.loadPackageDefinition(definition).attention.v1;
+  }
+  return loaded;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors.
+
+class AttentionError extends Error {
+  constructor(code, details, hint) {
+    const codeName = STATUS_NAMES[code] || `CODE_${code}`;
+    super(`${codeName}: ${details}${hint ? ` (${hint})` : ''}`);
+    this.name = 'AttentionError';
+    this.code = code;
+    this.codeName = codeName;
+    this.details = details;
+    this.hint = hint || null;
+  }
+}
+
+const OTHER_SCHEMES = ['unix:', 'unix-abstract:', 'vsock:', 'xds:', 'google-c2p:'];
+const HOST_PORT = /^(\[[^\]]*\]|[^:[\]/]*)(?::([^:/]*))?$/;
+
+function invalidTarget(target, what) {
+  return new AttentionError(grpc.status.INVALID_ARGUMENT, `target '${target}': ${what}`);
+}
+
+function checkHostPort(target, hostPort, default443 = true) {
+  const m = HOST_PORT.exec(hostPort);
+  if (!m || !m[1]) {
+    if ((hostPort.match(/:/g) || []).length > 1 && !hostPort.startsWith('[')) {
+      throw invalidTarget(target, `an IPv6 address goes in brackets: '[${hostPort}]:50051'`);
+    }
+    throw invalidTarget(target, "expected host:port, e.g. 'localhost:50051'");
+  }
+  if (m[2] === undefined || m[2] === '') {
+    throw invalidTarget(target, `no port${default443 ? ' (gRPC would use 443)' : ''}: give ` +
+                                `host:port, e.g. '${m[1]}:50051'`);
+  }
+  if (!/^\d+$/.test(m[2]) || Number(m[2]) < 1 || Number(m[2]) > 65535) {
+    throw invalidTarget(target, `port '${m[2]}': expected a number from 1 to 65535`);
+  }
+}
+
+// Throws AttentionError (INVALID_ARGUMENT) for a target gRPC would misread: a URL, or
+// host:port without the port (gRPC's DNS resolver would use 443).
+function checkTarget(target) {
+  if (typeof target !== 'string' || !target) {
+    throw invalidTarget(target, "expected host:port, e.g. 'localhost:50051'");
+  }
+  const url = /^([A-Za-z][A-Za-z0-9+.-]*):\/\/(.*)$/.exec(target);
+  if (url && url[1].toLowerCase() !== 'dns') {
+    const scheme = url[1].toLowerCase();
+    if (OTHER_SCHEMES.includes(`${scheme}:`)) return;
+    const rest = url[2].split('/')[0];
+    const example = /:\d+$/.test(rest) ? rest : `${rest}:50051`;
+    const tls = scheme === 'https' || scheme === 'grpcs' ? ' and tls: true' : '';
+    throw invalidTarget(target, `a URL; a gRPC target is host:port: use '${example}'${tls}`);
+  }
+  if (OTHER_SCHEMES.some((s) => target.startsWith(s))) return;
+  if (target.startsWith('dns:')) {
+    let rest = target.slice(4);
+    if (rest.startsWith('//')) rest = rest.slice(2).includes('/') ? rest.slice(2).split('/').slice(1).join('/') : '';
+    checkHostPort(target, rest);
+    return;
+  }
+  for (const scheme of ['ipv4:', 'ipv6:']) {
+    if (target.startsWith(scheme)) {
+      for (const address of target.slice(5).split(',')) checkHostPort(target, address, false);
+      return;
+    }
+  }
+  checkHostPort(target, target);
+}
+
+function firstAddress(target) {
+  let rest = target;
+  if (rest.startsWith('dns:')) {
+    rest = rest.slice(4);
+    if (rest.startsWith('//')) rest = rest.slice(2).split('/').slice(1).join('/');
+  } else if (rest.startsWith('ipv4:') || rest.startsWith('ipv6:')) {
+    rest = rest.slice(5).split(',')[0];
+  }
+  const m = HOST_PORT.exec(rest);
+  if (!m || !/^\d+$/.test(m[2] || '')) return null;
+  return {host: m[1].replace(/^\[|\]$/g, ''), port: Number(m[2])};
+}
+
+const PREFACE = Buffer.concat([Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n'),
+                               Buffer.from([0, 0, 0, 4, 0, 0, 0, 0, 0])]);
+
+// What listens at host:port, from one plaintext HTTP/2 preface: 'http2' (a SETTINGS frame
+// came back: a plaintext gRPC server), 'tls' (a TLS record, or a hang-up without a byte), or
+// null (no connection or no answer).
+function probeHttp2(host, port, timeoutMs = 1000) {
+  return new Promise((resolve) => {
+    let data = Buffer.alloc(0);
+    let connected = false;
+    const socket = net.connect({host, port});
+    const done = (answer) => {
+      socket.destroy();
+      resolve(answer);
+    };
+    socket.setTimeout(timeoutMs, () => done(null));
+    socket.on('connect', () => {
+      connected = true;
+      socket.write(PREFACE);
+    });
+    socket.on('data', (chunk) => {
+      data = Buffer.concat([data, chunk]);
+      if (data.length >= 4 && data[3] === 0x04) done('http2');
+      else if (data[0] === 0x15 || data[0] === 0x16) done('tls');
+      else if (data.length >= 9) done(null);
+    });
+    socket.on('error', (err) => done(connected && err.code === 'ECONNRESET' ? 'tls' : null));
+    socket.on('end', () => done(connected && data.length === 0 ? 'tls' : null));
+  });
+}
+
+const CONNECT_FAILURE = /failed to connect|Socket closed|reset by peer|[Hh]andshake|backends failing|Broken pipe|End of TCP stream|SSL|TLS|No connection established|ECONNRESET/;
+const TOO_LARGE = /(Sent|Received) message larger than max \((\d+) vs\.? (\d+)\)/;
+
+// A hint for a failed call (null when there is none). `client`: {target, tls,
+// clientCertificate, maxMessageBytes}.
+async function advise(code, details, client) {
+  details = details || '';
+  const sendLimit = /Attempted to send message with a size larger than (\d+)/.exec(details);
+  if (sendLimit) {  // grpc-js's own words for its send limit.
+    return `the request is over this client's limit of ${sendLimit[1]} bytes: raise ` +
+           "maxMessageBytes (the server's limit is its --max_message_bytes)";
+  }
+  const tooLarge = TOO_LARGE.exec(details);
+  if (tooLarge) {
+    const [, direction, size, limit] = tooLarge;
+    if (Number(limit) === client.maxMessageBytes) {
+      const what = direction === 'Sent' ? 'the request' : 'the response';
+      return `${what} is ${size} bytes, over this client's limit of ${limit}: raise ` +
+             "maxMessageBytes (the server's limit is its --max_message_bytes)";
+    }
+    const what = direction === 'Received' ? 'the request' : 'the response';
+    return `${what} is ${size} bytes, over the server's limit of ${limit}: send less per ` +
+           `request, or start the server with --max_message_bytes=${size} or more`;
+  }
+  if (![grpc.status.UNAVAILABLE, grpc.status.UNKNOWN, grpc.status.INTERNAL].includes(code) ||
+      !CONNECT_FAILURE.test(details)) {
+    return null;
+  }
+  if (client.tls && /certificate[ _]verify[ _]failed|self.signed|unable to (get|verify)/i.test(details)) {
+    return "the client does not trust the server's certificate: pass tlsCaFile (the CA that " +
+           'signed it), or tlsServerName (a name it carries)';
+  }
+  const address = firstAddress(client.target);
+  const answer = address ? await probeHttp2(address.host, address.port) : null;
+  if (!client.tls && answer === 'tls') {
+    return 'the server speaks TLS: pass tls: true (and tlsCaFile: its CA unless the system ' +
+           'trusts it)';
+  }
+  if (client.tls && answer === 'http2') {
+    return 'the server speaks plaintext, not TLS: leave out tls and the tls* options';
+  }
+  if (client.tls && /certificate[ _]required/i.test(details)) {
+    return 'the server requires a client certificate (mutual TLS): pass tlsCertFile and ' +
+           'tlsKeyFile';
+  }
+  if (client.tls && /unknown[ _]ca|bad[ _]certificate|certificate[ _]unknown|decrypt[ _]error/i.test(details)) {
+    return 'the server did not accept the client certificate: use one signed by a CA the ' +
+           'server trusts (its --tls_client_ca_file)';
+  }
+  if (client.tls && answer === 'tls') {
+    return client.clientCertificate ?
+        'the TLS handshake failed: the server did not accept the client certificate; use one ' +
+            'signed by a CA the server trusts (its --tls_client_ca_file)' :
+        'the TLS handshake failed: if the server requires a client certificate (mutual TLS), ' +
+            'pass tlsCertFile and tlsKeyFile';
+  }
+  return null;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Channels and security.
+
+// The service config: UNAVAILABLE retried (computing attention has no side effects; of the
+// session calls those without effect on a session's contents: never Append), `lbPolicy`
+// ('' for gRPC's default, pick_first). round_robin asks for client-side health checking as
+// the C++ client does (grpc-js ignores healthCheckConfig: a draining replica's UNAVAILABLE
+// answer is retried on the next replica instead).
+function serviceConfig(lbPolicy = 'round_robin') {
+  const sessionMethods = RETRIED_SESSION_METHODS.map(
+      (method) => ({service: 'attention.v1.SessionService', method}));
+  const config = {
+    methodConfig: [{name: [{service: 'attention.v1.AttentionService'}, ...sessionMethods],
+                    retryPolicy: RETRY_POLICY}],
+  };
+  if (lbPolicy) config.loadBalancingConfig = [{[lbPolicy]: {}}];
+  if (lbPolicy === 'round_robin') config.healthCheckConfig = {serviceName: ''};
+  return config;
+}
+
+function channelOptions(lbPolicy = 'round_robin', maxMessageBytes = MAX_MESSAGE_BYTES) {
+  return {
+    'grpc.service_config': JSON.stringify(serviceConfig(lbPolicy)),
+    'grpc.max_send_message_length': maxMessageBytes,
+    'grpc.max_receive_message_length': maxMessageBytes,
+    // grpc-js keeps at most this much of a call (1 MiB by default), and of all calls of the
+    // channel (16 MiB), for retries: a larger request would be committed at once.
+    'grpc.per_rpc_retry_buffer_size': maxMessageBytes,
+    'grpc.retry_buffer_size': maxMessageBytes,
+  };
+}
+
+function readFile(option, file) {
+  try {
+    return fs.readFileSync(file);
+  } catch (err) {
+    throw new Error(`${option}: cannot read '${file}': ${err.message}`);
+  }
+}
+
+// The bearer token: `token` if a string ('' for none), else `tokenFile`'s contents, else
+// env.ATTENTION_TOKEN; whitespace around it dropped; '' when there is none.
+function readToken(token, tokenFile, env = process.env) {
+  let source = 'ATTENTION_TOKEN';
+  let value = env.ATTENTION_TOKEN || '';
+  if (typeof token === 'string') {
+    source = 'token';
+    value = token;
+  } else if (tokenFile) {
+    source = 'tokenFile';
+    value = readFile('tokenFile', tokenFile).toString('utf8');
+    if (!value.trim()) throw new Error(`tokenFile: '${tokenFile}' is empty`);
+  }
+  value = value.trim();
+  if (value && !/^[\x21-\x7e]+$/.test(value)) {
+    throw new Error(`${source}: a bearer token is printable ASCII without spaces`);
+  }
+  return value;
+}
+
+function bearerMetadata(token) {
+  const metadata = new grpc.Metadata();
+  if (token) metadata.set('authorization', `Bearer ${token}`);
+  return metadata;
+}
+
+// How channels reach the server: {tls, credentials, options, metadata (sent with every call:
+// the token on plaintext, where grpc-js refuses call credentials)}.
+function channelSecurity(opts = {}, env = process.env) {
+  if (opts.tlsCertFile && !opts.tlsKeyFile) {
+    throw new Error('tlsKeyFile: required with tlsCertFile (a client certificate needs its ' +
+                    'private key)');
+  }
+  if (opts.tlsKeyFile && !opts.tlsCertFile) {
+    throw new Error('tlsCertFile: required with tlsKeyFile (a private key needs its ' +
+                    'certificate)');
+  }
+  const token = readToken(opts.token, opts.tokenFile, env);
+  if (!(opts.tls || opts.tlsCaFile || opts.tlsCertFile || opts.tlsServerName)) {
+    return {tls: false, credentials: grpc.credentials.createInsecure(), options: {},
+            metadata: bearerMetadata(token)};
+  }
+  const read = (option) => (opts[option] ? readFile(option, opts[option]) : null);
+  let credentials = grpc.credentials.createSsl(read('tlsCaFile'), read('tlsKeyFile'),
+                                               read('tlsCertFile'));
+  if (token) {
+    credentials = credentials.compose(grpc.credentials.createFromMetadataGenerator(
+        (_params, callback) => callback(null, bearerMetadata(token))));
+  }
+  const options = opts.tlsServerName ?
+      {'grpc.ssl_target_name_override': opts.tlsServerName} : {};
+  return {tls: true, credentials, options, metadata: new grpc.Metadata()};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensors: {dtype: 'float32' | 'float16' | 'bfloat16' | 'bool', shape, data}. data is a
+// Float32Array (float32), Uint16Array of raw words (float16, bfloat16) or Uint8Array (bool).
+
+const DTYPES = {float32: 'DATA_TYPE_FLOAT32', bfloat16: 'DATA_TYPE_BFLOAT16',
+                float16: 'DATA_TYPE_FLOAT16', bool: 'DATA_TYPE_BOOL'};
+const DTYPE_NAMES = Object.fromEntries(Object.entries(DTYPES).map(([k, v]) => [v, k]));
+const ARRAYS = {float32: Float32Array, float16: Uint16Array, bfloat16: Uint16Array,
+                bool: Uint8Array};
+
+function float32(data, shape) {
+  return {dtype: 'float32', shape, data: Float32Array.from(data)};
+}
+
+function bool(data, shape) {
+  return {dtype: 'bool', shape, data: Uint8Array.from(data, (v) => (v ? 1 : 0))};
+}
+
+function toProtoTensor(tensor, what) {
+  if (!tensor || !DTYPES[tensor.dtype] || !Array.isArray(tensor.shape)) {
+    throw new TypeError(`${what}: expected {dtype: 'float32'|'float16'|'bfloat16'|'bool', ` +
+                        'shape: number[], data}');
+  }
+  const data = tensor.data;
+  const bytes = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+  return {dtype: DTYPES[tensor.dtype], shape: tensor.shape, data: bytes};
+}
+
+function fromProtoTensor(tensor) {
+  if (!tensor || !tensor.shape || tensor.shape.length === 0) return null;
+  const dtype = DTYPE_NAMES[tensor.dtype];
+  const Array_ = ARRAYS[dtype];
+  const copy = new Uint8Array(tensor.data);  // Aligned for the typed array.
+  return {dtype, shape: tensor.shape.map(Number),
+          data: new Array_(copy.buffer, 0, copy.length / Array_.BYTES_PER_ELEMENT)};
+}
+
+// float32 values of a tensor of any float dtype (bfloat16 and float16 words converted).
+function toFloat32(tensor) {
+  if (tensor.dtype === 'float32') return tensor.data;
+  const out = new Float32Array(tensor.data.length);
+  if (tensor.dtype === 'bfloat16') {
+    const words = new Uint32Array(out.buffer);
+    for (let i = 0; i < out.length; ++i) words[i] = tensor.data[i] << 16;
+  } else if (tensor.dtype === 'float16') {
+    for (let i = 0; i < out.length; ++i) {
+      const h = tensor.data[i];
+      const sign = h & 0x8000 ? -1 : 1;
+      const exponent = (h >> 10) & 0x1f;
+      const fraction = h & 0x3ff;
+      out[i] = exponent === 0 ? sign * 2 ** -14 * (fraction / 1024) :
+          exponent === 31 ? (fraction ? NaN : sign * Infinity) :
+          sign * 2 ** (exponent - 15) * (1 + fraction / 1024);
+    }
+  } else {
+    out.set(tensor.data);
+  }
+  return out;
+}
+
+function inferRequest(opts) {
+  const request = {
+    model: opts.model || '', request_id: opts.requestId || '',
+    query: toProtoTensor(opts.query, 'query'), is_causal: !!opts.isCausal,
+    need_weights: !!opts.needWeights, per_head_weights: !!opts.perHeadWeights,
+    output_dtype: opts.outputDtype ? DTYPES[opts.outputDtype] : 'DATA_TYPE_UNSPECIFIED',
+  };
+  for (const [name, field] of [['key', 'key'], ['value', 'value'],
+                               ['keyPaddingMask', 'key_padding_mask'],
+                               ['attnMask', 'attn_mask']]) {
+    if (opts[name]) request[field] = toProtoTensor(opts[name], name);
+  }
+  return request;
+}
+
+function inferResult(response) {
+  const error = response.error && response.error.code ?
+      new AttentionError(response.error.code, response.error.message) : null;
+  return {
+    requestId: response.request_id, output: error ? null : fromProtoTensor(response.output),
+    attnWeights: error ? null : fromProtoTensor(response.attn_weights),
+    queueUs: Number(response.queue_us), computeUs: Number(response.compute_us),
+    batchRequests: Number(response.batch_requests), error,
+  };
+}
+
+function appendResult(response) {
+  const error = response.error && response.error.code ?
+      new AttentionError(response.error.code, response.error.message) : null;
+  return {
+    sessionId: response.session_id, requestId: response.request_id,
+    output: error ? null : fromProtoTensor(response.output),
+    attnWeights: error ? null : fromProtoTensor(response.attn_weights),
+    length: Number(response.length), queueUs: Number(response.queue_us),
+    computeUs: Number(response.compute_us), batchRequests: Number(response.batch_requests), error,
+  };
+}
+
+function sessionInfo(info) {
+  return {
+    sessionId: info.session_id, model: info.model,
+    kind: {SESSION_KIND_SELF: 'self', SESSION_KIND_CROSS: 'cross'}[info.kind] || 'unspecified',
+    length: Number(info.length), keys: Number(info.keys), bytes: Number(info.bytes),
+    createdUnixMs: Number(info.created_unix_ms), lastUsedUnixMs: Number(info.last_used_unix_ms),
+    ttlS: Number(info.ttl_s), maxTokens: Number(info.max_tokens),
+  };
+}
+
+function modelInfo(m) {
+  return {
+    name: m.name, embedDim: Number(m.embed_dim), numHeads: Number(m.num_heads),
+    kdim: Number(m.kdim), vdim: Number(m.vdim), bias: m.bias, addBiasKv: m.add_bias_kv,
+    addZeroAttn: m.add_zero_attn, computeDtype: DTYPE_NAMES[m.compute_dtype] || m.compute_dtype,
+    isDefault: m.is_default,
+    batching: {
+      maxBatchSize: Number(m.batching.max_batch_size),
+      maxBatchTokens: Number(m.batching.max_batch_tokens),
+      maxQueueDelayUs: Number(m.batching.max_queue_delay_us),
+      maxQueueSize: Number(m.batching.max_queue_size),
+    },
+  };
+}
+
+// grpc.health.v1 without its proto: HealthCheckRequest{service} and the response's status.
+const HEALTH_STATUS = ['UNKNOWN', 'SERVING', 'NOT_SERVING', 'SERVICE_UNKNOWN'];
+function healthRequest(service) {
+  const data = Buffer.from(service || '');
+  return data.length ? Buffer.concat([Buffer.from([0x0a, data.length]), data]) : Buffer.alloc(0);
+}
+function healthStatus(bytes) {
+  return HEALTH_STATUS[bytes.length >= 2 && bytes[0] === 0x08 ? bytes[1] : 0] || 'UNKNOWN';
+}
+
+module.exports = {
+  VERSION, MAX_MESSAGE_BYTES, RETRY_POLICY, RETRIED_SESSION_METHODS, STATUS_NAMES,
+  AttentionError, checkTarget, firstAddress, probeHttp2, advise, serviceConfig, channelOptions,
+  readToken, channelSecurity, DTYPES, float32, bool, toFloat32, toProtoTensor, fromProtoTensor,
+  loadProtos, protoRoot,
+  inferRequest, inferResult, appendResult, sessionInfo, modelInfo, healthRequest, healthStatus,
+};
