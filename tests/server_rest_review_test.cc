@@ -248,6 +248,30 @@ TEST_F(RestReviewTest, AJsonResponseStaysWithinMaxMessageBytes) {
   EXPECT_LE(res->body.size(), size_t{1} << 20);
 }
 
+TEST_F(RestReviewTest, AFloatMaskWithInfinityIsReadFromJson) {
+  // PyTorch's additive masks hold -inf; tritonclient.http (Python's json)
+  // writes it -Infinity, and Triton's parser reads NaN and Infinity, as this
+  // server's responses write them. simdjson refuses them: 400 "not valid
+  // JSON". (Not fixed: binary inputs carry them.)
+  std::mt19937 rng(5);
+  const Tensor query = RandomTensor({1, 2, 32}, rng);
+  const std::string body = absl::StrCat(
+      R"({"inputs":[)", Input("query", {1, 2, 32}, query.as<float>()).dump(),
+      R"(,{"name":"attn_mask","datatype":"FP32","shape":[2,2],"data":[0,-Infinity,0,0]}]})");
+  const auto res = Client().Post("/v2/models/small/infer", body, "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  Tensor mask = RandomTensor({2, 2}, rng);
+  for (int i = 0; i < 4; ++i) mask.mutable_as<float>()[i] = i == 1 ? -INFINITY : 0.f;
+  MhaInputs in;
+  in.query = query.view();
+  in.attn_mask = mask.view();
+  const MhaOutputs expected = *Engine("small").Forward(in);
+  const auto got = json::parse(res->body)["outputs"][0]["data"].get<std::vector<float>>();
+  ASSERT_EQ(got.size(), 64u);
+  for (int i = 0; i < 64; ++i) EXPECT_NEAR(got[i], expected.output.as<float>()[i], 1e-5) << i;
+}
+
 TEST_F(RestReviewTest, ASequenceStartedOverGrpcContinuesOverRestWithTheSameId) {
   // The same caller (no tokens), the same model and id: one sequence, on
   // either transport; an id above INT64_MAX (uint64_param over gRPC, a JSON
