@@ -2,11 +2,14 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "server/frontends/rest_codec.h"
@@ -55,6 +58,44 @@ void ReplyProbe(httplib::Response& res, const absl::Status& allowed, bool up) {
 
 std::string Group(const httplib::Request& req, size_t i) {
   return i < req.matches.size() ? req.matches[i].str() : std::string();
+}
+
+// Whether the request has a body: a Content-Length other than 0 or a
+// Transfer-Encoding (RFC 9112 6.3: with neither, it has none; httplib would
+// read one until the client closes).
+bool HasBody(const httplib::Request& req) {
+  return req.has_header("Transfer-Encoding") ||
+         (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+}
+
+// Makes httplib close the connection once `res` is written, for a request
+// whose body was not read whole: what is left of it must not be read as the
+// next request (request smuggling). httplib 0.11 closes a connection whose
+// content provider fails, so the reply is written by one that then fails.
+// (A reply to HEAD has no body: that connection stays open.)
+void CloseAfterReply(httplib::Response& res) {
+  auto body = std::make_shared<std::string>(std::move(res.body));
+  res.body.clear();
+  const std::string type = res.get_header_value("Content-Type");
+  res.headers.erase("Content-Type");
+  res.set_header("Connection", "close");
+  res.set_content_provider(
+      body->size(), type, [body](size_t offset, size_t length, httplib::DataSink& sink) {
+        sink.write(body->data() + offset, std::min(length, body->size() - offset));
+        return false;
+      });
+}
+
+// Reads and drops a body (up to `max_body` bytes) that no handler wants, so
+// that the connection stays in step; false when it was not read whole.
+bool DropBody(const httplib::Request& req, const httplib::ContentReader& reader, int64_t max_body) {
+  if (!HasBody(req)) return true;
+  if (req.is_multipart_form_data()) return false;  // httplib's form reader: not for us.
+  uint64_t seen = 0;
+  return reader([&](const char*, size_t n) {
+    seen += n;
+    return seen <= static_cast<uint64_t>(max_body);
+  });
 }
 
 // Holds a request's in-flight admission until the handler returns (the
@@ -140,9 +181,15 @@ void RestFrontend::Route() {
     // A Content-Length past the limit is read and dropped by httplib (so the
     // client, still sending, reads the 413); a chunked or compressed body is
     // cut off at the limit and its connection closed.
-    // Neither a length nor chunks: no body (RFC 9112 6.3), where httplib
-    // would read until the client closes.
-    if (!req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) return true;
+    if (!HasBody(req)) return true;
+    if (req.is_multipart_form_data()) {
+      ReplyError(res, absl::InvalidArgumentError(
+                          "Content-Type: multipart/form-data is not read here; send the request "
+                          "as application/json or application/octet-stream"));
+      res.status = 415;
+      CloseAfterReply(res);
+      return false;
+    }
     bool too_big = std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) >
                    static_cast<uint64_t>(max_body);
     const bool read = reader([&](const char* data, size_t n) {
@@ -158,10 +205,12 @@ void RestFrontend::Route() {
                           absl::StrCat("request body: larger than the server's limit of ", max_body,
                                        " bytes (--max_message_bytes)")));
       res.status = 413;
+      CloseAfterReply(res);
       return false;
     }
     if (!read) {
       ReplyError(res, absl::InvalidArgumentError("request body: could not be read whole"));
+      CloseAfterReply(res);
       return false;
     }
     return true;
@@ -220,8 +269,16 @@ void RestFrontend::Route() {
     if (!status.ok()) return ReplyError(res, status);
     ReplyJson(res, ProtoToJson(response).dump());
   });
-  s.Post("/v2/repository/index", [p, read_body](const httplib::Request& req, httplib::Response& res,
-                                                const httplib::ContentReader& reader) {
+  s.Post("/v2/repository/index", [p, read_body, max_body](const httplib::Request& req,
+                                                          httplib::Response& res,
+                                                          const httplib::ContentReader& reader) {
+    if (const auto caller = p->requests()->Authenticate(*CallOfRequest(req, Method::kModelInfer));
+        !caller.ok()) {
+      const bool whole = DropBody(req, reader, max_body);
+      ReplyError(res, caller.status());
+      if (!whole) CloseAfterReply(res);
+      return;
+    }
     std::string body;
     if (!read_body(req, res, reader, &body)) return;
     inference::RepositoryIndexRequest request;
@@ -241,10 +298,19 @@ void RestFrontend::Route() {
     for (const auto& m : response.models()) models.push_back(ProtoToJson(m));
     ReplyJson(res, models.dump());
   });
-  s.Post(absl::StrCat(kModel, "/infer"), [p, read_body](const httplib::Request& req,
-                                                        httplib::Response& res,
-                                                        const httplib::ContentReader& reader) {
+  s.Post(absl::StrCat(kModel, "/infer"), [p, read_body, max_body](
+                                             const httplib::Request& req, httplib::Response& res,
+                                             const httplib::ContentReader& reader) {
     const CallRef call = CallOfRequest(req, Method::kRestModelInfer);
+    // The token first: parsing a body costs ~15 times its size in memory.
+    if (const auto caller = p->requests()->Authenticate(*call); !caller.ok()) {
+      const bool whole = DropBody(req, reader, max_body);
+      p->requests()->Received();
+      p->requests()->Answered(nullptr, *call, caller.status(), absl::Now());
+      ReplyError(res, caller.status());
+      if (!whole) CloseAfterReply(res);
+      return;
+    }
     std::string body;
     if (!read_body(req, res, reader, &body)) return;
     std::optional<size_t> header_length;
@@ -279,6 +345,14 @@ void RestFrontend::Route() {
     answered.WaitForNotification();
     if (!result.ok()) return ReplyError(res, result);
     RestBody out = EncodeRestInfer(response, *decoded);
+    if (out.bytes.size() > static_cast<size_t>(max_body)) {  // JSON numbers: ~3x the binary.
+      return ReplyError(
+          res, absl::ResourceExhaustedError(absl::StrCat(
+                   "response: ", out.bytes.size(), " bytes", out.header_length ? "" : " as JSON",
+                   ", larger than the server's limit of ", max_body,
+                   " bytes (--max_message_bytes); ask for binary outputs "
+                   "(parameters.binary_data_output)")));
+    }
     res.status = 200;
     res.body = std::move(out.bytes);
     if (out.header_length) {
@@ -288,14 +362,38 @@ void RestFrontend::Route() {
       res.set_header("Content-Type", "application/json");
     }
   });
-  // Any other POST: refused before its body is read.
-  s.Post(
-      ".*", [](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
-        ReplyError(res,
-                   absl::NotFoundError(absl::StrCat("no endpoint POST ", req.path.substr(0, 200))));
-      });
+  // Any other POST: its body read and dropped, then refused.
+  s.Post(".*", [max_body](const httplib::Request& req, httplib::Response& res,
+                          const httplib::ContentReader& reader) {
+    const bool whole = DropBody(req, reader, max_body);
+    ReplyError(res,
+               absl::NotFoundError(absl::StrCat("no endpoint POST ", req.path.substr(0, 200))));
+    if (!whole) CloseAfterReply(res);
+  });
+  // Before httplib reads a body for a method with no handler (whole, into
+  // memory, without limit) or leaves a GET's unread: refused, and the
+  // connection closed. As is a Transfer-Encoding httplib cannot frame.
+  s.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    const std::string te = req.get_header_value("Transfer-Encoding");
+    const bool get = req.method == "GET" || req.method == "HEAD";
+    if (!te.empty() && !absl::EqualsIgnoreCase(te, "chunked")) {
+      ReplyError(res, absl::UnimplementedError(absl::StrCat(
+                          "Transfer-Encoding: expected chunked, got '", te.substr(0, 64), "'")));
+    } else if (req.method != "POST" && !get) {
+      ReplyError(res, absl::InvalidArgumentError(absl::StrCat("method ", req.method.substr(0, 16),
+                                                              ": expected GET or POST")));
+      res.status = 405;
+      res.set_header("Allow", "GET, HEAD, POST");
+    } else if (get && HasBody(req)) {
+      ReplyError(res, absl::InvalidArgumentError(absl::StrCat(req.method, ": a body is not read")));
+    } else {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    CloseAfterReply(res);
+    return httplib::Server::HandlerResponse::Handled;
+  });
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
+    if (!res.body.empty() || res.content_provider_) return;
     const absl::Status status = res.status == 404
                                     ? absl::NotFoundError(absl::StrCat(
                                           "no endpoint ", req.method, " ", req.path.substr(0, 200)))

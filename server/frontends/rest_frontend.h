@@ -18,7 +18,15 @@
 // `keep_alive`); connections beyond it wait to be accepted. A handler waits
 // for its request's answer while the batcher computes it. Request bodies
 // are read up to `max_body_bytes` (after any Content-Encoding is undone),
-// chunked or not; beyond it, 413.
+// chunked or not; beyond it, 413. An inference's token is checked before
+// its body is parsed. A POST with neither Content-Length nor
+// Transfer-Encoding has no body (RFC 9112); other methods than GET, HEAD and
+// POST (405), a GET with a body (400) and a Transfer-Encoding other than
+// chunked (501) are refused before any body is read; a body that is not
+// read whole closes its connection after the answer, so that its rest is
+// never read as a request. A response, JSON or binary, larger than
+// `max_body_bytes` is RESOURCE_EXHAUSTED (429): JSON numbers take about
+// three times their binary size.
 //
 // Thread-safe. The protocol (and its request path) must outlive it; Stop()
 // (or the destructor) returns once no handler runs.
@@ -43,7 +51,7 @@ struct RestOptions {
   std::string host = "0.0.0.0";
   int port = 8000;  // 0: a free port (see port()).
   int threads = 32;
-  int64_t max_body_bytes = 64 << 20;
+  int64_t max_body_bytes = 64 << 20;  // Request bodies and responses.
   absl::Duration keep_alive = absl::Seconds(5);
   // TLS when both are set (the gRPC port's files); with a client CA, every
   // client must present a certificate it signed.
