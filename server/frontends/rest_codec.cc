@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -100,6 +101,56 @@ absl::StatusOr<int64_t> CountLeaves(element data, const std::string& field, int 
   return n;
 }
 
+// JavaScript's NaN, Infinity and -Infinity (as Python's json and Triton's
+// parser write them, and as responses carry them) are not JSON: the body is
+// parsed as is first, and only when that fails, again with those tokens
+// outside strings quoted, so that data leaves read them as strings.
+std::optional<std::string> QuoteNonFinite(absl::string_view json) {
+  std::string out;
+  bool in_string = false, changed = false;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (in_string) {
+      out.push_back(c);
+      if (c == '\\' && i + 1 < json.size()) {
+        out.push_back(json[++i]);
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') in_string = true;
+    bool replaced = false;
+    for (absl::string_view token : {"-Infinity", "Infinity", "NaN"}) {
+      if (json.substr(i, token.size()) == token) {
+        absl::StrAppend(&out, "\"", token, "\"");
+        i += token.size() - 1;
+        replaced = changed = true;
+        break;
+      }
+    }
+    if (!replaced) out.push_back(c);
+  }
+  if (!changed) return std::nullopt;
+  return out;
+}
+
+// A quoted non-finite token, as QuoteNonFinite writes it.
+bool NonFinite(element e, double* d) {
+  std::string_view s;
+  if (e.get_string().get(s)) return false;
+  if (s == "NaN") {
+    *d = std::numeric_limits<double>::quiet_NaN();
+  } else if (s == "Infinity") {
+    *d = std::numeric_limits<double>::infinity();
+  } else if (s == "-Infinity") {
+    *d = -std::numeric_limits<double>::infinity();
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // Writes the leaves of `data` as `datatype` into `out`, from *i on.
 absl::Status WriteLeaves(element data, const std::string& field, bool is_bool, char* out,
                          int64_t* i) {
@@ -132,6 +183,8 @@ absl::Status WriteLeaves(element data, const std::string& field, bool is_bool, c
       d = static_cast<double>(data.get_int64().value_unsafe());
     } else if (data.type() == element_type::UINT64) {
       d = static_cast<double>(data.get_uint64().value_unsafe());
+    } else if (data.type() == element_type::STRING && NonFinite(data, &d)) {
+      // NaN, Infinity or -Infinity, quoted by QuoteNonFinite.
     } else {
       return Expected(at, "a number (FP32)", data);
     }
@@ -331,7 +384,11 @@ absl::StatusOr<RestInferRequest> DecodeRestInfer(absl::string_view body,
   }
   simdjson::dom::parser parser;
   element root;
-  if (const auto error = parser.parse(body.data(), json_length, true).get(root); error) {
+  auto error = parser.parse(body.data(), json_length, true).get(root);
+  std::optional<std::string> quoted;
+  if (error) quoted = QuoteNonFinite(body.substr(0, json_length));
+  if (quoted) error = parser.parse(quoted->data(), quoted->size(), true).get(root);
+  if (error) {
     return Invalid("request body",
                    absl::StrCat("not valid JSON (", simdjson::error_message(error), ")"));
   }
