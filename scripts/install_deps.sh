@@ -5,7 +5,8 @@
 # Usage: scripts/install_deps.sh [--build-only | --runtime | --bench]
 #   (no flag)     everything to build, run and test the project: the C++
 #                 toolchain and libraries, Python (PyTorch oracle, client),
-#                 Node.js, Prometheus, and podman/buildah for the container test
+#                 Node.js, Prometheus, nginx and HAProxy for the gateway tests,
+#                 and podman/buildah for the container test
 #   --build-only  just what scripts/build.sh needs (the Docker build stage)
 #   --runtime     only the shared libraries the two binaries need at run time
 #                 (the Docker runtime stage)
@@ -19,7 +20,7 @@ for arg in "$@"; do
     --runtime) mode=runtime ;;
     --build-only) mode=build ;;
     --bench) mode=bench ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "install_deps.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -39,6 +40,9 @@ build_pkgs=(
 test_pkgs=(
   # Python: the PyTorch oracle, the Python client and its tests.
   python3 python3-numpy python3-grpcio python3-protobuf python3-torch libopenblas0-pthread
+  # The gateway tests: nginx 1.22 and HAProxy 2.6 in front of replicas (run unprivileged by
+  # the tests with their own configs; where the package starts a system service, it is unused).
+  nginx haproxy
   # Monitoring tests, and the container test (no Docker engine here: podman).
   prometheus podman buildah runc debootstrap podman-compose uidmap python3-yaml fuse-overlayfs
   # scripts/sanitize.sh: clang, its sanitizer and libFuzzer runtimes, llvm-symbolizer, and
