@@ -15,6 +15,7 @@
 #include <deque>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -62,6 +63,18 @@ std::string Metrics(const testing::ServerProcess& s) {
 double Served(const testing::ServerProcess& s, const std::string& method) {
   return std::max(0.0, testing::MetricValue(Metrics(s), "attention_requests_total",
                                             {"code=\"OK\"", "method=\"" + method + "\""}));
+}
+// Calls of `method` that reached `s`, whatever their code.
+double Reached(const testing::ServerProcess& s, const std::string& method) {
+  std::istringstream lines(Metrics(s));
+  double total = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (absl::StartsWith(line, "attention_requests_total{") &&
+        absl::StrContains(line, "method=\"" + method + "\"")) {
+      total += std::stod(line.substr(line.rfind(' ') + 1));
+    }
+  }
+  return total;
 }
 double LiveSessions(const testing::ServerProcess& s) {
   return testing::MetricValue(Metrics(s), "attention_sessions", {"model=\"demo\""});
@@ -255,7 +268,7 @@ class ReplayingSequence {
 struct Disruption {
   Decoded decoded;
   double held_by_removed = 0;  // Sessions replica 0 still held when re-added.
-  double served_by_added = 0;  // Calls the added replica answered.
+  double served_by_added = 0;  // Calls that reached the added replica.
 };
 Disruption RunDisruption(std::vector<std::unique_ptr<testing::ServerProcess>>& replicas,
                          GatewayProcess& nginx, const std::vector<Tensor>& xs,
@@ -279,7 +292,7 @@ Disruption RunDisruption(std::vector<std::unique_ptr<testing::ServerProcess>>& r
        }},
   };
   out.decoded = Decode(8, xs, want, events, step);
-  out.served_by_added = Served(*replicas[3], method);
+  out.served_by_added = Reached(*replicas[3], method);
   return out;
 }
 
@@ -655,7 +668,14 @@ TEST_P(EachGatewayTest, SessionsSurviveAKilledReplicaAndAnAddedOne) {
   EXPECT_EQ(run.errors, 0) << run.first_error << "\n" << gateway.Log();
   EXPECT_EQ(run.wrong_rows, 0);
   EXPECT_GE(recoveries, 1);
-  EXPECT_GT(Served(*replicas[3], "Append"), 0);
+  // New sessions now spread over the three replicas listed, the added one included.
+  const double before = Reached(*replicas[3], "CreateSession");
+  v1::CreateSessionRequest create;
+  create.set_kind(v1::SESSION_KIND_SELF);
+  for (int i = 0; i < 20; ++i) EXPECT_TRUE(client.Create(create).ok());
+  EXPECT_GE(Reached(*replicas[3], "CreateSession") - before, 1)
+      << "the reload brought the fourth replica in (" << Reached(*replicas[3], "Append")
+      << " appends reached it during the run)";
 }
 
 INSTANTIATE_TEST_SUITE_P(Gateways, EachGatewayTest, ::testing::Values(Kind::kNginx, Kind::kHaproxy),
