@@ -53,6 +53,8 @@ test_pkgs=(
   python3-venv python3-pip python3-setuptools python3-wheel
   # Monitoring tests, and the container test (no Docker engine here: podman).
   prometheus podman buildah runc debootstrap podman-compose uidmap python3-yaml fuse-overlayfs
+  # The gateway tests: nginx 1.22 and HAProxy 2.6 in front of replicas (run unprivileged).
+  nginx haproxy
   # scripts/sanitize.sh: clang, its sanitizer and libFuzzer runtimes, llvm-symbolizer, and
   # LLVM's omp.h (clang-14 cannot parse GCC 12's; the code still links GCC's libgomp).
   clang-14 libclang-rt-14-dev llvm-14 libomp-14-dev

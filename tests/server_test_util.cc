@@ -100,9 +100,11 @@ ServerProcess::ServerProcess(const std::string& binary, const std::vector<std::s
     execv(binary.c_str(), argv.data());
     _exit(127);
   }
-  auto channel = grpc::CreateChannel(target(), grpc::InsecureChannelCredentials());
-  auto health = grpc::health::v1::Health::NewStub(channel);
   for (int i = 0; i < 300 && !ready_; ++i) {  // Up to 30 s.
+    // A new channel each time: one whose first connection was refused
+    // before the server listened backs off for seconds before trying again.
+    auto channel = grpc::CreateChannel(target(), grpc::InsecureChannelCredentials());
+    auto health = grpc::health::v1::Health::NewStub(channel);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
     grpc::health::v1::HealthCheckResponse resp;

@@ -70,6 +70,9 @@ struct SessionWork {
   int64_t max_response_bytes = 0;  // The server's max_message_bytes.
   int64_t id_bytes = 0;            // Echoed ids in the response.
   int64_t request_bytes = 0;       // The request message, held while queued.
+  // Appends: the session's length the client expects when it runs (a
+  // mismatch fails it, unapplied, with FAILED_PRECONDITION); unset: any.
+  std::optional<int64_t> expected_length;
   // The in-flight budget held for it (null in tests without a server),
   // grown when the exact response is larger than the estimate. Owned by the
   // front-end, which holds it until the response is sent.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "proto/codec/routing_key.h"
 #include "server/requests/identifiers.h"
 #include "server/requests/inflight_budget.h"
 #include "server/sessions/session_manager.h"
@@ -16,6 +17,25 @@ namespace {
 // Past this many mappings a new sequence first forgets those whose session
 // has ended (expired, evicted) without a sequence_end.
 constexpr size_t kSweepAbove = 4096;
+
+// The optional parameter `expected_length`: the tokens the sequence holds
+// before this step (0 for a start), as AppendRequest.expected_length.
+absl::StatusOr<std::optional<int64_t>> ExpectedLength(const inference::ModelInferRequest& request) {
+  const auto it = request.parameters().find("expected_length");
+  if (it == request.parameters().end()) return std::nullopt;
+  const inference::InferParameter& p = it->second;
+  if (p.parameter_choice_case() == inference::InferParameter::kInt64Param) return p.int64_param();
+  if (p.parameter_choice_case() == inference::InferParameter::kUint64Param &&
+      p.uint64_param() <= static_cast<uint64_t>(INT64_MAX)) {
+    return static_cast<int64_t>(p.uint64_param());
+  }
+  return absl::InvalidArgumentError(
+      "parameters['expected_length']: expected int64_param or uint64_param (the tokens the "
+      "sequence holds before this step)");
+}
+
+// The sequence id as the caller sent it (without the decoder's "n:"/"s:").
+std::string SentId(const std::string& sequence_id) { return sequence_id.substr(2); }
 
 }  // namespace
 
@@ -48,9 +68,13 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceSessions::Find(const Key& key) 
     if (it != sequences_.end()) existing = it->second.current;
   }
   if (existing.empty()) {
-    return absl::NotFoundError(
+    return absl::NotFoundError(absl::StrCat(
         "parameters['sequence_id']: the sequence has no session on this model here; start it "
-        "with sequence_start");
+        "with sequence_start (behind a gateway, every request of a sequence carries the metadata "
+        "header '",
+        wire::kRoutingHeader, ": ", Shown(SentId(std::get<2>(key))),
+        "' so that it reaches the replica holding the sequence, and a restarted sequence takes a "
+        "new sequence_id)"));
   }
   auto session = manager->Find(existing);
   if (!session.ok()) {
@@ -151,6 +175,7 @@ absl::StatusOr<std::shared_ptr<SequenceSessions::Step>> SequenceSessions::Prepar
   step.average_attn_weights = in.average_attn_weights;
   step.output_dtype = in.output_dtype;
   step.id_bytes = request.id().size();
+  ASSIGN_OR_RETURN(step.expected_length, ExpectedLength(request));
 
   auto out = std::make_shared<Step>();
   out->owner = caller != nullptr ? caller->id : "";

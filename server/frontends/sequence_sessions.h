@@ -12,6 +12,15 @@
 // been validated and admitted, and ended again if the step fails, so a
 // refused start holds nothing.
 //
+// Behind a gateway, each request of a sequence carries the metadata header
+// `x-attention-session: <sequence_id>` (the gateway hashes on it; the server
+// does not read it). The optional parameter `expected_length` (int64) is the
+// number of tokens the sequence holds before the step (0 for a start): a
+// mismatch fails the step with FAILED_PRECONDITION, unapplied, as
+// AppendRequest.expected_length does, so a sequence id that moves back to a
+// replica holding an older copy of its sequence cannot extend a stale prefix.
+// A client restarting a lost sequence takes a new sequence_id.
+//
 // Thread-safe. The session path (and its manager) must outlive it.
 #ifndef ATTENTION_SERVER_FRONTENDS_SEQUENCE_SESSIONS_H_
 #define ATTENTION_SERVER_FRONTENDS_SEQUENCE_SESSIONS_H_

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "proto/codec/routing_key.h"
 #include "proto/codec/status_codes.h"
 #include "proto/codec/tensor_codec.h"
 #include "server/frontends/admitted_reactor.h"
@@ -16,6 +17,15 @@ namespace attention::server {
 namespace {
 
 int64_t UnixMillis(absl::Time t) { return absl::ToUnixMillis(t); }
+
+// The call's x-attention-session metadata, if it has one.
+std::optional<std::string> RoutingHeader(grpc::CallbackServerContext* context) {
+  if (context == nullptr) return std::nullopt;
+  const auto& metadata = context->client_metadata();
+  const auto it = metadata.find(wire::kRoutingHeader);
+  if (it == metadata.end()) return std::nullopt;
+  return std::string(it->second.data(), it->second.size());
+}
 
 }  // namespace
 
@@ -53,6 +63,8 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
     status = absl::UnavailableError("server is shutting down");
   }
   std::string owner;
+  const std::string key = RoutingHeader(context).value_or("");
+  if (status.ok() && RoutingHeader(context)) status = wire::CheckRoutingKey(key);
   if (status.ok()) {
     auto principal = requests_->Authenticate(*call);
     absl::StatusOr<const ServedModel*> found =
@@ -112,9 +124,10 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   const int64_t admitted = cross ? static_cast<int64_t>(request->ByteSizeLong()) : 0;
   if (status.ok() && cross) status = requests_->Admit(admitted);
   std::shared_ptr<Session> session;
+  bool existing = false;  // A retry given the session it created.
   if (status.ok()) {
     auto created = manager->Create(served, cross, request->is_causal(),
-                                   absl::Seconds(request->ttl_s()), owner);
+                                   absl::Seconds(request->ttl_s()), owner, key, &existing);
     status = created.status();
     if (created.ok()) session = *std::move(created);
     if (!status.ok()) requests_->Release(admitted);
@@ -123,7 +136,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
     finish(served, status);
     return reactor;
   }
-  if (!cross) {
+  if (!cross || existing) {
     DescribeSession(manager->Snapshot(*session), response);
     finish(served, absl::OkStatus());
     return reactor;
@@ -155,7 +168,8 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
 }
 
 absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
-                                               std::shared_ptr<const void> keep_alive,
+                                               const std::optional<std::string>& routing,
+                                               bool stream, std::shared_ptr<const void> keep_alive,
                                                const CallContext& call, PreparedAppend* prepared) {
   absl::Status status;
   SessionManager* manager = sessions_->ReadyManager(&status);
@@ -163,6 +177,7 @@ absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
   if (requests_->draining()) return absl::UnavailableError("server is shutting down");
   RETURN_IF_ERROR(CheckIdentifier(request.request_id(), "request_id"));
   RETURN_IF_ERROR(CheckIdentifier(request.session_id(), "session_id"));
+  RETURN_IF_ERROR(SessionPath::CheckRouting(request.session_id(), routing, stream));
   ASSIGN_OR_RETURN(prepared->session,
                    sessions_->FindForCaller(manager, call, request.session_id()));
   Step step;
@@ -175,6 +190,7 @@ absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
     step.output_dtype = out;
   }
   step.id_bytes = request.request_id().size() + request.session_id().size();
+  if (request.has_expected_length()) step.expected_length = request.expected_length();
   Session& session = *prepared->session;
   const int64_t t = step.tokens.rank() == 2 ? step.tokens.dim(0) : 0;
   const int64_t held = SessionPath::HeldKeys(prepared->session, t, &prepared->queued);
@@ -207,7 +223,8 @@ grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext
   response->set_session_id(request->session_id());
   response->set_request_id(request->request_id());
   PreparedAppend prepared;
-  absl::Status status = PrepareAppend(*request, nullptr, *call, &prepared);
+  absl::Status status =
+      PrepareAppend(*request, RoutingHeader(context), /*stream=*/false, nullptr, *call, &prepared);
   const ServedModel* model = prepared.model;
   const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
   absl::StatusOr<std::shared_ptr<Admission>> held =
@@ -239,10 +256,12 @@ grpc::ServerBidiReactor<v1::AppendRequest, v1::AppendResponse>* SessionServiceIm
   using Reactor = StreamReactor<v1::AppendRequest, v1::AppendResponse>;
   return new Reactor(
       requests_, context, Method::kSessionStream,
-      [this](std::shared_ptr<v1::AppendRequest> request, const CallContext& call) {
+      [this, routing = RoutingHeader(context)](std::shared_ptr<v1::AppendRequest> request,
+                                               const CallContext& call) {
         Reactor::Prepared out;
         auto prepared = std::make_shared<PreparedAppend>();
-        out.status = PrepareAppend(*request, request, call, prepared.get());
+        out.status =
+            PrepareAppend(*request, routing, /*stream=*/true, request, call, prepared.get());
         out.model = prepared->model;
         out.response_bytes = prepared->response_bytes;
         const std::string session_id = Echoed(request->session_id());
@@ -273,7 +292,9 @@ grpc::ServerUnaryReactor* SessionServiceImpl::OnSession(
   const CallRef call = CallOf(context, method);
   absl::Status status;
   const ServedModel* model = nullptr;
-  if (SessionManager* manager = sessions_->ReadyManager(&status)) {
+  SessionManager* manager = sessions_->ReadyManager(&status);
+  if (manager != nullptr) status = SessionPath::CheckRouting(id, RoutingHeader(context), false);
+  if (status.ok()) {
     auto session = sessions_->FindForCaller(manager, *call, id);
     status = session.status();
     if (session.ok()) {

@@ -17,6 +17,8 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "absl/functional/function_ref.h"
 #include "attention/v1/sessions.grpc.pb.h"
@@ -50,10 +52,13 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
   using Step = SessionPath::Step;
 
  private:
-  // Errors: UNAVAILABLE (not ready, draining), NOT_FOUND (session),
-  // INVALID_ARGUMENT (tokens, not_key, output_dtype), RESOURCE_EXHAUSTED
+  // An append that came with the x-attention-session metadata `routing`
+  // (the stream's, when `stream`). Errors: UNAVAILABLE (not ready,
+  // draining), NOT_FOUND (session), INVALID_ARGUMENT (tokens, not_key,
+  // output_dtype, expected_length, the routing header), RESOURCE_EXHAUSTED
   // (the response would be too large).
   absl::Status PrepareAppend(const v1::AppendRequest& request,
+                             const std::optional<std::string>& routing, bool stream,
                              std::shared_ptr<const void> keep_alive, const CallContext& call,
                              PreparedAppend* prepared);
   // GetSession and CloseSession: the caller's live session `id`, then `act`

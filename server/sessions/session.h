@@ -29,6 +29,9 @@ struct SessionModel;
 
 struct Session {
   std::string id;
+  // The routing key it was created with (x-attention-session; the id
+  // carries it), empty without one. Names at most one live session.
+  std::string key;
   SessionModel* model = nullptr;  // Owned by SessionManager; outlives the session.
   bool cross = false;
   bool is_causal = false;  // Cross sessions.

@@ -115,6 +115,15 @@ std::vector<RequestOutcome> RunSessionBatch(
                                                       session.ended, " before this append ran"));
         continue;
       }
+      if (work.expected_length && *work.expected_length != session.length) {
+        out.status = absl::FailedPreconditionError(absl::StrCat(
+            "expected_length: the session holds ", session.length, " tokens, the append expected ",
+            *work.expected_length,
+            "; it was not applied (an earlier append was lost or applied twice, or the session's "
+            "routing key moved back to a replica holding an older copy): re-create the session "
+            "and re-send its prefix"));
+        continue;
+      }
     }
     if (work.kind == SessionWork::Kind::kInitCross) {
       out.status = manager.Reserve(session, work.key_count);

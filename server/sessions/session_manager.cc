@@ -1,11 +1,10 @@
 #include "server/sessions/session_manager.h"
 
-#include <sys/random.h>
-
 #include <utility>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "proto/codec/routing_key.h"
 #include "server/batching/pending_request.h"
 
 namespace attention::server {
@@ -48,6 +47,7 @@ SessionManager::~SessionManager() {
   {
     absl::MutexLock lock(&mu_);
     sessions.swap(sessions_);
+    keys_.clear();
   }
   for (auto& [id, session] : sessions) session->cache.reset();
 }
@@ -82,23 +82,25 @@ void SessionManager::StopAccepting() {
   accepting_ = false;
 }
 
-std::string SessionManager::NewId() const {
-  unsigned char bits[16];
-  size_t got = 0;
-  while (got < sizeof(bits)) {
-    const ssize_t n = getrandom(bits + got, sizeof(bits) - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::KeyHolderLocked(
+    const std::string& key, const SessionModel* model, bool cross, const std::string& owner) const {
+  const auto it = keys_.find(key);
+  if (key.empty() || it == keys_.end()) return nullptr;
+  Session& held = *it->second;
+  absl::MutexLock lock(&held.mu);
+  if (held.owner == owner && held.model == model && !cross && !held.cross && held.length == 0 &&
+      !held.busy && held.queued_tokens.load() == 0) {
+    return it->second;  // A retried CreateSession whose answer was lost.
   }
-  std::string id =
-      absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(bits), sizeof(bits)));
-  if (!options_.advertise_address.empty()) absl::StrAppend(&id, "@", options_.advertise_address);
-  return id;
+  return absl::AlreadyExistsError(absl::StrCat(
+      wire::kRoutingHeader, ": key '", key,
+      "' already names a live session on this replica; draw a fresh key for every new session "
+      "(a re-created one included)"));
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(const ServedModel* served,
-                                                                bool cross, bool is_causal,
-                                                                absl::Duration ttl,
-                                                                const std::string& owner) {
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
+    const ServedModel* served, bool cross, bool is_causal, absl::Duration ttl,
+    const std::string& owner, const std::string& key, bool* existing) {
   SessionModel* m = model(served);
   if (m == nullptr) return absl::InternalError("model has no session state");
   if (m->max_sessions == 0) {
@@ -111,11 +113,15 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(const ServedMode
     {
       absl::MutexLock lock(&mu_);
       if (!accepting_) return absl::UnavailableError("server is shutting down");
+      ASSIGN_OR_RETURN(std::shared_ptr<Session> held, KeyHolderLocked(key, m, cross, owner));
+      if (existing != nullptr) *existing = held != nullptr;
+      if (held != nullptr) return held;
       mine = tenants_.Live(owner, m);
       tenant_limit = tenants_.SessionLimit(owner, m->max_sessions);
       if (mine < tenant_limit && m->live < m->max_sessions) {
         auto s = std::make_shared<Session>();
-        s->id = NewId();
+        s->key = key;
+        s->id = wire::SessionIdOf(wire::NewRoutingKey(), key, options_.advertise_address);
         s->model = m;
         s->cross = cross;
         s->is_causal = is_causal;
@@ -130,6 +136,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(const ServedMode
           s->last_used = s->created;
         }
         sessions_[s->id] = s;
+        if (!key.empty()) keys_[key] = s;
         ++m->live;
         tenants_.AddSession(owner, m);
         served->metrics->sessions->Set(static_cast<double>(m->live));
@@ -224,6 +231,7 @@ void SessionManager::EndLocked(Session& session, SessionEnd end, absl::Duration 
                                std::vector<std::unique_ptr<PendingRequest>>* failed) {
   session.ended = EndedSessions::Reason(end, idle);
   sessions_.erase(session.id);
+  if (!session.key.empty()) keys_.erase(session.key);
   ended_.Remember(session.id, end, idle);
   SessionModel& m = *session.model;
   --m.live;

@@ -113,15 +113,22 @@ class SessionManager {
   SessionManager& operator=(const SessionManager&) = delete;
 
   // A new session of `model` owned by `owner`, the creating caller's
-  // Principal::id (empty without authentication). RESOURCE_EXHAUSTED, naming
-  // the limit, when the owner is at its max_sessions_per_tenant for the model
-  // or the model at its max_sessions and none of the owner's own sessions of
-  // the model has been idle for evict_grace to evict; FAILED_PRECONDITION
-  // when the model allows none. A cross session's keys are then projected by
-  // its first work, SessionWork::kInitCross.
+  // Principal::id (empty without authentication), under the routing key
+  // `key` (valid, or empty: none; see proto/codec/routing_key.h).
+  // RESOURCE_EXHAUSTED, naming the limit, when the owner is at its
+  // max_sessions_per_tenant for the model or the model at its max_sessions
+  // and none of the owner's own sessions of the model has been idle for
+  // evict_grace to evict; FAILED_PRECONDITION when the model allows none.
+  // A key already naming a live session gets ALREADY_EXISTS, unless this is
+  // a retry of the same creation (same owner and model, a self session with
+  // nothing appended or queued): then that session, with *existing set. A
+  // cross session's keys are then projected by its first work,
+  // SessionWork::kInitCross.
   absl::StatusOr<std::shared_ptr<Session>> Create(const ServedModel* model, bool cross,
                                                   bool is_causal, absl::Duration ttl,
-                                                  const std::string& owner = "");
+                                                  const std::string& owner = "",
+                                                  const std::string& key = "",
+                                                  bool* existing = nullptr);
 
   // The live session `id`; NOT_FOUND naming why otherwise.
   absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& id) const;
@@ -188,7 +195,12 @@ class SessionManager {
   absl::Status NotFoundLocked(const std::string& id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void Reap();
   void UpdateMemoryMetrics();
-  std::string NewId() const;
+  // The live session of routing key `key` if a retried creation may have
+  // it; ALREADY_EXISTS if another session holds the key; null if none does.
+  absl::StatusOr<std::shared_ptr<Session>> KeyHolderLocked(const std::string& key,
+                                                           const SessionModel* model, bool cross,
+                                                           const std::string& owner) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const ModelRepository* const repository_;
   Metrics* const metrics_;
@@ -198,6 +210,8 @@ class SessionManager {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  // Live sessions by routing key (those created with one).
+  absl::flat_hash_map<std::string, std::shared_ptr<Session>> keys_ ABSL_GUARDED_BY(mu_);
   TenantLedger tenants_ ABSL_GUARDED_BY(mu_);
   EndedSessions ended_ ABSL_GUARDED_BY(mu_);
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "proto/codec/routing_key.h"
 #include "server/requests/identifiers.h"
 #include "server/sessions/append_size.h"
 
@@ -19,7 +20,13 @@ absl::StatusOr<std::shared_ptr<Session>> SessionPath::FindForCaller(SessionManag
     return absl::InvalidArgumentError(
         "session_id: required (the id CreateSession returned), got an empty one");
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, manager->Find(id));
+  absl::StatusOr<std::shared_ptr<Session>> found = manager->Find(id);
+  if (found.status().code() == absl::StatusCode::kNotFound && wire::RoutingKeyOf(id).empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        found.status().message(), " (behind a gateway, create sessions with the metadata header ",
+        wire::kRoutingHeader, ": <key> so that their calls reach the replica holding them)"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, std::move(found));
   if (principal != nullptr) {
     // Owned by the token entry (its hash), not by its name: two entries may share a name.
     if (session->owner != principal->id) {
@@ -30,6 +37,21 @@ absl::StatusOr<std::shared_ptr<Session>> SessionPath::FindForCaller(SessionManag
     RETURN_IF_ERROR(requests_->FindModel(principal.get(), session->model->served->name).status());
   }
   return session;
+}
+
+absl::Status SessionPath::CheckRouting(const std::string& id,
+                                       const std::optional<std::string>& header, bool stream) {
+  const absl::string_view key = wire::RoutingKeyOf(id);
+  if (key.empty() || header == key) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      wire::kRoutingHeader, ": session '", Shown(id), "' was created with the routing key '",
+      Shown(key), "' (after the '.' in its id), and its calls carry the metadata header '",
+      wire::kRoutingHeader, ": ", Shown(key), "', by which a gateway sends them to its replica; ",
+      stream ? "this stream" : "this call",
+      header ? absl::StrCat(" carries '", Shown(*header), "'") : " has none",
+      stream ? " (a stream is routed as a whole by the header it opens with: open one stream per "
+               "session key)"
+             : ""));
 }
 
 SessionManager* SessionPath::ReadyManager(absl::Status* status) const {
@@ -67,6 +89,11 @@ absl::Status SessionPath::PrepareStep(const Step& step, const SessionModel& m, b
         absl::StrCat("tokens: ", t, " tokens in one append exceed the model's max_batch_tokens ",
                      batching.max_batch_tokens, "; append them in chunks"));
   }
+  if (step.expected_length && *step.expected_length < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected_length: expected the session's length (>= 0), got ", *step.expected_length));
+  }
+  work->expected_length = step.expected_length;
   if (step.output_dtype == DType::kBool) {
     return absl::InvalidArgumentError(
         "output_dtype: expected float32, bfloat16 or float16, got bool");

@@ -57,6 +57,8 @@ class SessionPath {
     bool average_attn_weights = true;
     std::optional<DType> output_dtype;
     size_t id_bytes = 0;  // Ids echoed in the response.
+    // The session's length when it runs, if the caller states it.
+    std::optional<int64_t> expected_length;
   };
 
   // The live session `id` if the caller of `call` may use it: it must be
@@ -66,12 +68,20 @@ class SessionPath {
   absl::StatusOr<std::shared_ptr<Session>> FindForCaller(SessionManager* manager,
                                                          const CallContext& call,
                                                          const std::string& id) const;
+  // The routing rules of a call on session `id` that carried the metadata
+  // header x-attention-session `header` (nullopt: none), one append of a
+  // stream when `stream`: a session created with a routing key (its id
+  // carries it) is called with that key. INVALID_ARGUMENT saying what to
+  // add otherwise.
+  static absl::Status CheckRouting(const std::string& id, const std::optional<std::string>& header,
+                                   bool stream);
   // Validates `step` for a session of `model` (cross or self) that will
   // hold at most `held_keys` keys when the step runs, into prepared->pending
   // (session work without its session yet: see Attach), ready for
   // SessionManager::Submit once `done` is set. Sizes its response and
-  // working memory. INVALID_ARGUMENT (tokens, not_key, output_dtype; a self
-  // step on a model whose kdim or vdim is not embed_dim), RESOURCE_EXHAUSTED
+  // working memory. INVALID_ARGUMENT (tokens, not_key, output_dtype, a
+  // negative expected_length; a self step on a model whose kdim or vdim is
+  // not embed_dim), RESOURCE_EXHAUSTED
   // (the response, or the memory computing it, would be too large).
   absl::Status PrepareStep(const Step& step, const SessionModel& model, bool cross,
                            int64_t held_keys, std::shared_ptr<const void> keep_alive,

@@ -20,7 +20,8 @@ served from where STORAGE_URI lands (/mnt/models); readiness, liveness and start
 fitting the memory limit (the same sum as check_kubernetes.py); a non-root, read-only container
 security context (no pod-level one, which Knative refuses by default); the token file from a
 read-only Secret; a request timeout (Knative's termination grace period) above the drain timeout;
-the metrics port announced through KServe's Prometheus annotations; at least one replica.
+the metrics port announced through KServe's Prometheus annotations; at least one replica; and
+(gRPC) comments documenting the x-attention-session header and expected_length for sequences.
 """
 import argparse
 import os
@@ -44,7 +45,15 @@ def check_isvc(repo, name, rest):
 
     args = argparse.Namespace(repo=repo)
     with open(os.path.join(args.repo, "deploy", "kserve", name)) as f:
-        docs = [d for d in yaml.safe_load_all(f) if d]
+        text = f.read()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    if not rest:
+        # Its comments are the manifest's documentation of sequences through KServe: the
+        # routing header, the expected_length parameter, and how to run more than one replica.
+        for needle in ("x-attention-session: <sequence_id>", "expected_length",
+                       "headers={\"x-attention-session\"", "RawDeployment",
+                       "istio-destinationrule.yaml"):
+            check(needle in text, f"the manifest's comments must document {needle!r}")
     with open(os.path.join(args.repo, "deploy", "kubernetes", "deployment.yaml")) as f:
         deployment = next(d for d in yaml.safe_load_all(f) if d and d["kind"] == "Deployment")
     if not check(len(docs) == 1, f"expected one document, got {len(docs)}"):

@@ -34,16 +34,19 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repo", default=os.path.join(os.path.dirname(__file__), "..", ".."))
     args = parser.parse_args()
-    docs = {}
+    docs, every = {}, []
     for path in sorted(glob.glob(os.path.join(args.repo, "deploy", "kubernetes", "*.yaml"))):
         with open(path) as f:
             for doc in yaml.safe_load_all(f):
-                docs[doc["kind"]] = doc
+                docs.setdefault(doc["kind"], doc)
+                every.append(doc)
+    services = {d["metadata"]["name"]: d for d in every if d["kind"] == "Service"}
     errors = []
 
     def check(condition, message):
         if not condition:
             errors.append(message)
+        return condition
 
     for kind in ("Deployment", "Service", "HorizontalPodAutoscaler", "PodMonitor",
                  "NetworkPolicy"):
@@ -135,9 +138,36 @@ def main():
           f"terminationGracePeriodSeconds must exceed the drain timeout {drain} s")
     annotations = dep["spec"]["template"]["metadata"].get("annotations", {})
     check(annotations.get("prometheus.io/port") == "9464", "scrape annotations need port 9464")
-    svc = docs["Service"]
+    svc = services.get("attention-server", docs["Service"])
     check(svc["spec"].get("clusterIP") == "None", "the Service must be headless (clusterIP: None)")
     check(svc["spec"]["selector"] == labels, "the Service must select the Deployment's pods")
+    # Sessions through Istio: a DestinationRule hashing x-attention-session on a Service that is
+    # not headless (Istio does not balance a headless Service's traffic) over the same pods.
+    rules = [d for d in every if d["kind"] == "DestinationRule"]
+    check(len(rules) == 1, f"expected one Istio DestinationRule, got {len(rules)}")
+    for rule in rules:
+        check(rule.get("apiVersion", "").startswith("networking.istio.io/"),
+              "the DestinationRule must be networking.istio.io's")
+        host = rule["spec"].get("host", "")
+        target = services.get(host.split(".")[0])
+        if check(target is not None, f"the DestinationRule's host {host!r} is no Service here"):
+            check(target["spec"].get("clusterIP") != "None",
+                  f"the DestinationRule's Service {host!r} must not be headless")
+            check(target["spec"].get("selector") == labels,
+                  f"the DestinationRule's Service {host!r} must select the Deployment's pods")
+            check(any(p.get("name") == "grpc" or p.get("appProtocol") == "grpc"
+                      for p in target["spec"].get("ports", [])),
+                  f"the Service {host!r} must declare its port as grpc (HTTP/2 to the pods)")
+        hashing = rule["spec"].get("trafficPolicy", {}).get("loadBalancer", {}).get(
+            "consistentHash", {})
+        check(hashing.get("httpHeaderName") == "x-attention-session",
+              "the DestinationRule must hash trafficPolicy.loadBalancer.consistentHash."
+              "httpHeaderName: x-attention-session")
+    for doc in every:
+        annotations = doc.get("metadata", {}).get("annotations", {}) or {}
+        check(not any(k.endswith("upstream-hash-by") for k in annotations),
+              f"{doc['kind']} {doc['metadata']['name']}: not ingress-nginx's upstream-hash-by "
+              "(it hashes a missing header as '', sending all stateless calls to one pod)")
     hpa = docs["HorizontalPodAutoscaler"]
     check(hpa["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"],
           "the HPA must target the Deployment")
@@ -159,7 +189,7 @@ def main():
     check("USER 10001" in dockerfile, "the image must run as uid 10001 (runAsUser)")
     for e in errors:
         print("FAIL:", e)
-    print(f"checked {len(docs)} manifests: {'ok' if not errors else f'{len(errors)} problem(s)'}")
+    print(f"checked {len(every)} manifests: {'ok' if not errors else f'{len(errors)} problem(s)'}")
     return 1 if errors else 0
 
 

@@ -172,6 +172,18 @@ _HEALTH_BACKOFF_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
                            ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
+# Sessions behind an L7 gateway (nginx, HAProxy, Istio): every session call carries its routing
+# key in this metadata header, and a session created with a key has the id "<32 hex>.<key>"
+# (then "@<address>" with --advertise_address), so the id alone gives the key.
+ROUTING_HEADER = "x-attention-session"
+
+
+def routing_key_of(session_id):
+    """The routing key a session id carries ("" if none): after the first '.' before any '@'."""
+    local = session_id.split("@", 1)[0]
+    return local.partition(".")[2]
+
+
 TOKEN_ENV = "ATTENTION_TOKEN"  # The bearer token when neither token nor token_file is given.
 
 # How the client's channels reach the server: TLS credentials (None: plaintext), extra channel
@@ -311,7 +323,9 @@ class AttentionClient:
     decoding): session() creates one (see attention_client.session). A session id
     "<hex>@<address>" (a server run with --advertise_address) names the replica holding the
     session: its calls go to a channel to that address (pick_first, one per address, kept
-    until close()); other ids, and CreateSession, use the target's channel.
+    until close()); other ids, and CreateSession, use the target's channel. Every session call
+    also carries the session's routing key in the metadata header x-attention-session, by
+    which a gateway in front of the replicas (nginx, HAProxy, Istio) routes it.
 
     Security (the same for every channel: calls, health, session replicas):
     tls: TLS with the system's roots. tls_ca_file: PEM roots to trust instead (implies TLS).
@@ -461,11 +475,16 @@ class AttentionClient:
                 self._replicas[address] = replica
         return replica[1]
 
-    def _session_call(self, method, request):
-        """One SessionService call, sent to the replica of request.session_id."""
-        stub = self.session_stub(getattr(request, "session_id", ""))
+    def _session_call(self, method, request, routing_key=None):
+        """One SessionService call, sent to the replica of request.session_id, with the metadata
+        header x-attention-session (ROUTING_HEADER) set to `routing_key` or, if None, to the key
+        the session id carries (an L7 gateway routes the session's calls by it)."""
+        session_id = getattr(request, "session_id", "")
+        stub = self.session_stub(session_id)
+        key = routing_key if routing_key is not None else routing_key_of(session_id)
+        metadata = ((ROUTING_HEADER, key),) if key else None
         try:
-            return getattr(stub, method)(request, timeout=self.timeout)
+            return getattr(stub, method)(request, timeout=self.timeout, metadata=metadata)
         except grpc.RpcError as e:
             raise self._error(e) from None
 

@@ -20,16 +20,24 @@ with NOT_FOUND (UNAVAILABLE when its replica is gone); ReplayingSession (client.
 replay=True)) recovers by creating a new session and re-sending the tokens appended so far.
 
 A session id "<32 hex>@<address>" (a server run with --advertise_address) names the replica
-holding it: the client sends the session's calls to that address. One Session is used by one
-thread at a time; the client and its channels are shared.
+holding it: the client sends the session's calls to that address. Behind an L7 gateway (nginx,
+HAProxy, Istio) the client reaches one address, and the gateway routes by the metadata header
+x-attention-session: each session is created under a fresh random key (128 bits), its id
+carries the key ("<32 hex>.<key>"), and every call of the session sends it. Appends send the
+session's length as expected_length, so an append that would land on a diverged copy of the
+session (a key moved back to a replica holding an older one, or an append applied twice) fails
+with FAILED_PRECONDITION instead of returning wrong rows. One Session is used by one thread at
+a time; the client and its channels are shared.
 """
+import secrets
 from dataclasses import dataclass
 from typing import Optional
 
 import grpc
 import numpy as np
 
-from .client import (AttentionError, _OUTPUT_DTYPES, _decode, _encode, sessions_pb2)
+from .client import (AttentionError, _OUTPUT_DTYPES, _decode, _encode, attention_pb2,
+                     sessions_pb2)
 
 _KINDS = {"self": sessions_pb2.SESSION_KIND_SELF, "cross": sessions_pb2.SESSION_KIND_CROSS}
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
@@ -114,8 +122,10 @@ class Session:
         self._create()
 
     def _create(self):
-        self.created = SessionInfo.from_proto(
-            self._client._session_call("CreateSession", self._create_request))
+        # A fresh routing key for every session, a re-created one included; a retry of this
+        # call (the channel retries UNAVAILABLE) sends the same key and gets the same session.
+        self.created = SessionInfo.from_proto(self._client._session_call(
+            "CreateSession", self._create_request, routing_key=secrets.token_hex(16)))
         self.session_id = self.created.session_id
         self.model = self.created.model
         self.kind = self.created.kind
@@ -125,8 +135,10 @@ class Session:
 
     def _append_request(self, tokens, not_key, need_weights, per_head_weights, output_dtype,
                         bfloat16, request_id):
-        return _append_request(self.session_id, tokens, not_key, need_weights, per_head_weights,
-                               output_dtype, bfloat16, request_id)
+        request = _append_request(self.session_id, tokens, not_key, need_weights,
+                                  per_head_weights, output_dtype, bfloat16, request_id)
+        request.expected_length = self.length  # A diverged copy refuses it (Scale-out).
+        return request
 
     def _send(self, request):
         response = self._client._session_call("Append", request)
@@ -147,7 +159,9 @@ class Session:
         rows' attention probabilities over every key held, (T, S') averaged or, with
         per_head_weights, (H, T, S'). output_dtype: "float32", "float16" or "bfloat16"
         (returned as float32 values); default: the tokens'. An error leaves the session
-        unchanged (except UNAVAILABLE/DEADLINE_EXCEEDED, after which its state is unknown).
+        unchanged (except UNAVAILABLE/DEADLINE_EXCEEDED, after which its state is unknown: the
+        next append then fails FAILED_PRECONDITION "expected_length: ..." if this one was
+        applied after all).
         """
         return self._send(self._append_request(tokens, not_key, need_weights, per_head_weights,
                                                output_dtype, bfloat16, request_id))
@@ -185,39 +199,82 @@ class Session:
                 f"length={self.length})")
 
 
+def _is_lost(error):
+    """Whether an AttentionError means the session is lost (re-create and replay it)."""
+    if error.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+        return True
+    return (error.code == grpc.StatusCode.FAILED_PRECONDITION and
+            (error.details or "").startswith("expected_length:"))
+
+
+def _merged(history, max_tokens):
+    """The chunks of `history` (AppendRequests) concatenated, in order, into appends of at most
+    `max_tokens` tokens of one dtype (a longer chunk goes alone, as it went first)."""
+    out, group, rows = [], [], 0
+    for chunk in history + [None]:
+        if group and (chunk is None or chunk.tokens.dtype != group[0].tokens.dtype or
+                      rows + chunk.tokens.shape[0] > max_tokens):
+            merged = sessions_pb2.AppendRequest()
+            merged.tokens.dtype = group[0].tokens.dtype
+            merged.tokens.shape[:] = [rows, group[0].tokens.shape[1]]
+            merged.tokens.data = b"".join(c.tokens.data for c in group)
+            if any(c.HasField("not_key") for c in group):
+                merged.not_key.dtype = attention_pb2.DATA_TYPE_BOOL
+                merged.not_key.shape[:] = [rows]
+                merged.not_key.data = b"".join(
+                    c.not_key.data if c.HasField("not_key") else bytes(c.tokens.shape[0])
+                    for c in group)
+            out.append(merged)
+            group, rows = [], 0
+        if chunk is not None:
+            group.append(chunk)
+            rows += chunk.tokens.shape[0]
+    return out
+
+
 class ReplayingSession(Session):
     """A Session that survives losing its server-side state.
 
-    It remembers every chunk appended (tokens and not_key, as sent). When an append fails with
-    NOT_FOUND (the session was closed, expired or evicted, or its replica restarted) or
-    UNAVAILABLE (its replica is gone or draining), it creates a new session with the same
-    parameters (through the client's target, so possibly on another replica), re-sends the
-    history chunk by chunk, and retries the append once; a second failure, or a failure while
-    recovering, raises AttentionError (after a failed recovery the next append starts a new
-    one, never appending to a partly replayed session). The outputs returned are the new
-    session's, which equal the lost one's. session_id changes on recovery; `recoveries` counts
-    them. Replay costs one Append per chunk appended so far, and the client holds the history
-    in memory. close() frees the session; a later append re-creates it from the history.
+    It remembers every chunk appended (tokens and not_key, as sent) and the session's length.
+    When an append fails with NOT_FOUND (the session was closed, expired or evicted, its
+    replica restarted, or a gateway moved its key to another replica), UNAVAILABLE (its replica
+    is gone or draining) or FAILED_PRECONDITION "expected_length: ..." (it reached a diverged
+    copy of the session, which is closed), it creates a new session with the same parameters
+    under a fresh routing key (through the client's target, so possibly on another replica),
+    re-sends the history merged into appends of up to `replay_chunk_tokens` tokens (at most
+    the model's max_batch_tokens), and retries the append, up to MAX_RECOVERIES times per
+    call; past that, or on any other error, it raises AttentionError (a failed recovery never
+    leaves a partly replayed session behind: the next append starts a new one). The outputs
+    returned are the new session's, which equal the lost one's to float rounding. session_id
+    changes on recovery; `recoveries` counts the sessions re-created and `replayed_tokens` the
+    tokens re-sent. The client holds the history in memory. close() frees the session; a later
+    append re-creates it from the history.
     """
 
-    _RECOVERABLE = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE)
+    MAX_RECOVERIES = 3
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, replay_chunk_tokens=256, **kwargs):
         self.history = []  # AppendRequests (tokens, not_key) of every chunk appended, in order.
         self.recoveries = 0
+        self.replayed_tokens = 0
+        self.replay_chunk_tokens = max(1, replay_chunk_tokens)
         self._replayed = True  # False while the server's session may lack part of history.
         super().__init__(*args, **kwargs)
 
-    def _recreate(self):
-        self.recoveries += 1
+    def _recreate(self, stale=False):
+        if stale:  # Alive but diverged: free it (best effort).
+            try:
+                self._client.close_session(self.session_id)
+            except AttentionError:
+                pass
         self._replayed = False
         self._create()
         try:
-            for chunk in self.history:
-                replayed = sessions_pb2.AppendRequest()
-                replayed.CopyFrom(chunk)
-                replayed.session_id = self.session_id
-                self._send(replayed)
+            for chunk in _merged(self.history, self.replay_chunk_tokens):
+                chunk.session_id = self.session_id
+                chunk.expected_length = self.length
+                self._send(chunk)
+                self.replayed_tokens += chunk.tokens.shape[0]
         except AttentionError:
             try:  # Free the partly replayed session (best effort).
                 self._client.close_session(self.session_id)
@@ -228,19 +285,24 @@ class ReplayingSession(Session):
 
     def append(self, tokens, not_key=None, need_weights=False, per_head_weights=False,
                output_dtype=None, bfloat16=False, request_id=""):
-        """As Session.append, recovering a lost session once (see the class)."""
-        if not self._replayed:  # The last recovery failed midway.
-            self._recreate()
+        """As Session.append, recovering a lost session (see the class)."""
         request = self._append_request(tokens, not_key, need_weights, per_head_weights,
                                        output_dtype, bfloat16, request_id)
-        try:
-            result = self._send(request)
-        except AttentionError as e:
-            if e.code not in self._RECOVERABLE:
-                raise
-            self._recreate()
-            request.session_id = self.session_id
-            result = self._send(request)
+        lost, stale = not self._replayed, False  # The last recovery may have failed midway.
+        for attempt in range(self.MAX_RECOVERIES + 1):
+            try:
+                if lost:
+                    self._recreate(stale)
+                    self.recoveries += 1
+                    request.session_id = self.session_id
+                    request.expected_length = self.length
+                result = self._send(request)
+                break
+            except AttentionError as e:
+                if attempt == self.MAX_RECOVERIES or not _is_lost(e):
+                    raise
+                stale = self._replayed and e.code == grpc.StatusCode.FAILED_PRECONDITION
+                lost = True
         chunk = sessions_pb2.AppendRequest(tokens=request.tokens)
         if request.HasField("not_key"):
             chunk.not_key.CopyFrom(request.not_key)

@@ -491,7 +491,8 @@ class ChannelTest(unittest.TestCase):
 
     def test_failed_recovery_is_not_appended_to(self):
         # A recovery that fails midway (its replay got UNAVAILABLE) frees the partly replayed
-        # session and raises; the next append starts a new recovery rather than appending to it.
+        # session; the append tries again (MAX_RECOVERIES times) and then raises; the next
+        # append starts a new recovery rather than appending to a partly replayed session.
         backend = self.backend(session_id="s#")
         client = self.client(backend.address)
         session = client.session(replay=True)
@@ -499,21 +500,22 @@ class ChannelTest(unittest.TestCase):
         session.append(token)
         session.append(token)
         NOT_FOUND, UNAVAILABLE = grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE
-        backend.append_codes = [NOT_FOUND, None, UNAVAILABLE]
+        backend.append_codes = [NOT_FOUND] + [UNAVAILABLE] * session.MAX_RECOVERIES
         with self.assertRaises(AttentionError) as ctx:
             session.append(token)
         self.assertEqual(ctx.exception.code, UNAVAILABLE)
-        self.assertEqual(session.recoveries, 1)
+        self.assertEqual(session.recoveries, 0)
         del backend.session_calls[:3]
-        self.assertEqual(backend.session_calls, [
-            ("Append", "s1"), ("CreateSession", ""), ("Append", "s2"), ("Append", "s2"),
-            ("CloseSession", "s2")])
+        failed = []
+        for n in (2, 3, 4):  # Each replays the 2 tokens as one append.
+            failed += [("CreateSession", ""), ("Append", f"s{n}"), ("CloseSession", f"s{n}")]
+        self.assertEqual(backend.session_calls, [("Append", "s1")] + failed)
         backend.session_calls.clear()
         session.append(token)
-        self.assertEqual(session.recoveries, 2)
-        self.assertEqual(session.session_id, "s3")
+        self.assertEqual(session.recoveries, 1)
+        self.assertEqual(session.session_id, "s5")
         self.assertEqual(backend.session_calls, [
-            ("CreateSession", ""), ("Append", "s3"), ("Append", "s3"), ("Append", "s3")])
+            ("CreateSession", ""), ("Append", "s5"), ("Append", "s5")])
         self.assertEqual(len(session.history), 3)
 
     def test_large_requests_are_retried(self):
