@@ -278,13 +278,15 @@ TEST_F(SessionRoutingTest, StreamsCheckEachAppendWhenItRunsAndAreRoutedByTheirOp
   ExpectRows(got[2].output(), want, 2);
   ExpectRows(got[3].output(), want, 4);
   EXPECT_EQ(got[3].length(), 6);
-  // A stream opened without the session's key: each append says what to add.
-  got = send(nullptr, {{6, 6}});
+  // A stream opened with another session's key: each append says what to add.
+  got = send("other", {{6, 6}});
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].error().code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(got[0].error().message(), HasSubstr("this stream has none"));
+  EXPECT_THAT(got[0].error().message(), HasSubstr("this stream carries 'other'"));
   EXPECT_THAT(got[0].error().message(), HasSubstr("open one stream per session key"));
-  got = send("streamed", {{6, 6}});
+  // A stream opened without a key (a direct connection, which may carry
+  // several sessions) is not checked.
+  got = send(nullptr, {{6, 6}});
   ASSERT_EQ(got.size(), 1u);
   ExpectRows(got[0].output(), want, 6);
 }

@@ -43,6 +43,11 @@ absl::Status SessionPath::CheckRouting(const std::string& id,
                                        const std::optional<std::string>& header, bool stream) {
   const absl::string_view key = wire::RoutingKeyOf(id);
   if (key.empty() || header == key) return absl::OkStatus();
+  // A stream opened without a key was not routed by one (a direct
+  // connection): it may carry appends of several sessions, as SessionStream
+  // always could; through a gateway, those not held where it landed are
+  // NOT_FOUND with the hint to route.
+  if (stream && !header) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       wire::kRoutingHeader, ": session '", Shown(id), "' was created with the routing key '",
       Shown(key), "' (after the '.' in its id), and its calls carry the metadata header '",

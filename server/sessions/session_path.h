@@ -72,7 +72,8 @@ class SessionPath {
   // header x-attention-session `header` (nullopt: none), one append of a
   // stream when `stream`: a session created with a routing key (its id
   // carries it) is called with that key. INVALID_ARGUMENT saying what to
-  // add otherwise.
+  // add otherwise. A stream opened without the header (a direct connection)
+  // may carry any sessions.
   static absl::Status CheckRouting(const std::string& id, const std::optional<std::string>& header,
                                    bool stream);
   // Validates `step` for a session of `model` (cross or self) that will
