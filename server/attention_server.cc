@@ -77,6 +77,13 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   } else if (options.auth_probes) {
     return absl::InvalidArgumentError("--auth_probes: needs --auth_tokens_file");
   }
+  if (!options.admin_tokens_file.empty()) {
+    ASSIGN_OR_RETURN(
+        service_options.admin_authenticator,
+        TokenAuthenticator::Open(options.admin_tokens_file, options.auth_reload_interval));
+    std::cerr << "model control: " << service_options.admin_authenticator->size()
+              << " admin token(s) from " << options.admin_tokens_file << "\n";
+  }
   s->metrics_->inflight_bytes_limit().Set(static_cast<double>(options.max_inflight_bytes));
   // The protocol-neutral paths, then the front-ends that translate to them.
   s->requests_ = std::make_unique<RequestPath>(s->metrics_.get(), service_options);
@@ -192,10 +199,34 @@ absl::Status AttentionServer::LoadModels() {
             << (r.path.empty() ? std::string("the built-in demo") : r.path) << " ("
             << r.compute_threads << " compute threads, attention kernel " << AttentionPathName()
             << ")\n";
+  // Versions loaded after start get their session state before they serve;
+  // those unloaded end their sessions.
+  r.on_load = [this](ServedModel& m) {
+    SessionManager* sessions = live_sessions_.load();
+    if (sessions == nullptr) return;
+    sessions->AddModel(&m);
+    InstallSessionRunner(*sessions, m);
+  };
+  r.on_unload = [this](const ServedModel& m) {
+    if (SessionManager* sessions = live_sessions_.load()) sessions->RemoveModel(&m);
+  };
+  r.on_freed = [this](const void* key) {
+    if (SessionManager* sessions = live_sessions_.load()) sessions->ForgetModel(key);
+  };
+  r.on_change = [this] {
+    const ModelRepository* repository = requests_->repository();
+    if (repository != nullptr && !requests_->draining()) SetHealth(repository->AllServing());
+  };
+  std::cerr << "model control: " << ModelControlName(r.control);
+  if (r.control == ModelControl::kPoll) {
+    std::cerr << " (every " << absl::FormatDuration(r.poll_interval) << ")";
+  }
+  std::cerr << "\n";
   ASSIGN_OR_RETURN(repository_, ModelRepository::Load(r, metrics_.get()));
   sessions_ =
       std::make_unique<SessionManager>(repository_.get(), metrics_.get(), options_.sessions);
   InstallSessionRunners(*sessions_, *repository_);
+  live_sessions_.store(sessions_.get());
   session_path_->SetManager(sessions_.get());
   requests_->SetRepository(repository_.get());
   SetHealth(true);
@@ -210,7 +241,10 @@ bool AttentionServer::Drain() {
   SetHealth(false);
   requests_->StartDraining();
   if (sessions_ != nullptr) sessions_->StopAccepting();
-  if (repository_ != nullptr) repository_->StopAccepting();
+  if (repository_ != nullptr) {
+    repository_->StopControl();  // No load, unload or poll from here on.
+    repository_->StopAccepting();
+  }
   const absl::Time start = absl::Now();
   const bool idle = requests_->WaitIdle(options_.drain_timeout);
   if (!idle) std::cerr << "drain timeout: some accepted requests were not answered\n";
@@ -235,6 +269,7 @@ bool AttentionServer::Drain() {
   // sessions, reading their models), then the models. Every call has ended,
   // and a call ends only after its batcher work answered, so no batcher holds
   // session work any more.
+  live_sessions_.store(nullptr);
   sessions_.reset();
   repository_.reset();
   return idle;

@@ -15,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -71,6 +72,9 @@ struct ServerOptions {
   // A file of SHA-256 token hashes and their models (TokenAuthenticator);
   // empty: no authentication.
   std::string auth_tokens_file;
+  // Tokens that may load and unload models (same format); see
+  // ServiceOptions::admin_authenticator.
+  std::string admin_tokens_file;
   absl::Duration auth_reload_interval = absl::Seconds(2);
   // With tokens: health checks need one too (and reflection needs a token too).
   bool auth_probes = false;
@@ -97,8 +101,9 @@ class AttentionServer {
   // Drains if still serving.
   ~AttentionServer();
 
-  // Loads and warms up the models, then reports SERVING. Errors from
-  // ModelRepository::Load.
+  // Loads and warms up the models, then reports SERVING (and again, after
+  // each repository change, SERVING while every configured model has a
+  // serving version). Errors from ModelRepository::Load.
   absl::Status LoadModels();
 
   // Reports NOT_SERVING, refuses new requests with UNAVAILABLE, waits up to
@@ -142,6 +147,9 @@ class AttentionServer {
   // session manager, which reads the models, before the repository.
   std::unique_ptr<ModelRepository> repository_;
   std::unique_ptr<SessionManager> sessions_;
+  // The session manager once made, for the repository's hooks (null before
+  // and while draining).
+  std::atomic<SessionManager*> live_sessions_{nullptr};
   int port_ = 0;
   bool drained_ = false;
 };

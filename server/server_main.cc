@@ -134,6 +134,19 @@ ABSL_FLAG(int64_t, memory_limit_bytes, 0,
           "when there is none. The server refuses to start when --max_inflight_bytes, "
           "--grpc_receive_quota_bytes and --session_memory_bytes with its own baseline exceed "
           "it.");
+ABSL_FLAG(std::string, model_control, "none",
+          "How models change while serving: none (loaded once at start), poll (re-read "
+          "--model_repository every --repository_poll_s: new versions load, removed ones "
+          "unload), explicit (only LoadModel/UnloadModel and Triton's RepositoryModelLoad/"
+          "Unload, for --admin_tokens_file's callers).");
+ABSL_FLAG(double, repository_poll_s, 15, "--model_control=poll: seconds between scans.");
+ABSL_FLAG(std::string, admin_tokens_file, "",
+          "Tokens (the --auth_tokens_file format; the models column names what each may load "
+          "and unload) allowed to load and unload models. Without it, only a server without "
+          "--auth_tokens_file lets callers do so.");
+ABSL_FLAG(int64_t, max_model_bytes, 0,
+          "Weights of every resident model version (serving, or finishing its requests) at "
+          "most; a load past it is refused and the serving versions go on. 0: no limit.");
 ABSL_FLAG(bool, warmup, true, "Create oneDNN primitives for common shapes before serving.");
 
 namespace attention::server {
@@ -170,6 +183,19 @@ int Run() {
                              ? absl::GetFlag(FLAGS_threads)
                              : static_cast<int>(std::thread::hardware_concurrency());
   repo.warmup = absl::GetFlag(FLAGS_warmup);
+  absl::StatusOr<ModelControl> control = ParseModelControl(absl::GetFlag(FLAGS_model_control));
+  if (!control.ok()) {
+    std::cerr << control.status().message() << "\n";
+    return 2;
+  }
+  repo.control = *control;
+  if (absl::GetFlag(FLAGS_repository_poll_s) <= 0) {
+    std::cerr << "--repository_poll_s: expected a positive number of seconds, got "
+              << absl::GetFlag(FLAGS_repository_poll_s) << "\n";
+    return 2;
+  }
+  repo.poll_interval = absl::Seconds(absl::GetFlag(FLAGS_repository_poll_s));
+  repo.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   // A busy port is one line, before the plan's table or anything else.
   for (const auto& [port, flag] :
        {std::pair{options.port, "port"}, std::pair{options.metrics_port, "metrics_port"},
@@ -227,6 +253,7 @@ int Run() {
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   options.tls.reload_interval_s = absl::GetFlag(FLAGS_tls_reload_interval_s);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.admin_tokens_file = absl::GetFlag(FLAGS_admin_tokens_file);
   options.auth_probes = absl::GetFlag(FLAGS_auth_probes);
 
   auto server = AttentionServer::Listen(options);

@@ -394,7 +394,7 @@ TEST_F(SessionTest, MemoryIsExactlyAccountedOverManyCycles) {
   std::mt19937 rng(13);
   const Tensor x = RandomTensor({40, kE}, rng);
   const server::SessionModel& small =
-      *server_->sessions()->model(server_->repository()->Find("small"));
+      *server_->sessions()->model(server_->repository()->Find("small").get());
   const size_t used_before = small.pool->used_bytes();
   const double mapped_before = server_->metrics().session_memory_bytes().Value();
   std::uniform_int_distribution<int64_t> length(1, 40);

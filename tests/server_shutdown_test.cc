@@ -47,8 +47,8 @@ TEST(ShutdownOrderTest, SessionReaperNeverEndsASessionOfAFreedModel) {
   ASSERT_TRUE(listened.ok()) << listened.status();
   std::unique_ptr<AttentionServer> server = *std::move(listened);
   ASSERT_TRUE(server->LoadModels().ok());
-  const ServedModel* a = server->repository()->Find("a");
-  const ServedModel* b = server->repository()->Find("b");
+  const ServedModel* a = server->repository()->Find("a").get();
+  const ServedModel* b = server->repository()->Find("b").get();
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   // Owned by the server's Metrics, which outlive the models.

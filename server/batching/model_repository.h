@@ -1,15 +1,33 @@
 // File: server/batching/model_repository.h
 //
-// The models a server serves: each with its engine, its batcher and its
-// metrics. Loaded once at start-up from a folder of model directories (or
-// the built-in demo model), warmed up, then read-only: safe to share across
-// threads.
+// The models a server serves, each as one or more versions (see
+// version_folder.h for the layout), each version with its engine, batcher
+// and the model's metrics. Versions come and go while serving:
+//
+// * A version is a ServedModel held by shared_ptrs: the repository's while
+//   it serves, and a lease per request admitted to it (RequestPath takes
+//   them), so a request finishes on the version it was admitted to. When the
+//   last holder lets go, the version is destroyed on the VersionReaper's
+//   thread (its batcher first computes whatever is queued).
+// * A new version is checked (complete on disk), admitted against
+//   max_model_bytes (the load is refused, never traffic), loaded and warmed
+//   up beside the serving ones, then published: new lookups see it at once.
+// * Control (--model_control): kNone loads once at start; kPoll re-scans the
+//   repository every poll_interval (a version folder is loaded only when
+//   complete and unchanged across two polls; never reloaded in place); with
+//   kExplicit only LoadModel/UnloadModel change what serves.
+//
+// Thread-safe. Find() returns a lease; raw pointers from models() are valid
+// only while the version serves (start-up wiring).
 #ifndef ATTENTION_SERVER_BATCHING_MODEL_REPOSITORY_H_
 #define ATTENTION_SERVER_BATCHING_MODEL_REPOSITORY_H_
 
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,9 +35,14 @@
 #include "core/mha_engine.h"
 #include "core/mha_model.h"
 #include "server/batching/dynamic_batcher.h"
+#include "server/batching/version_folder.h"
 #include "server/metrics/metrics.h"
+#include "server/metrics/model_load_metrics.h"
 
 namespace attention::server {
+
+class VersionReaper;
+struct ServedModel;
 
 struct RepositoryOptions {
   std::string path;           // Folder of model directories; empty: the demo model.
@@ -27,44 +50,135 @@ struct RepositoryOptions {
   BatchingOptions batching;   // Defaults for keys a model's config.json leaves out.
   int compute_threads = 1;    // OpenMP threads per batch computation.
   bool warmup = true;         // Create primitives for common shapes at load.
+  ModelControl control = ModelControl::kNone;
+  absl::Duration poll_interval = absl::Seconds(15);  // kPoll: between scans.
+  // Weights (model.safetensors bytes) of every resident version, serving or
+  // retiring, at most; a load that would pass it is refused. 0: no limit.
+  int64_t max_model_bytes = 0;
+  // Called with a loaded version before it is published (the assembly
+  // installs its session state), and after one stops serving.
+  std::function<void(ServedModel&)> on_load;
+  std::function<void(const ServedModel&)> on_unload;
+  // Called once a version is freed, with its address (a key only).
+  std::function<void(const void*)> on_freed;
+  // Called after what serves changed (a load, an unload, a poll).
+  std::function<void()> on_change;
 };
 
-struct ServedModel {
+// One version of one model.
+struct ServedModel : std::enable_shared_from_this<ServedModel> {
   std::string name;
+  int64_t version = 1;
+  int64_t bytes = 0;  // Its model.safetensors (admitted against max_model_bytes).
   std::shared_ptr<const MhaModel> model;
   std::unique_ptr<MhaEngine> engine;
   const ModelMetrics* metrics = nullptr;
   std::unique_ptr<DynamicBatcher> batcher;  // Declared last: stops first.
 };
+using ModelRef = std::shared_ptr<const ServedModel>;
+
+// A version's state, for listings (Triton's RepositoryIndex states).
+struct VersionState {
+  std::string model;
+  int64_t version = 0;
+  std::string state;   // "READY", "UNAVAILABLE" (refused or unloaded).
+  std::string reason;  // Why not READY.
+};
 
 class ModelRepository {
  public:
-  // Loads every subfolder of options.path holding a config.json (the folder
-  // name is the model's name), or the demo model "demo" when path is empty.
-  // NotFound / InvalidArgument naming the model directory when one fails to
-  // load, the folder has no model, or default_model is not among them.
-  static absl::StatusOr<std::unique_ptr<ModelRepository>> Load(const RepositoryOptions& options,
+  // Loads every model folder of options.path (the folder's name is the
+  // model's name) per its version policy, or the demo model "demo" when
+  // path is empty, and starts polling in kPoll. NotFound / InvalidArgument
+  // naming the directory when a model has no loadable version, the folder
+  // has no model, or default_model is not among them.
+  static absl::StatusOr<std::unique_ptr<ModelRepository>> Load(RepositoryOptions options,
                                                                Metrics* metrics);
+  // Stops polling, lets go of every version and waits (bounded) until all
+  // are freed: every request must have ended (see AttentionServer::Drain).
+  ~ModelRepository();
 
-  // The model called `name` (empty: the default), or nullptr.
-  const ServedModel* Find(const std::string& name) const;
+  // The version `version` (0: the newest serving) of the model `name`
+  // (empty: the default), or null.
+  ModelRef Find(const std::string& name, int64_t version = 0) const;
+  // The newest serving version of each model with one, by name.
+  std::vector<ModelRef> Snapshot() const;
+  // Snapshot() as raw pointers, for start-up wiring only.
   std::vector<const ServedModel*> models() const;
+  // Every known version of `name` (empty: every model), serving or not.
+  std::vector<VersionState> Index(const std::string& name = "") const;
+  // Whether a model called `name` is known (serving or not).
+  bool Known(const std::string& name) const;
   const std::string& default_model() const { return default_model_; }
+  ModelControl control() const { return options_.control; }
+  // Every model loaded at start has a serving version.
+  bool AllServing() const;
 
+  // Loads (or re-reads) `name` from the repository per its policy, then
+  // unloads its versions the policy no longer selects. NotFound when the
+  // repository has no such folder; the load's error when no version of it
+  // could serve (versions already serving go on).
+  absl::Status LoadModel(const std::string& name);
+  // Stops serving every version of `name`; requests admitted finish first,
+  // then each version is freed. NotFound when it has no serving version.
+  absl::Status UnloadModel(const std::string& name);
+  // One scan of the repository (what kPoll does every poll_interval).
+  void Poll();
+  // Runs `task` on the repository's worker thread, in order with polls (a
+  // load takes seconds: gRPC reactions hand it over instead of blocking).
+  // Tasks queued when the repository goes still run, first.
+  void Run(std::function<void()> task);
+
+  // Stops the worker thread (queued tasks run first): no poll, load or
+  // unload after it returns.
+  void StopControl();
   // Stops every batcher from accepting requests; queued ones still complete.
   void StopAccepting();
-  // Requests queued across all models.
+  // Requests queued across all serving versions.
   int64_t queued() const;
+  // Bytes of resident versions' weights (serving or retiring).
+  int64_t resident_bytes() const;
 
   // Held while a batch computes (any model). Tests hold it to keep batches
   // waiting deterministically.
   absl::Mutex* compute_mutex() { return &compute_mutex_; }
 
  private:
-  ModelRepository() = default;
-  absl::Mutex compute_mutex_;  // One batch computes at a time, on all cores.
-  std::map<std::string, std::unique_ptr<ServedModel>> models_;
+  struct Entry {
+    std::string dir;
+    std::map<int64_t, std::shared_ptr<ServedModel>> serving;
+    // Versions that failed to load, by the fingerprint they had: retried
+    // only when their folder changes. And versions seen incomplete or
+    // changing: the fingerprint of the last poll.
+    std::map<int64_t, std::pair<std::string, std::string>> refused;  // fingerprint, reason
+    std::map<int64_t, std::string> seen;
+    std::map<int64_t, std::string> loaded_print;  // A serving version's files when loaded.
+    bool configured = false;                      // Loaded at start: readiness needs it.
+  };
+
+  ModelRepository(RepositoryOptions options, Metrics* metrics);
+  // Brings `name` (folder `dir`) in line with its policy. `stable_only`:
+  // load a version only once seen complete and unchanged on the last scan.
+  absl::Status Sync(const std::string& name, const std::string& dir, bool stable_only);
+  // Loads one version; the load's metrics are counted.
+  absl::StatusOr<std::shared_ptr<ServedModel>> LoadVersion(const std::string& name, int64_t version,
+                                                           const std::string& dir);
+  void Unpublish(const std::string& name, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+  void WorkLoop();
+
+  const RepositoryOptions options_;
+  Metrics* const metrics_;
+  ModelLoadMetrics load_metrics_;
   std::string default_model_;
+  absl::Mutex compute_mutex_;  // One batch computes at a time, on all cores.
+  absl::Mutex load_mu_;        // One load or unload at a time.
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> models_ ABSL_GUARDED_BY(mu_);
+  int64_t resident_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<VersionReaper> reaper_;
+  std::thread worker_;  // Runs tasks, and polls in kPoll.
 };
 
 }  // namespace attention::server

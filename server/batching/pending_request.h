@@ -84,8 +84,11 @@ struct SessionWork {
 
 struct PendingRequest {
   std::shared_ptr<const void> keep_alive;  // Owns the bytes the views borrow.
-  MhaInputs inputs;                        // Views of the request's tensors.
-  MhaCall call;                            // From MhaEngine::Validate.
+  // The model version it was admitted to, kept until it is answered (the
+  // repository frees a version when its last lease goes).
+  std::shared_ptr<const void> version_lease;
+  MhaInputs inputs;  // Views of the request's tensors.
+  MhaCall call;      // From MhaEngine::Validate.
   absl::Time enqueued = absl::InfinitePast();
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> is_cancelled;  // Optional; polled while queued.

@@ -34,7 +34,8 @@ absl::Status EncodeOutcome(RequestOutcome& outcome, int64_t max_bytes,
   return CheckMessageLimit(response, max_bytes);
 }
 
-void DescribeModel(const ServedModel& model, bool is_default, v1::ModelInfo* info) {
+void DescribeModel(const ServedModel& model, bool is_default, const ModelRepository& repository,
+                   v1::ModelInfo* info) {
   const MhaSpec& s = model.model->spec();
   info->set_name(model.name);
   info->set_embed_dim(s.embed_dim);
@@ -51,13 +52,26 @@ void DescribeModel(const ServedModel& model, bool is_default, v1::ModelInfo* inf
   info->mutable_batching()->set_max_queue_delay_us(b.max_queue_delay_us);
   info->mutable_batching()->set_max_queue_size(b.max_queue_size);
   info->set_is_default(is_default);
+  info->set_version(model.version);
+  for (const VersionState& v : repository.Index(model.name)) {
+    v1::ModelVersionState* state = info->add_versions();
+    state->set_version(v.version);
+    state->set_state(v.state);
+    state->set_reason(v.reason);
+  }
 }
 
 absl::Status AttentionServiceImpl::Prepare(const v1::InferRequest& request,
                                            std::shared_ptr<const void> keep_alive,
                                            const CallContext& call, Prepared* prepared) {
   RETURN_IF_ERROR(CheckIdentifier(request.request_id(), "request_id"));
-  ASSIGN_OR_RETURN(prepared->model, path_->Admissible(call, request.model()));
+  if (request.model_version() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_version: expected 0 (the newest) or a version number, got ",
+                     request.model_version()));
+  }
+  ASSIGN_OR_RETURN(prepared->model,
+                   path_->Admissible(call, request.model(), nullptr, request.model_version()));
   auto pending = std::make_unique<PendingRequest>();
   MhaInputs& in = pending->inputs;
   ASSIGN_OR_RETURN(in.query, wire::DecodeTensor(request.query(), "query"));
@@ -95,6 +109,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Infer(grpc::CallbackServerContex
           absl::Status result = outcome.status;
           if (result.ok()) {
             result = EncodeOutcome(outcome, path_->options().max_response_bytes, response);
+            response->set_model_version(model->version);
           }
           path_->Answered(model, *call, result, received);
           reactor->Finish(wire::ToGrpcStatus(result));
@@ -120,10 +135,13 @@ grpc::ServerBidiReactor<v1::InferRequest, v1::InferResponse>* AttentionServiceIm
                        out.response_bytes = prepared->response_bytes;
                        out.submit = [this, prepared](Reactor::Reply reply, Admission*) {
                          const int64_t max_bytes = path_->options().max_response_bytes;
-                         prepared->pending->done = [reply, max_bytes](RequestOutcome outcome) {
+                         const int64_t version = prepared->model->version;
+                         prepared->pending->done = [reply, max_bytes,
+                                                    version](RequestOutcome outcome) {
                            v1::InferResponse response;
                            absl::Status result = outcome.status;
                            if (result.ok()) result = EncodeOutcome(outcome, max_bytes, &response);
+                           if (result.ok()) response.set_model_version(version);
                            reply(std::move(response), result);
                          };
                          return prepared->model->batcher->Enqueue(std::move(prepared->pending));
@@ -140,7 +158,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ListModels(grpc::CallbackServerC
   if (models.ok()) {
     const std::string& default_model = path_->repository()->default_model();
     for (const ServedModel* m : *models) {
-      DescribeModel(*m, m->name == default_model, response->add_models());
+      DescribeModel(*m, m->name == default_model, *path_->repository(), response->add_models());
     }
   }
   reactor->Finish(wire::ToGrpcStatus(models.status()));
@@ -156,16 +174,45 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetModel(grpc::CallbackServerCon
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is not ready yet"));
     return reactor;
   }
-  auto principal = path_->Authenticate(*CallOf(context, Method::kInfer));
+  CallRef call = CallOf(context, Method::kInfer);
+  auto principal = path_->Authenticate(*call);
   absl::StatusOr<const ServedModel*> m =
-      principal.ok() ? path_->FindModel(principal->get(), request->name())
-                     : absl::StatusOr<const ServedModel*>(principal.status());
+      principal.ok()
+          ? path_->FindModel(principal->get(), request->name(), request->version(), call.get())
+          : absl::StatusOr<const ServedModel*>(principal.status());
   if (!m.ok()) {
     reactor->Finish(wire::ToGrpcStatus(m.status()));
     return reactor;
   }
-  DescribeModel(**m, (*m)->name == repository->default_model(), response);
+  DescribeModel(**m, (*m)->name == repository->default_model(), *repository, response);
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::LoadModel(grpc::CallbackServerContext* context,
+                                                          const v1::LoadModelRequest* request,
+                                                          v1::LoadModelResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const std::string name = request->name();
+  path_->ControlModel(*CallOf(context, Method::kInfer), name, /*load=*/true,
+                      [this, reactor, response, name](const absl::Status& status) {
+                        if (status.ok()) {
+                          for (const VersionState& v : path_->repository()->Index(name)) {
+                            if (v.state == "READY") response->add_versions(v.version);
+                          }
+                        }
+                        reactor->Finish(wire::ToGrpcStatus(status));
+                      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::UnloadModel(grpc::CallbackServerContext* context,
+                                                            const v1::UnloadModelRequest* request,
+                                                            v1::UnloadModelResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  path_->ControlModel(
+      *CallOf(context, Method::kInfer), request->name(), /*load=*/false,
+      [reactor](const absl::Status& status) { reactor->Finish(wire::ToGrpcStatus(status)); });
   return reactor;
 }
 

@@ -1,7 +1,7 @@
 // File: server/frontends/attention_service.h
 //
 // The attention.v1.AttentionService front-end on gRPC's callback API: Infer,
-// InferStream, ListModels and GetModel. It only translates: a handler
+// InferStream, ListModels, GetModel, LoadModel and UnloadModel. It only translates: a handler
 // decodes its message into a PendingRequest and hands it to the request
 // path (admission, the batcher); the batch's completion, on the model's
 // batcher thread, encodes the response and finishes the call. No reaction
@@ -35,6 +35,12 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context,
                                      const v1::GetModelRequest* request,
                                      v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* LoadModel(grpc::CallbackServerContext* context,
+                                      const v1::LoadModelRequest* request,
+                                      v1::LoadModelResponse* response) override;
+  grpc::ServerUnaryReactor* UnloadModel(grpc::CallbackServerContext* context,
+                                        const v1::UnloadModelRequest* request,
+                                        v1::UnloadModelResponse* response) override;
 
   using Prepared = RequestPath::Prepared;
 
@@ -57,8 +63,10 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
 // `max_bytes` or memory runs out.
 absl::Status EncodeOutcome(RequestOutcome& outcome, int64_t max_bytes, v1::InferResponse* response);
 
-// A model's description as the API reports it.
-void DescribeModel(const ServedModel& model, bool is_default, v1::ModelInfo* info);
+// A model's description as the API reports it: `model`'s version, and the
+// state of every version `repository` knows of.
+void DescribeModel(const ServedModel& model, bool is_default, const ModelRepository& repository,
+                   v1::ModelInfo* info);
 
 }  // namespace attention::server
 

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "core/status_macros.h"
 #include "server/frontends/oip_model_info.h"
 #include "server/frontends/sequence_sessions.h"
@@ -23,7 +25,8 @@ absl::Status InferenceProtocol::AuthenticateProbe(const CallContext& call) const
 }
 
 bool InferenceProtocol::ServerReady() const {
-  return requests_->repository() != nullptr && !requests_->draining();
+  const ModelRepository* repository = requests_->repository();
+  return repository != nullptr && !requests_->draining() && repository->AllServing();
 }
 
 void InferenceProtocol::ServerMetadata(inference::ServerMetadataResponse* response) const {
@@ -34,33 +37,39 @@ void InferenceProtocol::ServerMetadata(inference::ServerMetadataResponse* respon
   response->add_extensions("parameters");
   response->add_extensions("model_configuration");
   response->add_extensions("statistics");
+  response->add_extensions("model_repository");
   if (sequences_ != nullptr) response->add_extensions("sequence");
 }
 
 absl::StatusOr<const ServedModel*> InferenceProtocol::Model(
     const CallContext& call, const std::string& name, const std::string& version,
     std::shared_ptr<const Principal>* caller, bool* stateful) {
-  RETURN_IF_ERROR(CheckIdentifier(version, "model_version"));
-  absl::StatusOr<const ServedModel*> found = requests_->Admissible(call, name, caller);
+  ASSIGN_OR_RETURN(const int64_t number, ParseVersion(version));
+  absl::StatusOr<const ServedModel*> found = requests_->Admissible(call, name, caller, number);
   const bool unknown = found.status().code() == absl::StatusCode::kNotFound ||
                        found.status().code() == absl::StatusCode::kPermissionDenied;
   if (unknown && sequences_ != nullptr && absl::EndsWith(name, kSequenceSuffix)) {
-    auto base =
-        requests_->Admissible(call, name.substr(0, name.size() - kSequenceSuffix.size()), caller);
+    auto base = requests_->Admissible(call, name.substr(0, name.size() - kSequenceSuffix.size()),
+                                      caller, number);
     if (base.ok()) {
       found = base;
       if (stateful != nullptr) *stateful = true;
     }
   }
-  ASSIGN_OR_RETURN(const ServedModel* model, std::move(found));
-  RETURN_IF_ERROR(CheckVersion(absl::StrCat("model '", model->name, "'"), version));
-  return model;
+  return found;
 }
 
-absl::Status InferenceProtocol::CheckVersion(const std::string& what, const std::string& version) {
-  if (version.empty() || version == kModelVersion) return absl::OkStatus();
-  return absl::NotFoundError(absl::StrCat("model_version: ", what, " has version '", kModelVersion,
-                                          "' only, got '", Shown(version), "'"));
+absl::StatusOr<int64_t> InferenceProtocol::ParseVersion(const std::string& version) {
+  RETURN_IF_ERROR(CheckIdentifier(version, "model_version"));
+  if (version.empty()) return 0;
+  int64_t number = 0;
+  if (version[0] == '0' || !std::all_of(version.begin(), version.end(), ::isdigit) ||
+      !absl::SimpleAtoi(version, &number)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model_version: expected a version number (1, 2, ...) or '' for the newest, got '",
+        Shown(version), "'"));
+  }
+  return number;
 }
 
 void InferenceProtocol::Label(const inference::ModelInferRequest& request, const ServedModel* model,
@@ -68,7 +77,7 @@ void InferenceProtocol::Label(const inference::ModelInferRequest& request, const
   // The stateful alias is echoed as asked.
   const bool alias = model != nullptr && request.model_name() == SequenceAlias(model->name);
   response->set_model_name(model != nullptr && !alias ? model->name : request.model_name());
-  response->set_model_version(kModelVersion);
+  response->set_model_version(model != nullptr ? std::to_string(model->version) : "");
   response->set_id(Echoed(request.id()));
 }
 
@@ -89,6 +98,10 @@ absl::Status InferenceProtocol::ModelMetadata(const CallContext& call,
                    Model(call, request.name(), request.version(), nullptr, &stateful));
   // The alias keeps its own name: tools address requests by it.
   DescribeModelMetadata(*model, stateful ? request.name() : model->name, stateful, response);
+  response->clear_versions();  // The serving versions.
+  for (const VersionState& v : requests_->repository()->Index(model->name)) {
+    if (v.state == "READY") response->add_versions(std::to_string(v.version));
+  }
   return absl::OkStatus();
 }
 
@@ -108,20 +121,21 @@ absl::Status InferenceProtocol::ModelConfig(const CallContext& call,
 absl::Status InferenceProtocol::ModelStatistics(const CallContext& call,
                                                 const inference::ModelStatisticsRequest& request,
                                                 inference::ModelStatisticsResponse* response) {
-  const std::string version = request.version().empty() ? kModelVersion : request.version();
   if (!request.name().empty()) {
     bool stateful = false;
     ASSIGN_OR_RETURN(const ServedModel* model,
                      Model(call, request.name(), request.version(), nullptr, &stateful));
-    DescribeModelStatistics(*model, stateful ? request.name() : model->name, version,
-                            response->add_model_stats());
+    DescribeModelStatistics(*model, stateful ? request.name() : model->name,
+                            std::to_string(model->version), response->add_model_stats());
     return absl::OkStatus();
   }
-  // Every model the caller may use.
+  // Every model the caller may use (statistics are the model's, across versions).
   ASSIGN_OR_RETURN(std::vector<const ServedModel*> models, requests_->VisibleModels(call));
-  RETURN_IF_ERROR(CheckVersion("every model", request.version()));
+  ASSIGN_OR_RETURN(const int64_t version, ParseVersion(request.version()));
   for (const ServedModel* m : models) {
-    DescribeModelStatistics(*m, m->name, version, response->add_model_stats());
+    if (version != 0 && requests_->repository()->Find(m->name, version) == nullptr) continue;
+    DescribeModelStatistics(*m, m->name, std::to_string(version != 0 ? version : m->version),
+                            response->add_model_stats());
   }
   return absl::OkStatus();
 }
@@ -130,21 +144,57 @@ absl::Status InferenceProtocol::RepositoryIndex(const CallContext& call,
                                                 const inference::RepositoryIndexRequest& request,
                                                 inference::RepositoryIndexResponse* response) {
   ASSIGN_OR_RETURN(std::vector<const ServedModel*> models, requests_->VisibleModels(call));
+  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, requests_->Authenticate(call));
   if (!request.repository_name().empty()) {
     return absl::NotFoundError(
         absl::StrCat("repository_name: this server has one repository (leave it empty), got '",
                      Shown(request.repository_name()), "'"));
   }
   const bool draining = requests_->draining();
-  for (const ServedModel* m : models) {
-    if (request.ready() && draining) continue;
+  for (const VersionState& v : requests_->repository()->Index()) {
+    if (principal != nullptr && !principal->MayUse(v.model)) continue;
+    const bool ready = v.state == "READY" && !draining;
+    if (request.ready() && !ready) continue;
     auto* index = response->add_models();
-    index->set_name(m->name);
-    index->set_version(kModelVersion);
-    index->set_state(draining ? "UNAVAILABLE" : "READY");
-    if (draining) index->set_reason("server is shutting down");
+    index->set_name(v.model);
+    if (v.version > 0) index->set_version(std::to_string(v.version));
+    index->set_state(ready ? "READY" : "UNAVAILABLE");
+    index->set_reason(draining ? "server is shutting down" : v.reason);
   }
   return absl::OkStatus();
+}
+
+absl::Status InferenceProtocol::RepositoryControlAndWait(const CallContext& call,
+                                                         const std::string& model_name,
+                                                         const absl::StatusOr<int>& parameters,
+                                                         bool load) {
+  if (!parameters.ok()) return parameters.status();
+  absl::Notification done;
+  absl::Status outcome;
+  RepositoryControl(call, "", model_name, *parameters, load, [&](const absl::Status& status) {
+    outcome = status;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return outcome;
+}
+
+void InferenceProtocol::RepositoryControl(const CallContext& call,
+                                          const std::string& repository_name,
+                                          const std::string& model_name, int parameters, bool load,
+                                          std::function<void(const absl::Status&)> done) {
+  if (!repository_name.empty()) {
+    done(absl::NotFoundError(
+        absl::StrCat("repository_name: this server has one repository (leave it empty), got '",
+                     Shown(repository_name), "'")));
+    return;
+  }
+  if (parameters > 0) {
+    done(absl::InvalidArgumentError(absl::StrCat(
+        "parameters: none are accepted (a model loads from its folder), got ", parameters)));
+    return;
+  }
+  requests_->ControlModel(call, model_name, load, std::move(done));
 }
 
 absl::Status InferenceProtocol::Prepare(const inference::ModelInferRequest& request,

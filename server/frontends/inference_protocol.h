@@ -9,7 +9,9 @@
 //
 // Model names: a served model's own name, or, with sessions, its stateful
 // alias "<model>_sequence" (Triton's tools see sequence batching there).
-// Every model has the one version "1"; "" means it.
+// Versions: "" means the newest serving version, "N" version N (NOT_FOUND
+// naming the serving ones when it does not serve); responses name the
+// version that computed them.
 //
 // Thread-safe. The request path and the sequences (when given) must outlive
 // it.
@@ -32,9 +34,6 @@ class SequenceSessions;
 
 class InferenceProtocol {
  public:
-  // The one version every model has.
-  static constexpr char kModelVersion[] = "1";
-
   // `version` is the server's, reported by ServerMetadata. `sequences` may
   // be null: sequence parameters are then UNIMPLEMENTED.
   InferenceProtocol(RequestPath* requests, SequenceSessions* sequences, std::string version);
@@ -64,6 +63,19 @@ class InferenceProtocol {
                                const inference::RepositoryIndexRequest& request,
                                inference::RepositoryIndexResponse* response);
 
+  // Triton's RepositoryModelLoad (`load`) and RepositoryModelUnload: see
+  // RequestPath::ControlModel; `parameters` is how many the request had
+  // (none are accepted). `done` is called exactly once, maybe from the
+  // repository's thread.
+  void RepositoryControl(const CallContext& call, const std::string& repository_name,
+                         const std::string& model_name, int parameters, bool load,
+                         std::function<void(const absl::Status&)> done);
+  // The same, waiting for the outcome: for callers on threads of their own
+  // (REST's connection threads), never from a gRPC reaction. `parameters`:
+  // how many the request had, or why they could not be read (answered as is).
+  absl::Status RepositoryControlAndWait(const CallContext& call, const std::string& model_name,
+                                        const absl::StatusOr<int>& parameters, bool load);
+
   // One unary inference, counted as received now: `finish` is called
   // exactly once (inline for a refused request, else from the batcher's
   // thread) with the outcome, after `response` is filled and the request
@@ -73,7 +85,8 @@ class InferenceProtocol {
              inference::ModelInferResponse* response, AdmissionHolder* holder,
              std::function<void(const absl::Status&)> finish);
 
-  // The model `name` at `version` ("" or "1") for the caller of `call`.
+  // The model `name` at `version` ("": the newest serving) for the caller of
+  // `call`, held by the call's leases.
   // With sessions, "<model>_sequence" names <model> as a stateful model
   // (*stateful set), unless a model has that name.
   absl::StatusOr<const ServedModel*> Model(const CallContext& call, const std::string& name,
@@ -92,8 +105,8 @@ class InferenceProtocol {
   SequenceSessions* sequences() const { return sequences_; }
 
  private:
-  // NOT_FOUND naming `what` unless `version` is "" or the one version.
-  static absl::Status CheckVersion(const std::string& what, const std::string& version);
+  // 0 for "", else the number; INVALID_ARGUMENT for anything else.
+  static absl::StatusOr<int64_t> ParseVersion(const std::string& version);
 
   RequestPath* const requests_;
   SequenceSessions* const sequences_;

@@ -85,6 +85,28 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::RepositoryIndex(
                                                       *request, response));
 }
 
+grpc::ServerUnaryReactor* InferenceServiceImpl::RepositoryModelLoad(
+    grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
+    inference::RepositoryModelLoadResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  protocol_->RepositoryControl(
+      *CallOf(context, Method::kModelInfer), request->repository_name(), request->model_name(),
+      request->parameters_size(), /*load=*/true,
+      [reactor](const absl::Status& status) { reactor->Finish(wire::ToGrpcStatus(status)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceServiceImpl::RepositoryModelUnload(
+    grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
+    inference::RepositoryModelUnloadResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  protocol_->RepositoryControl(
+      *CallOf(context, Method::kModelInfer), request->repository_name(), request->model_name(),
+      request->parameters_size(), /*load=*/false,
+      [reactor](const absl::Status& status) { reactor->Finish(wire::ToGrpcStatus(status)); });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* InferenceServiceImpl::ModelInfer(
     grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
     inference::ModelInferResponse* response) {

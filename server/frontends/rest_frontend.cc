@@ -298,6 +298,18 @@ void RestFrontend::Route() {
     for (const auto& m : response.models()) models.push_back(ProtoToJson(m));
     ReplyJson(res, models.dump());
   });
+  for (const bool load : {true, false}) {
+    s.Post(absl::StrCat("/v2/repository/models/([^/]+)/", load ? "load" : "unload"),  // Triton's
+           [p, read_body, load](const httplib::Request& req, httplib::Response& res,
+                                const httplib::ContentReader& reader) {
+             std::string body;
+             if (!read_body(req, res, reader, &body)) return;
+             const absl::Status outcome = p->RepositoryControlAndWait(
+                 *CallOfRequest(req, Method::kModelInfer), Group(req, 1),
+                 RepositoryControlParameters(body), load);
+             outcome.ok() ? ReplyJson(res, "{}") : ReplyError(res, outcome);
+           });
+  }
   s.Post(absl::StrCat(kModel, "/infer"), [p, read_body, max_body](
                                              const httplib::Request& req, httplib::Response& res,
                                              const httplib::ContentReader& reader) {

@@ -112,4 +112,13 @@ int HttpStatusOf(absl::StatusCode code) {
   }
 }
 
+absl::StatusOr<int> RepositoryControlParameters(const std::string& body) {
+  const nlohmann::json json =
+      body.empty() ? nlohmann::json::object() : nlohmann::json::parse(body, nullptr, false);
+  if (!json.is_object() || (json.contains("parameters") && !json["parameters"].is_object())) {
+    return absl::InvalidArgumentError("request body: expected {} or {\"parameters\": {...}}");
+  }
+  return json.contains("parameters") ? static_cast<int>(json["parameters"].size()) : 0;
+}
+
 }  // namespace attention::server

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "google/protobuf/message.h"
 #include "nlohmann/json.hpp"
 
@@ -37,6 +38,10 @@ std::string ErrorBody(const absl::Status& status);
 // RESOURCE_EXHAUSTED 429 (every such refusal here is a limit on work in
 // flight or on a message's size: the client may retry, later or smaller).
 int HttpStatusOf(absl::StatusCode code);
+
+// How many `parameters` a repository load or unload body has: {} (or empty)
+// or {"parameters": {...}}; INVALID_ARGUMENT for anything else.
+absl::StatusOr<int> RepositoryControlParameters(const std::string& body);
 
 }  // namespace attention::server
 

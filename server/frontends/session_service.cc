@@ -68,7 +68,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   if (status.ok()) {
     auto principal = requests_->Authenticate(*call);
     absl::StatusOr<const ServedModel*> found =
-        principal.ok() ? requests_->FindModel(principal->get(), request->model())
+        principal.ok() ? requests_->FindModel(principal->get(), request->model(), 0, call.get())
                        : absl::StatusOr<const ServedModel*>(principal.status());
     status = found.status();
     if (found.ok()) served = *found;

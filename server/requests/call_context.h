@@ -5,8 +5,8 @@
 // from its transport (frontends/grpc_call.h for gRPC) and shares it with
 // the work it queues.
 //
-// Immutable once made, so safe to share between threads; held by
-// shared_ptr, it outlives the call's queued work.
+// Immutable once made (but for its leases, which are thread-safe), so safe to share between
+// threads; held by shared_ptr, it outlives the call's queued work.
 #ifndef ATTENTION_SERVER_REQUESTS_CALL_CONTEXT_H_
 #define ATTENTION_SERVER_REQUESTS_CALL_CONTEXT_H_
 
@@ -17,6 +17,7 @@
 
 #include "absl/time/time.h"
 #include "server/metrics/metrics.h"
+#include "server/requests/call_leases.h"
 
 namespace attention::server {
 
@@ -29,6 +30,8 @@ struct CallContext {
   // Deadline and cancellation, which the batcher checks while work waits.
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> is_cancelled;  // Optional.
+  // The model versions this call looked up (RequestPath pins them here).
+  std::shared_ptr<CallLeases> leases = std::make_shared<CallLeases>();
 };
 
 using CallRef = std::shared_ptr<const CallContext>;

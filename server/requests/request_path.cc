@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/checked_math.h"
 #include "core/status_macros.h"
 #include "server/batching/batch_runner.h"
@@ -20,6 +21,18 @@ int64_t SaturatingProduct(std::initializer_list<int64_t> factors) {
     if (!CheckedMul(product, f, &product)) return std::numeric_limits<int64_t>::max();
   }
   return product;
+}
+
+// NOT_FOUND naming the versions that serve.
+absl::Status VersionNotFound(const ModelRepository& repository, const std::string& name,
+                             int64_t version) {
+  std::vector<int64_t> serving;
+  for (const VersionState& v : repository.Index(name)) {
+    if (v.state == "READY") serving.push_back(v.version);
+  }
+  return absl::NotFoundError(
+      absl::StrCat("model_version: model '", Shown(name), "' has no version ", version,
+                   " serving (serving: ", absl::StrJoin(serving, ", "), ")"));
 }
 
 }  // namespace
@@ -79,9 +92,7 @@ absl::Status RequestPath::CheckResponseSize(const ServedModel& model, const MhaI
   return absl::OkStatus();
 }
 
-void RequestPath::SetRepository(const ModelRepository* repository) {
-  repository_.store(repository);
-}
+void RequestPath::SetRepository(ModelRepository* repository) { repository_.store(repository); }
 
 void RequestPath::StartDraining() { draining_.store(true); }
 
@@ -141,24 +152,34 @@ absl::StatusOr<std::shared_ptr<const Principal>> RequestPath::Authenticate(
 }
 
 absl::StatusOr<const ServedModel*> RequestPath::FindModel(const Principal* principal,
-                                                          const std::string& name) const {
+                                                          const std::string& name, int64_t version,
+                                                          const CallContext* pin) const {
   const ModelRepository* repository = repository_.load();
   if (repository == nullptr) return absl::UnavailableError("server is not ready yet");
   RETURN_IF_ERROR(CheckIdentifier(name, "model"));
+  auto found = [&](ModelRef m) -> absl::StatusOr<const ServedModel*> {
+    if (version != 0 && m->version != version) {
+      const std::string model_name = m->name;
+      m = repository->Find(model_name, version);
+      if (m == nullptr) return VersionNotFound(*repository, model_name, version);
+    }
+    if (pin != nullptr) pin->leases->Hold(m->name, m);
+    return m.get();
+  };
   if (name.empty() && principal != nullptr && !principal->all_models) {
     // The default among the caller's own models (the server's default when
     // it may use that, else its first served model by name), so that a
     // refusal never names a model the caller may not know of.
-    const ServedModel* fallback = repository->Find(name);
-    if (fallback != nullptr && principal->MayUse(fallback->name)) return fallback;
-    for (const ServedModel* m : repository->models()) {
-      if (principal->MayUse(m->name)) return m;
+    ModelRef fallback = repository->Find(name);
+    if (fallback != nullptr && principal->MayUse(fallback->name)) return found(fallback);
+    for (const ModelRef& m : repository->Snapshot()) {
+      if (principal->MayUse(m->name)) return found(m);
     }
     metrics_->CountRefusal(absl::StatusCode::kPermissionDenied);
     return absl::PermissionDeniedError(
         absl::StrCat("model: caller '", principal->name, "' may use no served model"));
   }
-  const ServedModel* model = repository->Find(name);
+  ModelRef model = repository->Find(name);
   const std::string& shown = model != nullptr ? model->name : name;
   if (principal != nullptr && !principal->MayUse(shown) &&
       (model != nullptr || !principal->all_models)) {
@@ -167,9 +188,13 @@ absl::StatusOr<const ServedModel*> RequestPath::FindModel(const Principal* princ
                                                     "' may not use model '", Shown(shown), "'"));
   }
   if (model == nullptr) {
+    if (repository->Known(name)) {
+      return absl::NotFoundError(
+          absl::StrCat("model: '", Shown(name), "' has no version serving (unloaded)"));
+    }
     return absl::NotFoundError(absl::StrCat("model: '", Shown(name), "' is not served"));
   }
-  return model;
+  return found(std::move(model));
 }
 
 absl::StatusOr<std::vector<const ServedModel*>> RequestPath::VisibleModels(
@@ -178,8 +203,11 @@ absl::StatusOr<std::vector<const ServedModel*>> RequestPath::VisibleModels(
   if (repository == nullptr) return absl::UnavailableError("server is not ready yet");
   ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, Authenticate(call));
   std::vector<const ServedModel*> visible;
-  for (const ServedModel* m : repository->models()) {
-    if (principal == nullptr || principal->MayUse(m->name)) visible.push_back(m);
+  for (const ModelRef& m : repository->Snapshot()) {
+    if (principal == nullptr || principal->MayUse(m->name)) {
+      call.leases->Hold(m->name, m);
+      visible.push_back(m.get());
+    }
   }
   return visible;
 }
@@ -188,13 +216,15 @@ absl::Status RequestPath::Admit(int64_t bytes) { return budget_.Admit(bytes); }
 
 void RequestPath::Release(int64_t bytes) { budget_.Release(bytes); }
 
-absl::StatusOr<const ServedModel*> RequestPath::Admissible(
-    const CallContext& call, const std::string& model, std::shared_ptr<const Principal>* caller) {
+absl::StatusOr<const ServedModel*> RequestPath::Admissible(const CallContext& call,
+                                                           const std::string& model,
+                                                           std::shared_ptr<const Principal>* caller,
+                                                           int64_t version) {
   if (repository_.load() == nullptr) return absl::UnavailableError("server is not ready yet");
   if (draining_.load()) return absl::UnavailableError("server is shutting down");
   ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, Authenticate(call));
   if (caller != nullptr) *caller = principal;
-  return FindModel(principal.get(), model);
+  return FindModel(principal.get(), model, version, &call);
 }
 
 absl::Status RequestPath::Finalize(std::unique_ptr<PendingRequest> pending, size_t id_bytes,
@@ -204,6 +234,8 @@ absl::Status RequestPath::Finalize(std::unique_ptr<PendingRequest> pending, size
   RETURN_IF_ERROR(CheckResponseSize(*prepared->model, pending->inputs, pending->call, id_bytes,
                                     &prepared->response_bytes));
   pending->keep_alive = std::move(keep_alive);
+  // Held by the call's leases since its lookup: the request now holds its own.
+  pending->version_lease = prepared->model->shared_from_this();
   Bind(call, pending.get());
   prepared->pending = std::move(pending);
   return absl::OkStatus();
@@ -221,6 +253,55 @@ absl::Status RequestPath::Submit(Prepared& prepared, int64_t request_bytes,
     done(std::move(outcome));
   };
   return prepared.model->batcher->Enqueue(std::move(prepared.pending));
+}
+
+absl::Status RequestPath::AuthorizeAdmin(const CallContext& call, const std::string& model) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, Authenticate(call));
+  const TokenAuthenticator* admins = options_.admin_authenticator.get();
+  if (admins == nullptr) {
+    if (principal == nullptr) return absl::OkStatus();  // An open server.
+    metrics_->CountRefusal(absl::StatusCode::kPermissionDenied);
+    return absl::PermissionDeniedError(
+        "model control: needs an admin token (--admin_tokens_file), and this server has none");
+  }
+  absl::string_view value;
+  if (call.authorization) value = *call.authorization;
+  auto admin = admins->Authenticate(call.authorization ? &value : nullptr);
+  if (!admin.ok() || *admin == nullptr || !(*admin)->MayUse(model)) {
+    metrics_->CountRefusal(absl::StatusCode::kPermissionDenied);
+    return absl::PermissionDeniedError(absl::StrCat(
+        "model control: caller '", principal != nullptr ? principal->name : "-",
+        "' may not load or unload model '", Shown(model), "' (not in --admin_tokens_file)"));
+  }
+  return absl::OkStatus();
+}
+
+void RequestPath::ControlModel(const CallContext& call, const std::string& name, bool load,
+                               std::function<void(const absl::Status&)> done) {
+  ModelRepository* repository = repository_.load();
+  absl::Status status = CheckIdentifier(name, "model_name");
+  if (status.ok() && name.empty()) {
+    status = absl::InvalidArgumentError("model_name: expected a model's name, got ''");
+  }
+  if (repository == nullptr) status = absl::UnavailableError("server is not ready yet");
+  if (status.ok() && draining_.load()) status = absl::UnavailableError("server is shutting down");
+  if (status.ok() && repository->control() != ModelControl::kExplicit) {
+    status = absl::FailedPreconditionError(absl::StrCat(
+        "model control: this server runs with --model_control=",
+        ModelControlName(repository->control()),
+        "; loading and unloading on request needs --model_control=explicit",
+        repository->control() == ModelControl::kPoll
+            ? " (in poll mode the repository's folders decide, and a poll would undo it)"
+            : ""));
+  }
+  if (status.ok()) status = AuthorizeAdmin(call, name);
+  if (!status.ok()) {
+    done(status);
+    return;
+  }
+  repository->Run([repository, name, load, done = std::move(done)] {
+    done(load ? repository->LoadModel(name) : repository->UnloadModel(name));
+  });
 }
 
 }  // namespace attention::server

@@ -64,6 +64,10 @@ struct ServiceOptions {
   // Probes (health, and the inference protocol's ServerLive, ServerReady and
   // ServerMetadata) need a token too (when `authenticator` is set).
   bool authenticate_health = false;
+  // Tokens that may load and unload models (--admin_tokens_file; an entry's
+  // models are those it may load and unload). Null: with `authenticator`
+  // set nobody may; without it (an open server) every caller may.
+  std::shared_ptr<const TokenAuthenticator> admin_authenticator;
 };
 
 class RequestPath {
@@ -76,7 +80,7 @@ class RequestPath {
   RequestPath& operator=(const RequestPath&) = delete;
 
   // Makes the path ready to serve `repository`'s models.
-  void SetRepository(const ModelRepository* repository);
+  void SetRepository(ModelRepository* repository);
   // From now on every new request gets UNAVAILABLE; accepted ones complete.
   void StartDraining();
   // Waits until no accepted request is unanswered, or `timeout`. True if idle.
@@ -92,8 +96,12 @@ class RequestPath {
   // The first steps of every protocol's request: UNAVAILABLE when not ready
   // or draining, then Authenticate and FindModel. Sets *caller (if given) to
   // the authenticated principal (null without authentication).
+  // `version` 0 is the newest serving version; the version found is held by
+  // the call's leases (valid until the call ends, or its next lookup of the
+  // same model).
   absl::StatusOr<const ServedModel*> Admissible(const CallContext& call, const std::string& model,
-                                                std::shared_ptr<const Principal>* caller = nullptr);
+                                                std::shared_ptr<const Principal>* caller = nullptr,
+                                                int64_t version = 0);
   // The last steps: validates `pending->inputs` against prepared->model,
   // sizes the response (RESOURCE_EXHAUSTED when too large), binds the call's
   // deadline and cancellation, and stores the request in *prepared.
@@ -124,14 +132,32 @@ class RequestPath {
   // The served model `name` names for `principal` (null: authentication
   // off): PERMISSION_DENIED (counted) when the caller may not use it, which
   // for a caller limited to some models also hides whether it exists;
-  // NOT_FOUND when it is not served.
-  absl::StatusOr<const ServedModel*> FindModel(const Principal* principal,
-                                               const std::string& name) const;
+  // NOT_FOUND when it is not served, or has no serving `version` (0: the
+  // newest). The version is held by `pin`'s leases when given; without one
+  // the pointer may go as soon as the version is unloaded (use it only to
+  // check permission).
+  absl::StatusOr<const ServedModel*> FindModel(const Principal* principal, const std::string& name,
+                                               int64_t version = 0,
+                                               const CallContext* pin = nullptr) const;
 
   // The served models the caller of `call` may use (a caller sees only
   // those), in the repository's order: UNAVAILABLE before SetRepository(),
-  // then as Authenticate. For listings; admission is Admissible's.
+  // then as Authenticate. For listings; admission is Admissible's. The
+  // versions are held by the call's leases.
   absl::StatusOr<std::vector<const ServedModel*>> VisibleModels(const CallContext& call) const;
+
+  // Loads (`load`) or unloads the model `name` for the caller of `call`:
+  // UNAVAILABLE when not ready or draining; FAILED_PRECONDITION unless the
+  // repository is under explicit control (a poll would undo it); then
+  // AuthorizeAdmin. The load or unload itself runs on the repository's
+  // worker thread, which calls `done` with its outcome; a refusal calls
+  // `done` inline.
+  void ControlModel(const CallContext& call, const std::string& name, bool load,
+                    std::function<void(const absl::Status&)> done);
+  // OK when the caller of `call` may load and unload `model` (see
+  // ServiceOptions::admin_authenticator); UNAUTHENTICATED for an unknown
+  // token, PERMISSION_DENIED naming the flag otherwise.
+  absl::Status AuthorizeAdmin(const CallContext& call, const std::string& model) const;
 
   // Reserves `bytes` of the in-flight byte budget, or RESOURCE_EXHAUSTED
   // naming the limit. Every admitted byte is released with Release().
@@ -162,7 +188,7 @@ class RequestPath {
 
   Metrics* const metrics_;
   const ServiceOptions options_;
-  std::atomic<const ModelRepository*> repository_{nullptr};
+  std::atomic<ModelRepository*> repository_{nullptr};
   std::atomic<bool> draining_{false};
   InflightBudget budget_;
   RequestLog log_;

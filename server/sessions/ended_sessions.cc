@@ -31,8 +31,12 @@ std::string EndedSessions::Reason(SessionEnd end, absl::Duration idle) {
 }
 
 void EndedSessions::Remember(const std::string& id, SessionEnd end, absl::Duration idle) {
+  Remember(id, Reason(end, idle));
+}
+
+void EndedSessions::Remember(const std::string& id, const std::string& reason) {
   if (capacity_ <= 0) return;
-  if (reasons_.insert_or_assign(id, Reason(end, idle)).second) order_.push_back(id);
+  if (reasons_.insert_or_assign(id, reason).second) order_.push_back(id);
   while (static_cast<int64_t>(order_.size()) > capacity_) {
     reasons_.erase(order_.front());
     order_.pop_front();

@@ -31,6 +31,8 @@ class EndedSessions {
 
   // Session `id` ended for `end` after `idle`.
   void Remember(const std::string& id, SessionEnd end, absl::Duration idle);
+  // Session `id` ended for `reason` ("ended: model version 2 was unloaded").
+  void Remember(const std::string& id, const std::string& reason);
 
   // NOT_FOUND for a session id not in the live table, saying why it ended
   // if it is remembered.

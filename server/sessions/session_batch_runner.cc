@@ -214,16 +214,18 @@ std::vector<RequestOutcome> RunSessionBatch(
   return outcomes;
 }
 
+void InstallSessionRunner(SessionManager& manager, const ServedModel& served) {
+  SessionModel* model = manager.model(&served);
+  if (model == nullptr) return;
+  served.batcher->SetSessionRunner(
+      [&manager, model](const std::vector<std::unique_ptr<PendingRequest>>& batch,
+                        BatchStats* stats) {
+        return RunSessionBatch(manager, *model, batch, stats);
+      });
+}
+
 void InstallSessionRunners(SessionManager& manager, const ModelRepository& repository) {
-  for (const ServedModel* served : repository.models()) {
-    SessionModel* model = manager.model(served);
-    if (model == nullptr) continue;
-    served->batcher->SetSessionRunner(
-        [&manager, model](const std::vector<std::unique_ptr<PendingRequest>>& batch,
-                          BatchStats* stats) {
-          return RunSessionBatch(manager, *model, batch, stats);
-        });
-  }
+  for (const ServedModel* served : repository.models()) InstallSessionRunner(manager, *served);
 }
 
 }  // namespace attention::server

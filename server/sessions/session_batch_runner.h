@@ -32,6 +32,8 @@ namespace attention::server {
 // `manager`; once, right after the manager is made, before any session
 // work is queued. `manager` must outlive the batchers' use of it.
 void InstallSessionRunners(SessionManager& manager, const ModelRepository& repository);
+// The same for one version (loaded after start), before it serves.
+void InstallSessionRunner(SessionManager& manager, const ServedModel& served);
 
 std::vector<RequestOutcome> RunSessionBatch(
     SessionManager& manager, SessionModel& model,

@@ -18,19 +18,7 @@ SessionManager::SessionManager(const ModelRepository* repository, Metrics* metri
       tenants_(options_.max_sessions_per_tenant, options_.memory_per_tenant_bytes,
                static_cast<int64_t>(budget_.capacity())),
       ended_(options_.remembered_ends) {
-  for (const ServedModel* served : repository_->models()) {
-    const ServingConfig& config = served->model->serving();
-    auto m = std::make_unique<SessionModel>();
-    m->served = served;
-    m->engine = std::make_unique<SessionEngine>(
-        served->engine.get(),
-        config.session_cache_dtype.value_or(served->model->spec().compute_dtype));
-    m->pool = std::make_unique<KvBlockPool>(m->engine->block_bytes(), &budget_);
-    m->max_sessions = config.max_sessions.value_or(options_.max_sessions);
-    m->max_session_tokens = config.max_session_tokens.value_or(options_.max_session_tokens);
-    m->ttl = config.session_ttl_s ? absl::Seconds(*config.session_ttl_s) : options_.ttl;
-    models_[served] = std::move(m);
-  }
+  for (const ServedModel* served : repository_->models()) AddModel(served);
   metrics_->session_memory_capacity_bytes().Set(static_cast<double>(budget_.capacity()));
   reaper_ = std::thread([this] { Reap(); });
 }
@@ -53,6 +41,7 @@ SessionManager::~SessionManager() {
 }
 
 SessionModel* SessionManager::model(const ServedModel* served) const {
+  absl::ReaderMutexLock lock(&models_mu_);
   auto it = models_.find(served);
   return it == models_.end() ? nullptr : it->second.get();
 }

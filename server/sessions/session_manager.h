@@ -151,7 +151,19 @@ class SessionManager {
   void Committed(Session& session, int64_t tokens);
 
   SessionSnapshot Snapshot(Session& session) const;
+  // The session state of a model version; null for one never added or
+  // already removed.
   SessionModel* model(const ServedModel* served) const;
+  // Session state for a version loaded after the manager was made.
+  SessionModel* AddModel(const ServedModel* served);
+  // Ends every session of `served` (a version being unloaded): waiting
+  // appends and later calls get NOT_FOUND saying "model version N was
+  // unloaded". Its state stays for work already computing, until
+  // ForgetModel.
+  void RemoveModel(const ServedModel* served);
+  // Frees the state of a removed version once the version itself is freed
+  // (its batcher has computed everything): `served` is only a key then.
+  void ForgetModel(const void* served);
   int64_t live_sessions() const;
   // What tenant `owner` holds now: live sessions (all models) and cache bytes.
   struct TenantUsage {
@@ -206,7 +218,9 @@ class SessionManager {
   Metrics* const metrics_;
   const SessionOptions options_;
   MemoryBudget budget_;
-  std::map<const ServedModel*, std::unique_ptr<SessionModel>> models_;  // Fixed after ctor.
+  mutable absl::Mutex models_mu_;  // Taken before mu_ when both are.
+  std::map<const ServedModel*, std::unique_ptr<SessionModel>> models_ ABSL_GUARDED_BY(models_mu_);
+  std::map<const void*, std::unique_ptr<SessionModel>> removed_ ABSL_GUARDED_BY(models_mu_);
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

@@ -317,7 +317,8 @@ class InferenceProtocolTest(unittest.TestCase):
         self.assertEqual(meta.name, "attention-service")
         self.assertNotEqual(meta.version, "")
         self.assertEqual(sorted(meta.extensions),
-                         ["model_configuration", "parameters", "sequence", "statistics"])
+                         ["model_configuration", "model_repository", "parameters", "sequence",
+                          "statistics"])
 
     def test_model_ready(self):
         for name in ("small", "cross"):

@@ -1,0 +1,106 @@
+// ModelRepository::LoadVersion: one version from its folder to ready to
+// serve (the rest of the class is in model_repository.cc).
+#include <omp.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/batching/model_repository.h"
+#include "server/batching/version_reaper.h"
+#include "server/batching/warmup.h"
+
+namespace attention::server {
+namespace {
+
+BatchingOptions Resolve(BatchingOptions b, const ServingConfig& c) {
+  if (c.max_batch_size) b.max_batch_size = *c.max_batch_size;
+  if (c.max_batch_tokens) b.max_batch_tokens = *c.max_batch_tokens;
+  if (c.max_queue_delay_us) b.max_queue_delay_us = *c.max_queue_delay_us;
+  if (c.max_queue_size) b.max_queue_size = *c.max_queue_size;
+  return b;
+}
+
+int64_t WeightsBytes(const std::string& dir) {
+  std::error_code ec;
+  const auto size =
+      std::filesystem::file_size(std::filesystem::path(dir) / "model.safetensors", ec);
+  return ec ? 0 : static_cast<int64_t>(size);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const std::string& name,
+                                                                          int64_t version,
+                                                                          const std::string& dir) {
+  const absl::Time start = absl::Now();
+  auto fail = [&](const absl::Status& status, const char* result) {
+    load_metrics_.Load(name, version, result, 0);
+    std::cerr << "model '" << name << "' version " << version
+              << ": not loaded: " << status.message() << "\n";
+    return status;
+  };
+  const int64_t bytes = dir.empty() ? 0 : WeightsBytes(dir);
+  {
+    absl::MutexLock lock(&mu_);
+    if (options_.max_model_bytes > 0 && resident_bytes_ + bytes > options_.max_model_bytes) {
+      return fail(absl::ResourceExhaustedError(
+                      absl::StrCat("model '", name, "' version ", version, ": its ", bytes,
+                                   " bytes of weights do not fit beside the ", resident_bytes_,
+                                   " resident (--max_model_bytes ", options_.max_model_bytes,
+                                   "); unload a version first")),
+                  "refused");
+    }
+    resident_bytes_ += bytes;
+  }
+  // Counted from here on: the deleter (through the reaper) gives the bytes back.
+  auto* raw = new ServedModel();
+  raw->name = name;
+  raw->version = version;
+  raw->bytes = bytes;
+  reaper_->Own();
+  std::shared_ptr<ServedModel> served(
+      raw, [reaper = reaper_](ServedModel* m) { reaper->Retire(m, m->bytes, [m] { delete m; }); });
+  absl::StatusOr<std::shared_ptr<const MhaModel>> model =
+      dir.empty() ? absl::StatusOr<std::shared_ptr<const MhaModel>>(MhaModel::Demo())
+                  : MhaModel::LoadFromDirectory(dir);
+  if (!model.ok()) return fail(model.status(), "failure");
+  served->model = *model;
+  absl::StatusOr<std::unique_ptr<MhaEngine>> engine = MhaEngine::Create(served->model);
+  if (!engine.ok()) return fail(engine.status(), "failure");
+  served->engine = *std::move(engine);
+  if (options_.warmup) {
+    // Batches run with one thread or all of them (see DynamicBatcher):
+    // primitives are made per thread count.
+    for (int threads : {1, options_.compute_threads}) {
+      omp_set_num_threads(threads);
+      const absl::Status warm = WarmUp(*served->engine);
+      if (!warm.ok()) {
+        return fail(absl::InternalError(absl::StrCat(name, ": warm-up: ", warm.message())),
+                    "failure");
+      }
+    }
+  }
+  served->metrics = metrics_->AddModel(name);
+  absl::StatusOr<std::unique_ptr<DynamicBatcher>> batcher = DynamicBatcher::Create(
+      served->engine.get(), Resolve(options_.batching, served->model->serving()), served->metrics,
+      &compute_mutex_, options_.compute_threads);
+  if (!batcher.ok()) return fail(batcher.status(), "failure");
+  served->batcher = *std::move(batcher);
+  if (options_.on_load) options_.on_load(*served);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  load_metrics_.Load(name, version, "success", seconds);
+  const MhaSpec& s = served->model->spec();
+  const BatchingOptions& b = served->batcher->options();
+  std::cerr << "model '" << name << "' version " << version << ": embed_dim " << s.embed_dim
+            << ", num_heads " << s.num_heads << ", kdim " << s.kdim << ", vdim " << s.vdim
+            << ", compute " << DTypeName(s.compute_dtype) << "; batching max_batch_size "
+            << b.max_batch_size << ", max_batch_tokens " << b.max_batch_tokens
+            << ", max_queue_delay_us " << b.max_queue_delay_us << ", max_queue_size "
+            << b.max_queue_size << (options_.warmup ? "; warmed up" : "") << " in " << seconds
+            << " s\n";
+  return served;
+}
+
+}  // namespace attention::server

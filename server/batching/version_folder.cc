@@ -1,0 +1,236 @@
+#include "server/batching/version_folder.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace attention::server {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr char kConfig[] = "config.json";
+constexpr char kWeights[] = "model.safetensors";
+
+bool Hidden(const fs::path& p) { return p.filename().string().rfind('.', 0) == 0; }
+
+// A positive decimal version number, or 0.
+int64_t VersionOf(const std::string& name) {
+  int64_t v = 0;
+  if (name.empty() || name[0] == '0' || !std::all_of(name.begin(), name.end(), ::isdigit) ||
+      !absl::SimpleAtoi(name, &v)) {
+    return 0;
+  }
+  return v;
+}
+
+absl::StatusOr<VersionPolicy> ParsePolicy(const fs::path& file) {
+  VersionPolicy policy;
+  std::ifstream in(file);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const std::string what = file.string();
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": not a JSON object"));
+  }
+  for (const auto& [key, unused] : j.items()) {
+    if (key != "version_policy") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": a versioned model's config.json holds only 'version_policy', got '",
+                       key, "' (model settings go in each version's config.json)"));
+    }
+  }
+  if (!j.contains("version_policy")) return policy;
+  const nlohmann::json& p = j["version_policy"];
+  if (p == "all") {
+    policy.kind = VersionPolicy::Kind::kAll;
+  } else if (p.is_object() && p.size() == 1 && p.contains("latest") &&
+             p["latest"].is_number_integer() && p["latest"].get<int64_t>() >= 1) {
+    policy.latest = p["latest"].get<int64_t>();
+  } else if (p.is_object() && p.size() == 1 && p.contains("specific") && p["specific"].is_array()) {
+    policy.kind = VersionPolicy::Kind::kSpecific;
+    for (const auto& v : p["specific"]) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": version_policy.specific: expected positive integers, got ", v.dump()));
+      }
+      policy.specific.insert(v.get<int64_t>());
+    }
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     ": version_policy: expected {\"latest\": N >= 1}, \"all\" or "
+                     "{\"specific\": [versions]}, got ",
+                     p.dump()));
+  }
+  return policy;
+}
+
+}  // namespace
+
+std::string VersionPolicy::ToString() const {
+  switch (kind) {
+    case Kind::kLatest:
+      return absl::StrCat("latest ", latest);
+    case Kind::kAll:
+      return "all";
+    case Kind::kSpecific:
+      return absl::StrCat("specific [", absl::StrJoin(specific, ", "), "]");
+  }
+  return "";
+}
+
+absl::StatusOr<ModelLayout> ScanModel(const std::string& model_dir) {
+  ModelLayout layout;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(model_dir, ec)) {
+    if (Hidden(entry.path()) || !entry.is_directory(ec)) continue;
+    const int64_t v = VersionOf(entry.path().filename().string());
+    if (v > 0) layout.versions[v] = entry.path().string();
+  }
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat(model_dir, ": cannot list: ", ec.message()));
+  }
+  const fs::path config = fs::path(model_dir) / kConfig;
+  if (layout.versions.empty()) {
+    if (!fs::exists(config, ec)) {
+      return absl::NotFoundError(absl::StrCat(
+          model_dir,
+          ": no model (config.json and model.safetensors, or numbered version folders)"));
+    }
+    layout.flat = true;
+    layout.versions[1] = model_dir;
+    return layout;
+  }
+  if (fs::exists(config, ec)) {
+    absl::StatusOr<VersionPolicy> policy = ParsePolicy(config);
+    if (!policy.ok()) return policy.status();
+    layout.policy = *policy;
+  }
+  return layout;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ScanRepository(const std::string& repository) {
+  std::error_code ec;
+  if (!fs::is_directory(repository, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("model repository '", repository, "' is not a directory"));
+  }
+  std::map<std::string, std::string> models;
+  for (const auto& entry : fs::directory_iterator(repository, ec)) {
+    if (Hidden(entry.path()) || !entry.is_directory(ec)) continue;
+    if (ScanModel(entry.path().string()).status().code() == absl::StatusCode::kNotFound) continue;
+    models[entry.path().filename().string()] = entry.path().string();
+  }
+  return models;
+}
+
+std::set<int64_t> SelectVersions(const VersionPolicy& policy,
+                                 const std::vector<int64_t>& available) {
+  std::set<int64_t> out;
+  switch (policy.kind) {
+    case VersionPolicy::Kind::kAll:
+      out.insert(available.begin(), available.end());
+      break;
+    case VersionPolicy::Kind::kSpecific:
+      for (int64_t v : available) {
+        if (policy.specific.count(v)) out.insert(v);
+      }
+      break;
+    case VersionPolicy::Kind::kLatest:
+      for (auto it = available.rbegin();
+           it != available.rend() && static_cast<int64_t>(out.size()) < policy.latest; ++it) {
+        out.insert(*it);
+      }
+      break;
+  }
+  return out;
+}
+
+absl::Status CheckComplete(const std::string& version_dir) {
+  std::error_code ec;
+  const fs::path weights = fs::path(version_dir) / kWeights;
+  if (!fs::exists(fs::path(version_dir) / kConfig, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(version_dir, ": no config.json"));
+  }
+  const uintmax_t size = fs::file_size(weights, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat(weights.string(), ": ", ec.message()));
+  }
+  std::ifstream in(weights, std::ios::binary);
+  unsigned char len_bytes[8] = {};
+  if (size < 8 || !in.read(reinterpret_cast<char*>(len_bytes), 8)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        weights.string(), ": ", size, " bytes, shorter than its 8-byte header length"));
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > size - 8) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(weights.string(), ": header of ", header_len, " bytes in a file of ", size));
+  }
+  std::string header(header_len, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_len));
+  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(weights.string(), ": header is not a JSON object"));
+  }
+  uint64_t data_end = 0;
+  for (const auto& [name, t] : j.items()) {
+    if (name == "__metadata__") continue;
+    if (!t.is_object() || !t.contains("data_offsets") || !t["data_offsets"].is_array() ||
+        t["data_offsets"].size() != 2 || !t["data_offsets"][1].is_number_unsigned()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(weights.string(), ": tensor '", name, "' has no data_offsets [begin, end]"));
+    }
+    data_end = std::max(data_end, t["data_offsets"][1].get<uint64_t>());
+  }
+  const uint64_t expected = 8 + header_len + data_end;
+  if (expected != size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        weights.string(), ": ", size, " bytes, its header says ", expected,
+        size < expected ? " (incomplete: still being copied, or truncated)" : " (trailing bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string Fingerprint(const std::string& version_dir) {
+  std::string out;
+  std::error_code ec;
+  std::vector<std::string> lines;
+  for (const auto& entry : fs::recursive_directory_iterator(version_dir, ec)) {
+    if (!entry.is_regular_file(ec)) continue;
+    const auto mtime = fs::last_write_time(entry.path(), ec).time_since_epoch().count();
+    lines.push_back(absl::StrCat(entry.path().string(), ":", entry.file_size(ec), ":", mtime));
+  }
+  std::sort(lines.begin(), lines.end());
+  return absl::StrJoin(lines, "\n");
+}
+
+absl::StatusOr<ModelControl> ParseModelControl(const std::string& text) {
+  if (text == "none") return ModelControl::kNone;
+  if (text == "poll") return ModelControl::kPoll;
+  if (text == "explicit") return ModelControl::kExplicit;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--model_control: expected none, poll or explicit, got '", text, "'"));
+}
+
+const char* ModelControlName(ModelControl control) {
+  switch (control) {
+    case ModelControl::kNone:
+      return "none";
+    case ModelControl::kPoll:
+      return "poll";
+    case ModelControl::kExplicit:
+      return "explicit";
+  }
+  return "?";
+}
+
+}  // namespace attention::server

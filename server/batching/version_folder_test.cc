@@ -1,0 +1,100 @@
+#include "server/batching/version_folder.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+
+namespace attention::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Dir(const std::string& name) {
+  const std::string dir =
+      ::testing::TempDir() + "/version_folder_" + name + "_" + std::to_string(getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+void Write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// A safetensors file: 8-byte length, header, `data` bytes.
+std::string SafeTensors(const std::string& header, size_t data) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return out + header + std::string(data, '\0');
+}
+
+TEST(VersionFolderTest, SelectsByPolicy) {
+  VersionPolicy latest;
+  latest.latest = 2;
+  EXPECT_EQ(SelectVersions(latest, {1, 2, 5}), (std::set<int64_t>{2, 5}));
+  VersionPolicy all;
+  all.kind = VersionPolicy::Kind::kAll;
+  EXPECT_EQ(SelectVersions(all, {1, 2, 5}), (std::set<int64_t>{1, 2, 5}));
+  VersionPolicy specific;
+  specific.kind = VersionPolicy::Kind::kSpecific;
+  specific.specific = {1, 7};
+  EXPECT_EQ(SelectVersions(specific, {1, 2, 5}), (std::set<int64_t>{1}));
+  EXPECT_EQ(SelectVersions(VersionPolicy{}, {}), (std::set<int64_t>{}));
+}
+
+TEST(VersionFolderTest, ScansLayoutsAndPolicies) {
+  const std::string flat = Dir("flat");
+  Write(flat + "/config.json", "{}");
+  auto layout = ScanModel(flat);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_TRUE(layout->flat);
+  EXPECT_EQ(layout->versions.size(), 1u);
+  EXPECT_EQ(layout->versions.begin()->first, 1);
+
+  const std::string versioned = Dir("versioned");
+  for (const char* v : {"1", "3", "..4", ".5", "07", "x"})
+    fs::create_directories(versioned + "/" + v);
+  Write(versioned + "/config.json", R"({"version_policy": {"specific": [3]}})");
+  layout = ScanModel(versioned);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_FALSE(layout->flat);
+  ASSERT_EQ(layout->versions.size(), 2u);  // Hidden, zero-padded and named folders ignored.
+  EXPECT_EQ(layout->policy.ToString(), "specific [3]");
+
+  Write(versioned + "/config.json", R"({"version_policy": {"latest": 0}})");
+  EXPECT_EQ(ScanModel(versioned).status().code(), absl::StatusCode::kInvalidArgument);
+  Write(versioned + "/config.json", R"({"num_heads": 4})");
+  EXPECT_EQ(ScanModel(versioned).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ScanModel(Dir("empty")).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(VersionFolderTest, CompleteOnlyWhenSizesAgreeWithTheHeader) {
+  const std::string dir = Dir("complete");
+  const std::string header = R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})";
+  EXPECT_EQ(CheckComplete(dir).code(), absl::StatusCode::kFailedPrecondition);  // No config.
+  Write(dir + "/config.json", "{}");
+  EXPECT_EQ(CheckComplete(dir).code(), absl::StatusCode::kFailedPrecondition);  // No weights.
+  Write(dir + "/model.safetensors", SafeTensors(header, 10));                   // Being copied.
+  const absl::Status partial = CheckComplete(dir);
+  EXPECT_EQ(partial.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(partial.message().find("incomplete"), std::string::npos) << partial;
+  Write(dir + "/model.safetensors", SafeTensors(header, 16));
+  EXPECT_TRUE(CheckComplete(dir).ok());
+  const std::string before = Fingerprint(dir);
+  Write(dir + "/model.safetensors", SafeTensors(header, 20));  // Trailing bytes.
+  EXPECT_EQ(CheckComplete(dir).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(Fingerprint(dir), before);
+  Write(dir + "/model.safetensors", std::string(4, '\0'));  // Shorter than its length field.
+  EXPECT_EQ(CheckComplete(dir).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(VersionFolderTest, ParsesModelControl) {
+  EXPECT_EQ(*ParseModelControl("poll"), ModelControl::kPoll);
+  EXPECT_EQ(*ParseModelControl("explicit"), ModelControl::kExplicit);
+  EXPECT_EQ(*ParseModelControl("none"), ModelControl::kNone);
+  EXPECT_EQ(ParseModelControl("sometimes").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace attention::server
