@@ -26,8 +26,11 @@ cp -r "$repo/proto" "$work/src/proto"
 echo "[node_package_test] npm pack"
 (cd "$work/src/client/node" && npm pack --pack-destination "$work" --loglevel=error >/dev/null)
 tarball=$(ls "$work"/attention-client-*.tgz)
-tar -tzf "$tarball" | sed 's/^/  /'
-tar -tzf "$tarball" | grep -qx 'package/proto/attention/v1/sessions.proto' \
+# The listing is read whole first: `tar | grep -q` under pipefail fails whenever grep exits at
+# its match before tar has written everything (tar dies of SIGPIPE).
+listing=$(tar -tzf "$tarball")
+sed 's/^/  /' <<<"$listing"
+grep -qx 'package/proto/attention/v1/sessions.proto' <<<"$listing" \
   || { echo "FAIL: the tarball lacks the protos" >&2; exit 1; }
 
 cd "$work/app"
