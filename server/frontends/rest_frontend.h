@@ -13,9 +13,11 @@
 //        .../stats, and /v2/models/stats (every model)
 //   POST /v2/models/{m}[/versions/{v}]/infer, /v2/repository/index
 //
-// Served by cpp-httplib: a pool of `threads` threads, each serving one
-// connection at a time (keep-alive connections hold theirs until idle for
-// `keep_alive`); connections beyond it wait to be accepted. A handler waits
+// Served by cpp-httplib on a RestConnectionPool: up to `threads` threads,
+// started when first needed, each serving one connection at a time
+// (keep-alive connections hold theirs until idle for `keep_alive`).
+// Connections beyond it wait; while they do, each keep-alive connection is
+// closed after its current reply, so waiting ones get served. A handler waits
 // for its request's answer while the batcher computes it. Request bodies
 // are read up to `max_body_bytes` (after any Content-Encoding is undone),
 // chunked or not; beyond it, 413. An inference's token is checked before
@@ -50,7 +52,7 @@ namespace attention::server {
 struct RestOptions {
   std::string host = "0.0.0.0";
   int port = 8000;  // 0: a free port (see port()).
-  int threads = 32;
+  int threads = 256;
   int64_t max_body_bytes = 64 << 20;  // Request bodies and responses.
   absl::Duration keep_alive = absl::Seconds(5);
   // TLS when both are set (the gRPC port's files); with a client CA, every
