@@ -167,6 +167,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
     rest.port = options.http_port;
     rest.threads = options.http_threads;
     rest.max_body_bytes = options.max_message_bytes;
+    rest.receive_budget_bytes = quota;  // gRPC's receive quota's size, for REST's bodies.
     rest.tls_cert_file = options.tls.cert_file;
     rest.tls_key_file = options.tls.key_file;
     rest.tls_client_ca_file = options.tls.client_ca_file;

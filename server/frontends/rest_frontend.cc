@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "server/frontends/rest_body_reader.h"
 #include "server/frontends/rest_codec.h"
 #include "server/frontends/rest_connection_pool.h"
 #include "server/frontends/rest_encode.h"
@@ -45,7 +46,13 @@ class HeldAdmission : public AdmissionHolder {
 }  // namespace
 
 RestFrontend::RestFrontend(InferenceProtocol* protocol, const RestOptions& options)
-    : protocol_(protocol), options_(options) {}
+    : protocol_(protocol),
+      options_(options),
+      receive_budget_(options.receive_budget_bytes > 0
+                          ? std::make_unique<InflightBudget>(options.receive_budget_bytes, nullptr)
+                          : nullptr),
+      body_reader_(
+          std::make_unique<RestBodyReader>(options.max_body_bytes, receive_budget_.get())) {}
 
 absl::StatusOr<std::unique_ptr<RestFrontend>> RestFrontend::Start(InferenceProtocol* protocol,
                                                                   const RestOptions& options) {
@@ -118,47 +125,8 @@ void RestFrontend::Route() {
   httplib::Server& s = *server_;
   InferenceProtocol* p = protocol_;
   const int64_t max_body = options_.max_body_bytes;
-  // Reads a body up to the limit; false (with the reply set) when it is not
-  // read whole.
-  auto read_body = [max_body](const httplib::Request& req, httplib::Response& res,
-                              const httplib::ContentReader& reader, std::string* body) {
-    // A Content-Length past the limit is read and dropped by httplib (so the
-    // client, still sending, reads the 413); a chunked or compressed body is
-    // cut off at the limit and its connection closed.
-    if (!HasBody(req)) return true;
-    if (req.is_multipart_form_data()) {
-      ReplyError(res, absl::InvalidArgumentError(
-                          "Content-Type: multipart/form-data is not read here; send the request "
-                          "as application/json or application/octet-stream"));
-      res.status = 415;
-      CloseAfterReply(res);
-      return false;
-    }
-    bool too_big = std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) >
-                   static_cast<uint64_t>(max_body);
-    const bool read = reader([&](const char* data, size_t n) {
-      if (body->size() + n > static_cast<size_t>(max_body)) {
-        too_big = true;
-        return false;
-      }
-      body->append(data, n);
-      return true;
-    });
-    if (too_big) {
-      ReplyError(res, absl::ResourceExhaustedError(
-                          absl::StrCat("request body: larger than the server's limit of ", max_body,
-                                       " bytes (--max_message_bytes)")));
-      res.status = 413;
-      CloseAfterReply(res);
-      return false;
-    }
-    if (!read) {
-      ReplyError(res, absl::InvalidArgumentError("request body: could not be read whole"));
-      CloseAfterReply(res);
-      return false;
-    }
-    return true;
-  };
+  // Reads bodies up to the limit, charged to the receive budget.
+  const RestBodyReader* read_body = body_reader_.get();
 
   s.Get("/v2/health/live", [p](const httplib::Request& req, httplib::Response& res) {
     ReplyProbe(res, p->AuthenticateProbe(*CallOfRequest(req, Method::kModelInfer)), true);
@@ -224,7 +192,8 @@ void RestFrontend::Route() {
       return;
     }
     std::string body;
-    if (!read_body(req, res, reader, &body)) return;
+    std::shared_ptr<Admission> charge;
+    if (!read_body->Read(req, res, reader, &body, &charge)) return;
     inference::RepositoryIndexRequest request;
     if (!body.empty()) {
       const nlohmann::json json = nlohmann::json::parse(body, nullptr, false);
@@ -247,7 +216,8 @@ void RestFrontend::Route() {
            [p, read_body, load](const httplib::Request& req, httplib::Response& res,
                                 const httplib::ContentReader& reader) {
              std::string body;
-             if (!read_body(req, res, reader, &body)) return;
+             std::shared_ptr<Admission> charge;
+             if (!read_body->Read(req, res, reader, &body, &charge)) return;
              const absl::Status outcome = p->RepositoryControlAndWait(
                  *CallOfRequest(req, Method::kModelInfer), Group(req, 1),
                  RepositoryControlParameters(body), load);
@@ -268,7 +238,8 @@ void RestFrontend::Route() {
       return;
     }
     std::string body;
-    if (!read_body(req, res, reader, &body)) return;
+    std::shared_ptr<Admission> charge;
+    if (!read_body->Read(req, res, reader, &body, &charge)) return;
     std::optional<size_t> header_length;
     if (req.has_header("Inference-Header-Content-Length")) {
       const std::string v = req.get_header_value("Inference-Header-Content-Length");
@@ -284,6 +255,7 @@ void RestFrontend::Route() {
     absl::StatusOr<RestInferRequest> decoded =
         DecodeRestInfer(body, header_length, Group(req, 1), Group(req, 2));
     std::string().swap(body);
+    charge.reset();  // What was parsed is now the request, which the in-flight budget admits.
     if (!decoded.ok()) {
       // Counted and logged as the protocol counts a refusal.
       p->requests()->Received();

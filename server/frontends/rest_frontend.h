@@ -42,6 +42,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/frontends/inference_protocol.h"
+#include "server/frontends/rest_body_reader.h"
+#include "server/requests/inflight_budget.h"
 
 namespace httplib {
 class Server;
@@ -55,6 +57,9 @@ struct RestOptions {
   int threads = 256;
   int64_t max_body_bytes = 64 << 20;  // Request bodies and responses.
   absl::Duration keep_alive = absl::Seconds(5);
+  // Bodies being read and parsed, before the in-flight budget admits what
+  // was parsed (see RestBodyReader); 0: no limit beyond max_body_bytes.
+  int64_t receive_budget_bytes = 0;
   // TLS when both are set (the gRPC port's files); with a client CA, every
   // client must present a certificate it signed.
   std::string tls_cert_file;
@@ -84,6 +89,8 @@ class RestFrontend {
 
   InferenceProtocol* const protocol_;
   const RestOptions options_;
+  std::unique_ptr<InflightBudget> receive_budget_;  // Null: no limit.
+  std::unique_ptr<RestBodyReader> body_reader_;
   std::unique_ptr<httplib::Server> server_;
   std::thread listener_;
   int port_ = 0;
