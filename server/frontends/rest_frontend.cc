@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "core/status_macros.h"
 #include "server/frontends/rest_body_reader.h"
 #include "server/frontends/rest_codec.h"
 #include "server/frontends/rest_connection_pool.h"
@@ -57,18 +58,24 @@ RestFrontend::RestFrontend(InferenceProtocol* protocol, const RestOptions& optio
 absl::StatusOr<std::unique_ptr<RestFrontend>> RestFrontend::Start(InferenceProtocol* protocol,
                                                                   const RestOptions& options) {
   auto f = std::unique_ptr<RestFrontend>(new RestFrontend(protocol, options));
-  const bool tls = !options.tls_cert_file.empty() && !options.tls_key_file.empty();
+  const bool reloading = !options.tls_identity_file.empty();
+  const std::string& cert = reloading ? options.tls_identity_file : options.tls_cert_file;
+  const std::string& key = reloading ? options.tls_identity_file : options.tls_key_file;
+  const bool tls = !cert.empty() && !key.empty();
   if (tls) {
     auto ssl = std::make_unique<httplib::SSLServer>(
-        options.tls_cert_file.c_str(), options.tls_key_file.c_str(),
+        cert.c_str(), key.c_str(),
         options.tls_client_ca_file.empty() ? nullptr : options.tls_client_ca_file.c_str());
     if (!ssl->is_valid()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--http_port: cannot load the TLS certificate '", options.tls_cert_file,
-                       "', key '", options.tls_key_file, "'",
+          absl::StrCat("--http_port: cannot load the TLS certificate '", cert, "', key '", key, "'",
                        options.tls_client_ca_file.empty()
                            ? std::string()
                            : absl::StrCat(" or client CA '", options.tls_client_ca_file, "'")));
+    }
+    if (reloading) {
+      ASSIGN_OR_RETURN(f->identity_, RestTlsIdentity::Load(options.tls_identity_file));
+      f->identity_->Install(ssl->ssl_context());
     }
     f->server_ = std::move(ssl);
   } else {

@@ -43,6 +43,7 @@
 #include "absl/time/time.h"
 #include "server/frontends/inference_protocol.h"
 #include "server/frontends/rest_body_reader.h"
+#include "server/frontends/rest_tls_identity.h"
 #include "server/requests/inflight_budget.h"
 
 namespace httplib {
@@ -65,6 +66,9 @@ struct RestOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
+  // Instead of the two above: one file holding the chain and then the key,
+  // re-read when it changes (RestTlsIdentity; TlsIdentityWatcher's copy).
+  std::string tls_identity_file;
 };
 
 class RestFrontend {
@@ -91,6 +95,7 @@ class RestFrontend {
   const RestOptions options_;
   std::unique_ptr<InflightBudget> receive_budget_;  // Null: no limit.
   std::unique_ptr<RestBodyReader> body_reader_;
+  std::unique_ptr<RestTlsIdentity> identity_;  // Null unless tls_identity_file.
   std::unique_ptr<httplib::Server> server_;
   std::thread listener_;
   int port_ = 0;
