@@ -1,8 +1,10 @@
 #include "server/frontends/rest_frontend.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cstdlib>
 #include <functional>
@@ -103,6 +105,16 @@ absl::StatusOr<std::unique_ptr<RestFrontend>> RestFrontend::Start(InferenceProto
   // Content-Length bodies past the limit are skipped unread (then 413 below);
   // chunked or compressed ones are cut off by the handlers' readers.
   f->server_->set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
+  // httplib 0.11 listens with a backlog of 5 and SO_REUSEPORT: connections
+  // arriving together (perf_analyzer's 40 at start) overflowed the accept
+  // queue, dropped SYNs and reset some. SO_REUSEADDR only (two servers must
+  // not share a port), then listen() again with the system's backlog.
+  auto listen_fd = std::make_shared<std::atomic<int>>(-1);
+  f->server_->set_socket_options([listen_fd](int sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd->store(sock);
+  });
   f->Route();
   if (options.port == 0) {
     f->port_ = f->server_->bind_to_any_port(options.host);
@@ -113,6 +125,7 @@ absl::StatusOr<std::unique_ptr<RestFrontend>> RestFrontend::Start(InferenceProto
     return absl::UnavailableError(
         absl::StrCat("--http_port: cannot listen on ", options.host, ":", options.port));
   }
+  if (listen_fd->load() >= 0) ::listen(listen_fd->load(), SOMAXCONN);
   httplib::Server* server = f->server_.get();
   f->listener_ = std::thread([server] { server->listen_after_bind(); });
   // stop() only stops a server that runs: wait until it does.
