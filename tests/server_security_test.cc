@@ -1,5 +1,6 @@
-// TLS, mutual TLS, certificate rotation and bearer tokens, end to end over
-// loopback with in-process servers. Certificates are made at test time
+// TLS, mutual TLS and certificate rotation (and probes and the CLI with
+// tokens), end to end over loopback with in-process servers; token files
+// themselves are server_tokens_test. Certificates are made at test time
 // (tests/test_certificates.h).
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "server/attention_server.h"
 #include "server/security/tls_identity_watcher.h"
 #include "server/security/token_authenticator.h"
+#include "tests/security_test_fixture.h"
 #include "tests/server_test_util.h"
 #include "tests/test_certificates.h"
 #include "tests/test_util.h"
@@ -32,112 +34,7 @@ using ::attention::server::AttentionServer;
 using ::attention::server::ServerOptions;
 using ::attention::server::TokenAuthenticator;
 using ::testing::HasSubstr;
-
-std::string TestDir() {
-  return ::testing::TempDir() + "/security_test_" + std::to_string(getpid());
-}
-
-// Two small models, "small" and "other", in a repository made once.
-std::string ModelRepository() {
-  static const std::string dir = [] {
-    const std::string d = TestDir() + "/models";
-    std::filesystem::remove_all(d);
-    testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1), d + "/small");
-    testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 2), d + "/other");
-    return d;
-  }();
-  return dir;
-}
-
-std::unique_ptr<AttentionServer> StartServer(const std::function<void(ServerOptions&)>& tweak) {
-  ServerOptions options;
-  options.host = "127.0.0.1";
-  options.port = 0;
-  options.metrics_port = 0;
-  options.max_message_bytes = 1 << 20;
-  options.repository.path = ModelRepository();
-  options.repository.default_model = "small";
-  options.repository.compute_threads = 1;
-  options.repository.warmup = false;
-  tweak(options);
-  auto server = AttentionServer::Listen(options);
-  if (!server.ok()) {
-    ADD_FAILURE() << server.status();
-    return nullptr;
-  }
-  const absl::Status loaded = (*server)->LoadModels();
-  EXPECT_TRUE(loaded.ok()) << loaded;
-  return *std::move(server);
-}
-
-std::string Target(const AttentionServer& server) {
-  return "127.0.0.1:" + std::to_string(server.port());
-}
-
-// TLS credentials trusting `ca_pem`, with an optional client certificate.
-std::shared_ptr<grpc::Channel> TlsChannel(const std::string& target, const std::string& ca_pem,
-                                          const std::string& cert_pem = "",
-                                          const std::string& key_pem = "") {
-  grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = ca_pem;
-  ssl.pem_cert_chain = cert_pem;
-  ssl.pem_private_key = key_pem;
-  grpc::ChannelArguments args;
-  args.SetSslTargetNameOverride("localhost");
-  // Each test's channel is its own connection (no subchannel sharing), so a
-  // rotated server certificate is seen by the next channel.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(target, grpc::SslCredentials(ssl), args);
-}
-
-std::shared_ptr<grpc::Channel> PlainChannel(const std::string& target) {
-  return grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-}
-
-v1::InferRequest SmallRequest(const std::string& model) {
-  std::mt19937 rng(7);
-  v1::InferRequest request;
-  request.set_model(model);
-  testing::ToProto(testing::RandomTensor({1, 3, 16}, rng), request.mutable_query());
-  return request;
-}
-
-// Infer on `channel` with an optional bearer `token`.
-grpc::Status Infer(const std::shared_ptr<grpc::Channel>& channel, const std::string& model = "",
-                   const std::string& token = "") {
-  auto stub = v1::AttentionService::NewStub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
-  v1::InferResponse response;
-  grpc::Status status = stub->Infer(&context, SmallRequest(model), &response);
-  if (status.ok()) {
-    EXPECT_EQ(response.output().shape_size(), 3);
-  }
-  return status;
-}
-
-// Polls `probe` until it returns true or `timeout` passes.
-bool Eventually(const std::function<bool()>& probe, absl::Duration timeout) {
-  const absl::Time end = absl::Now() + timeout;
-  while (absl::Now() < end) {
-    if (probe()) return true;
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  return probe();
-}
-
-class SecurityTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    certs_ = new testing::TestCertificates(TestDir() + "/certs");
-    ASSERT_TRUE(certs_->ok()) << certs_->error();
-  }
-  static void TearDownTestSuite() { delete certs_; }
-
-  static testing::TestCertificates* certs_;
-};
-testing::TestCertificates* SecurityTest::certs_ = nullptr;
+using namespace ::attention::security_test;  // NOLINT: the fixture's helpers.
 
 TEST_F(SecurityTest, TlsServesClientsTrustingItsCaOnly) {
   auto server = StartServer([](ServerOptions& o) {
@@ -312,152 +209,6 @@ TEST_F(SecurityTest, IdentityWatcherInstallsOnlyMatchingPairs) {
 
 // ---- Bearer tokens.
 
-std::string HashHex(const std::string& token) {
-  const TokenAuthenticator::Sha256 h = TokenAuthenticator::Hash(token);
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h.data()), 32));
-}
-
-void WriteTokens(const std::string& path, const std::string& text) {
-  // Replaced by rename, as a Kubernetes Secret update does.
-  {
-    std::ofstream out(path + ".new");
-    out << text;
-  }
-  std::filesystem::rename(path + ".new", path);
-}
-
-class TokenTest : public SecurityTest {
- protected:
-  static void SetUpTestSuite() {
-    SecurityTest::SetUpTestSuite();
-    tokens_file_ = new std::string(TestDir() + "/tokens");
-    WriteTokens(*tokens_file_, "# sha256  name  models\n" + HashHex("alice-secret") +
-                                   " alice small\n" + HashHex("ops-secret") + "  ops  *\n");
-    metrics_port_ = testing::FreePort();
-    server_ = StartServer([](ServerOptions& o) {
-                o.metrics_port = metrics_port_;
-                o.auth_tokens_file = *tokens_file_;
-                o.auth_reload_interval = absl::Milliseconds(100);
-              }).release();
-    ASSERT_NE(server_, nullptr);
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    delete tokens_file_;
-    SecurityTest::TearDownTestSuite();
-  }
-  std::shared_ptr<grpc::Channel> Channel() { return PlainChannel(Target(*server_)); }
-
-  static AttentionServer* server_;
-  static std::string* tokens_file_;
-  static int metrics_port_;
-};
-AttentionServer* TokenTest::server_ = nullptr;
-std::string* TokenTest::tokens_file_ = nullptr;
-int TokenTest::metrics_port_ = 0;
-
-TEST_F(TokenTest, MissingOrWrongTokensAreUnauthenticated) {
-  EXPECT_EQ(Infer(Channel(), "small").error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(Infer(Channel(), "small", "guess").error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(Infer(Channel(), "nope", "guess").error_code(), grpc::StatusCode::UNAUTHENTICATED)
-      << "an unknown caller learns nothing about models";
-  EXPECT_TRUE(Infer(Channel(), "small", "alice-secret").ok());
-  EXPECT_TRUE(Infer(Channel(), "", "alice-secret").ok()) << "the default model is 'small'";
-  EXPECT_TRUE(Infer(Channel(), "other", "ops-secret").ok());
-}
-
-TEST_F(TokenTest, ModelsOutsideTheTokensListAreDenied) {
-  const grpc::Status denied = Infer(Channel(), "other", "alice-secret");
-  EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(denied.error_message(), HasSubstr("'alice' may not use model 'other'"));
-  EXPECT_EQ(Infer(Channel(), "nope", "alice-secret").error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(Infer(Channel(), "nope", "ops-secret").error_code(), grpc::StatusCode::NOT_FOUND);
-
-  auto stub = v1::AttentionService::NewStub(Channel());
-  grpc::ClientContext list_context;
-  list_context.AddMetadata("authorization", "Bearer alice-secret");
-  v1::ListModelsResponse models;
-  ASSERT_TRUE(stub->ListModels(&list_context, v1::ListModelsRequest(), &models).ok());
-  ASSERT_EQ(models.models_size(), 1);
-  EXPECT_EQ(models.models(0).name(), "small");
-  grpc::ClientContext get_context;
-  get_context.AddMetadata("authorization", "Bearer alice-secret");
-  v1::GetModelRequest get;
-  get.set_name("other");
-  v1::ModelInfo info;
-  EXPECT_EQ(stub->GetModel(&get_context, get, &info).error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
-
-  // Health stays open for probes.
-  auto health = grpc::health::v1::Health::NewStub(Channel());
-  grpc::ClientContext health_context;
-  grpc::health::v1::HealthCheckResponse serving;
-  ASSERT_TRUE(
-      health->Check(&health_context, grpc::health::v1::HealthCheckRequest(), &serving).ok());
-  EXPECT_EQ(serving.status(), grpc::health::v1::HealthCheckResponse::SERVING);
-}
-
-TEST_F(TokenTest, SessionsBelongToTheirCreator) {
-  auto stub = v1::SessionService::NewStub(Channel());
-  grpc::ClientContext create_context;
-  create_context.AddMetadata("authorization", "Bearer alice-secret");
-  v1::CreateSessionRequest create;
-  create.set_model("small");
-  create.set_kind(v1::SESSION_KIND_SELF);
-  v1::SessionInfo session;
-  const grpc::Status created = stub->CreateSession(&create_context, create, &session);
-  ASSERT_TRUE(created.ok()) << created.error_message();
-  std::mt19937 rng(3);
-  v1::AppendRequest append;
-  append.set_session_id(session.session_id());
-  testing::ToProto(testing::RandomTensor({2, 16}, rng), append.mutable_tokens());
-  for (const auto& [token, code] :
-       {std::pair<std::string, grpc::StatusCode>{"ops-secret", grpc::StatusCode::PERMISSION_DENIED},
-        {"", grpc::StatusCode::UNAUTHENTICATED},
-        {"alice-secret", grpc::StatusCode::OK}}) {
-    grpc::ClientContext context;
-    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
-    v1::AppendResponse response;
-    EXPECT_EQ(stub->Append(&context, append, &response).error_code(), code) << token;
-  }
-  grpc::ClientContext close_context;
-  close_context.AddMetadata("authorization", "Bearer alice-secret");
-  v1::CloseSessionRequest close;
-  close.set_session_id(session.session_id());
-  v1::CloseSessionResponse closed;
-  EXPECT_TRUE(stub->CloseSession(&close_context, close, &closed).ok());
-}
-
-TEST_F(TokenTest, RefusalsAreCountedAndTokensNeverExposed) {
-  ASSERT_EQ(Infer(Channel(), "small", "not-a-token").error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
-  ASSERT_EQ(Infer(Channel(), "other", "alice-secret").error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
-  const std::string text = testing::HttpGet(metrics_port_, "/metrics");
-  EXPECT_GE(testing::MetricValue(text, "attention_refusals_total", {"code=\"UNAUTHENTICATED\""}),
-            1);
-  EXPECT_GE(testing::MetricValue(text, "attention_refusals_total", {"code=\"PERMISSION_DENIED\""}),
-            1);
-  EXPECT_THAT(text, ::testing::Not(HasSubstr("secret")));
-  EXPECT_THAT(text, ::testing::Not(HasSubstr("not-a-token")));
-}
-
-// Runs last in the suite: it changes the tokens.
-TEST_F(TokenTest, ZRotatedTokensTakeEffectWithoutRestart) {
-  ASSERT_TRUE(Infer(Channel(), "small", "alice-secret").ok());
-  WriteTokens(*tokens_file_, HashHex("alice-rotated") + " alice small,other\n" +
-                                 HashHex("ops-secret") + " ops *\n");
-  EXPECT_TRUE(Eventually([&] { return Infer(Channel(), "other", "alice-rotated").ok(); },
-                         absl::Seconds(20)));
-  EXPECT_EQ(Infer(Channel(), "small", "alice-secret").error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
-  // A broken file keeps the tokens in force.
-  WriteTokens(*tokens_file_, "not a token line\n");
-  absl::SleepFor(absl::Milliseconds(500));  // Several reload intervals: nothing may change.
-  EXPECT_TRUE(Infer(Channel(), "small", "alice-rotated").ok());
-}
-
 TEST_F(SecurityTest, ProbesCanNeedATokenToo) {
   const std::string tokens = TestDir() + "/probe_tokens";
   WriteTokens(tokens, HashHex("probe-secret") + " probe *\n");
@@ -478,23 +229,6 @@ TEST_F(SecurityTest, ProbesCanNeedATokenToo) {
   EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
-TEST(TokenFileTest, ParseErrorsNameTheLine) {
-  EXPECT_THAT(TokenAuthenticator::Parse("abc alice *\n", "f").status().message(),
-              HasSubstr("f:1: expected a SHA-256 hash of 64 hex digits"));
-  const std::string hash = HashHex("x");
-  EXPECT_THAT(TokenAuthenticator::Parse("# c\n\n" + hash + " alice\n", "f").status().message(),
-              HasSubstr("f:3: expected 3 fields"));
-  EXPECT_THAT(TokenAuthenticator::Parse(hash + " a *\n" + hash + " b *\n", "f").status().message(),
-              HasSubstr("f:2: the same token hash as entry 'a'"));
-  auto parsed = TokenAuthenticator::Parse(hash + " a m1,m2\n", "f");
-  ASSERT_TRUE(parsed.ok());
-  ASSERT_EQ(parsed->size(), 1u);
-  EXPECT_TRUE((*parsed)[0].principal->MayUse("m2"));
-  EXPECT_FALSE((*parsed)[0].principal->MayUse("m3"));
-}
-
-// attention-client and the image's health check script over mutual TLS with
-// a token, against an in-process server.
 TEST_F(SecurityTest, ClientCliAndHealthScriptSpeakMutualTlsWithTokens) {
   const std::string tokens = TestDir() + "/cli_tokens";
   WriteTokens(tokens, HashHex("cli-secret") + " cli small\n");
