@@ -2,17 +2,12 @@
 // client): JSON and binary-extension inference equal to the engine's solo
 // result and to the same request over gRPC, on every model variant of the
 // shared fixture (kdim/vdim != E, bias_kv, zero_attn); sequences in request
-// parameters; metadata, configuration, statistics and the repository index
-// as Triton's tools read them; bad requests answered with the right HTTP
-// status and a message naming the field; bodies past the limit refused;
-// tokens and TLS on the REST port.
-#include <arpa/inet.h>
+// parameters (server_rest_protocol_test: metadata, configuration, statistics,
+// the repository index, sequences and counters); bad requests answered with
+// the right HTTP status and a message naming the field; bodies past the
+// limit refused.
 #include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,100 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "inference/grpc_predict_v2.grpc.pb.h"
-#include "nlohmann/json.hpp"
-#include "tests/server_fixture.h"
+#include "tests/rest_test_fixture.h"
 
 namespace attention {
 namespace {
 
 using ::testing::HasSubstr;
-using json = nlohmann::json;
-
-json FloatsJson(const Tensor& t) {
-  json data = json::array();
-  for (int64_t i = 0; i < t.num_elements(); ++i) data.push_back(t.as<float>()[i]);
-  return data;
-}
-
-json BoolsJson(const Tensor& t) {
-  json data = json::array();
-  for (int64_t i = 0; i < t.num_elements(); ++i) data.push_back(t.as<uint8_t>()[i] != 0);
-  return data;
-}
-
-json Input(const std::string& name, const std::string& datatype, const Shape& shape, json data) {
-  return json{{"name", name}, {"datatype", datatype}, {"shape", shape}, {"data", std::move(data)}};
-}
-
-// The floats of output `name` in a JSON response.
-std::vector<float> OutputData(const json& response, const std::string& name) {
-  for (const json& o : response["outputs"]) {
-    if (o["name"] == name) return o["data"].get<std::vector<float>>();
-  }
-  ADD_FAILURE() << "no output " << name << " in " << response.dump().substr(0, 300);
-  return {};
-}
-
-// Sends `request` as is on a new connection and returns what comes back
-// until the server closes it (or 5 s pass).
-std::string RawExchange(int port, const std::string& request) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval timeout{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
-    char buf[4096];
-    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
-  }
-  close(fd);
-  return out;
-}
-
-class RestTest : public ServerTest {
- protected:
-  httplib::Client Client() {
-    httplib::Client client("127.0.0.1", server_->http_port());
-    client.set_read_timeout(30, 0);
-    return client;
-  }
-  httplib::Result PostJson(const std::string& path, const json& body) {
-    return Client().Post(path.c_str(), body.dump(), "application/json");
-  }
-  // The same inputs over gRPC's ModelInfer, outputs as floats by name.
-  std::map<std::string, std::vector<float>> GrpcInfer(
-      const std::string& model, const std::vector<std::pair<std::string, const Tensor*>>& inputs,
-      bool need_weights) {
-    inference::ModelInferRequest r;
-    r.set_model_name(model);
-    for (const auto& [name, t] : inputs) {
-      auto* in = r.add_inputs();
-      in->set_name(name);
-      in->set_datatype(t->dtype() == DType::kBool ? "BOOL" : "FP32");
-      in->mutable_shape()->Assign(t->shape().begin(), t->shape().end());
-      r.add_raw_input_contents(std::string(static_cast<const char*>(t->data()), t->num_bytes()));
-    }
-    if (need_weights) (*r.mutable_parameters())["need_weights"].set_bool_param(true);
-    grpc::ClientContext context;
-    inference::ModelInferResponse response;
-    const grpc::Status status =
-        inference::GRPCInferenceService::NewStub(*channel_)->ModelInfer(&context, r, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    std::map<std::string, std::vector<float>> out;
-    for (int i = 0; i < response.outputs_size() && status.ok(); ++i) {
-      const std::string& bytes = response.raw_output_contents(i);
-      std::vector<float> v(bytes.size() / 4);
-      std::memcpy(v.data(), bytes.data(), bytes.size());
-      out[response.outputs(i).name()] = v;
-    }
-    return out;
-  }
-};
 
 TEST_F(RestTest, JsonInferEqualsGrpcAndTheEngineOnACrossModel) {
   // "cross": E=16, kdim 12, vdim 10, bias_kv, zero_attn.
@@ -350,137 +257,6 @@ TEST_F(RestTest, OversizedBodiesAre413ChunkedOrNot) {
   EXPECT_LE(sent, size_t{4} << 20);
   // Still serving.
   EXPECT_EQ(Client().Get("/v2/health/ready")->status, 200);
-}
-
-TEST_F(RestTest, MetadataConfigStatsAndIndexAsTritonToolsReadThem) {
-  auto res = Client().Get("/v2");
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200);
-  const json server = json::parse(res->body);
-  EXPECT_EQ(server["name"], "attention-service");
-  EXPECT_THAT(server["extensions"].get<std::vector<std::string>>(),
-              ::testing::IsSupersetOf({"statistics", "model_configuration", "sequence"}));
-  EXPECT_EQ(Client().Get("/v2/health/live")->status, 200);
-  EXPECT_EQ(Client().Get("/v2/health/ready")->status, 200);
-  EXPECT_EQ(Client().Get("/v2/models/cross/ready")->status, 200);
-  EXPECT_EQ(Client().Get("/v2/models/cross/versions/1/ready")->status, 200);
-  EXPECT_EQ(Client().Get("/v2/models/nope/ready")->status, 404);
-
-  res = Client().Get("/v2/models/cross");
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json metadata = json::parse(res->body);
-  EXPECT_EQ(metadata["versions"], json({"1"}));
-  EXPECT_EQ(metadata["inputs"][1]["shape"], json({-1, -1, 12}));  // Numbers, not strings.
-
-  res = Client().Get("/v2/models/cross/config");
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json config = json::parse(res->body);
-  EXPECT_EQ(config["name"], "cross");
-  EXPECT_EQ(config["max_batch_size"], 0);
-  EXPECT_TRUE(config.contains("dynamic_batching"));
-  EXPECT_FALSE(config.contains("sequence_batching"));
-  EXPECT_EQ(config["input"][0]["data_type"], "TYPE_FP32");
-  EXPECT_EQ(config["input"][0]["optional"], false);
-  EXPECT_EQ(config["input"][1]["optional"], true);
-  EXPECT_EQ(config["input"][1]["dims"], json({-1, -1, 12}));
-  res = Client().Get("/v2/models/cross_sequence/config");
-  ASSERT_EQ(res->status, 200) << res->body;
-  EXPECT_TRUE(json::parse(res->body).contains("sequence_batching"));
-
-  // Statistics: numbers and a string version (perf_analyzer reads them
-  // with GetUint64 and GetString), equal compute counts.
-  ASSERT_EQ(PostJson("/v2/models/tiny_queue/infer",
-                     {{"inputs",
-                       {Input("query", "FP32", {1, 1, 16},
-                              json::array({json(std::vector<float>(16, 0.25f))}))}}})
-                ->status,
-            200);
-  res = Client().Get("/v2/models/tiny_queue/stats");
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json stats = json::parse(res->body)["model_stats"][0];
-  EXPECT_EQ(stats["name"], "tiny_queue");
-  EXPECT_EQ(stats["version"], "1");
-  EXPECT_TRUE(stats["inference_count"].is_number_unsigned());
-  EXPECT_GE(stats["inference_count"].get<uint64_t>(), 1u);
-  for (const char* key : {"success", "fail", "queue", "compute_input", "compute_infer",
-                          "compute_output", "cache_hit", "cache_miss"}) {
-    ASSERT_TRUE(stats["inference_stats"].contains(key)) << key;
-    EXPECT_TRUE(stats["inference_stats"][key]["count"].is_number()) << key;
-    EXPECT_TRUE(stats["inference_stats"][key]["ns"].is_number()) << key;
-  }
-  EXPECT_EQ(stats["inference_stats"]["compute_input"]["count"],
-            stats["inference_stats"]["compute_infer"]["count"]);
-  res = Client().Get("/v2/models/stats");
-  ASSERT_EQ(res->status, 200);
-  EXPECT_EQ(json::parse(res->body)["model_stats"].size(), 3u);
-
-  res = Client().Post("/v2/repository/index", R"({"ready": true})", "application/json");
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json index = json::parse(res->body);
-  ASSERT_TRUE(index.is_array());
-  ASSERT_EQ(index.size(), 3u);
-  EXPECT_EQ(index[0]["state"], "READY");
-  EXPECT_EQ(Client().Post("/v2/repository/index", "", "application/json")->status, 200);
-  // No Content-Length and no chunks (curl -X POST): no body, not a wait for one.
-  EXPECT_THAT(RawExchange(server_->http_port(),
-                          "POST /v2/repository/index HTTP/1.1\r\nHost: t\r\n"
-                          "Connection: close\r\n\r\n"),
-              ::testing::StartsWith("HTTP/1.1 200"));
-  EXPECT_EQ(Client().Post("/v2/repository/index", "[", "application/json")->status, 400);
-}
-
-TEST_F(RestTest, SequencesInParametersDecodeTokenByTokenAsOverGrpc) {
-  std::mt19937 rng(9);
-  const Tensor tokens = RandomTensor({1, 4, 32}, rng);
-  std::vector<std::vector<float>> rest_rows;
-  for (int t = 0; t < 4; ++t) {
-    std::vector<float> row(tokens.as<float>() + t * 32, tokens.as<float>() + (t + 1) * 32);
-    json parameters = {{"sequence_id", 4242}};
-    if (t == 0) parameters["sequence_start"] = true;
-    if (t == 3) parameters["sequence_end"] = true;
-    const auto res = PostJson(
-        "/v2/models/small_sequence/infer",
-        {{"parameters", parameters}, {"inputs", {Input("query", "FP32", {1, 1, 32}, row)}}});
-    ASSERT_TRUE(res);
-    ASSERT_EQ(res->status, 200) << res->body;
-    EXPECT_EQ(json::parse(res->body)["model_name"], "small_sequence");
-    rest_rows.push_back(OutputData(json::parse(res->body), "output"));
-  }
-  // The stateless causal result over the whole prefix: row t attends to 0..t.
-  MhaInputs in;
-  in.query = tokens.view();
-  in.is_causal = true;
-  const MhaOutputs causal = *Engine("small").Forward(in);
-  for (int t = 0; t < 4; ++t) {
-    for (int e = 0; e < 32; ++e) {
-      ASSERT_NEAR(rest_rows[t][e], causal.output.as<float>()[t * 32 + e], 1e-5) << t << "," << e;
-    }
-  }
-  // Ended: the next step is NOT_FOUND, as over gRPC.
-  const auto res =
-      PostJson("/v2/models/small/infer",
-               {{"parameters", {{"sequence_id", 4242}}},
-                {"inputs", {Input("query", "FP32", {1, 1, 32}, std::vector<float>(32, 0.f))}}});
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 404) << res->body;
-}
-
-TEST_F(RestTest, RequestsAreCountedWithTheHttpProtocolLabel) {
-  const server::ModelMetrics& m = ModelMetricsOf("small");
-  const auto count = [&] {
-    return m.requests[static_cast<int>(server::Method::kRestModelInfer)][0]->Value();
-  };
-  const double before = count();
-  const auto res =
-      PostJson("/v2/models/small/infer",
-               {{"inputs", {Input("query", "FP32", {1, 1, 32}, std::vector<float>(32, 1.f))}}});
-  ASSERT_EQ(res->status, 200);
-  EXPECT_EQ(count(), before + 1);
-  httplib::Client metrics("127.0.0.1", metrics_port_);
-  const auto text = metrics.Get("/metrics");
-  ASSERT_TRUE(text);
-  EXPECT_THAT(text->body, HasSubstr("protocol=\"http\""));
-  EXPECT_THAT(text->body, HasSubstr("protocol=\"grpc\""));
 }
 
 }  // namespace
