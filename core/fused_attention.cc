@@ -27,6 +27,10 @@ using fused_internal::PackFloat32;
 constexpr int64_t kRowTile = 64;   // Query rows per task.
 constexpr int64_t kKeyTile = 256;  // Keys per inner step (scores: 64 x 256 x 4 = 64 KiB).
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Scores are kept in log2 units (Q is scaled by log2(e), masks likewise), so
+// that the softmax takes 2^x.
+constexpr float kLog2e = 1.44269504088896341f;
+using avx512::kPanel;
 
 int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
 
@@ -34,6 +38,7 @@ int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
 // the tile sizes times the head depth).
 struct Scratch {
   std::vector<float> q, s, o, m, l;
+  std::vector<float> mx;         // Per row, 16 lanes of its running maximum.
   std::vector<uint32_t> qw, pw;  // bfloat16 pairs of Q and of P (bfloat16 mode).
   static void Fit(std::vector<float>* buffer, int64_t n) {
     if (static_cast<int64_t>(buffer->size()) < n) buffer->resize(static_cast<size_t>(n));
@@ -45,32 +50,39 @@ Scratch& ThreadScratch() {
   return scratch;
 }
 
-// row[j] += mask[j] for j < count, bool true -> -inf (added: NaN stays NaN).
+// row[j] += mask[j] log2(e) for j < count, bool true -> -inf (added: NaN
+// stays NaN).
 void AddMask(DType dtype, const void* mask, int64_t count, float* row) {
   if (dtype == DType::kBool) {
     const uint8_t* m = static_cast<const uint8_t*>(mask);
     for (int64_t j = 0; j < count; ++j) row[j] += m[j] ? kNegInf : 0.0f;
   } else if (dtype == DType::kFloat32) {
     const float* m = static_cast<const float*>(mask);
-    for (int64_t j = 0; j < count; ++j) row[j] += m[j];
+    for (int64_t j = 0; j < count; ++j) row[j] += m[j] * kLog2e;
   } else {
-    for (int64_t j = 0; j < count; ++j) row[j] += LoadAsFloat(dtype, mask, j);
+    for (int64_t j = 0; j < count; ++j) row[j] += LoadAsFloat(dtype, mask, j) * kLog2e;
   }
 }
 
-// The online-softmax step for one row of `keys` scores: updates the running
-// max *m and sum *l, turns the row into exp(s - max), and returns the factor
-// the row's accumulated context must be scaled by. A NaN score makes *l NaN
-// for good (through exp, or here when nothing else is attendable yet), so
-// the row comes out NaN, as PyTorch's softmax makes it.
+// The online-softmax step for one row of `keys` scores (log2 units):
+// updates the running max *m and sum *l, turns the row into 2^(s - max), and
+// returns the factor the row's accumulated context must be scaled by. `mx`,
+// when given, holds 16 lanes whose maximum is the row's (the score kernel's);
+// else the row is scanned. A NaN score makes *l NaN for good (through 2^x, or
+// here when nothing else is attendable yet), so the row comes out NaN, as
+// PyTorch's softmax makes it.
 template <int kExpDegree>
-float SoftmaxStep(float* s, int64_t keys, float* m, float* l) {
+float SoftmaxStep(float* s, int64_t keys, const float* mx_lanes, float* m, float* l) {
   __m512 mx = _mm512_set1_ps(kNegInf);
   int64_t j = 0;
-  for (; j + 16 <= keys; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
-  if (j < keys) {
-    mx = _mm512_max_ps(
-        mx, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), avx512::TailMask(keys - j), s + j));
+  if (mx_lanes != nullptr) {
+    mx = _mm512_loadu_ps(mx_lanes);
+  } else {
+    for (; j + 16 <= keys; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
+    if (j < keys) {
+      mx = _mm512_max_ps(
+          mx, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), avx512::TailMask(keys - j), s + j));
+    }
   }
   const float m_new = std::max(*m, _mm512_reduce_max_ps(mx));
   if (m_new == kNegInf) {  // Everything so far is masked, or NaN.
@@ -86,18 +98,18 @@ float SoftmaxStep(float* s, int64_t keys, float* m, float* l) {
   const __m512 shift = _mm512_set1_ps(m_new);
   __m512 sum = _mm512_setzero_ps();
   for (j = 0; j + 16 <= keys; j += 16) {
-    const __m512 e = avx512::Exp<kExpDegree>(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift));
+    const __m512 e = avx512::Exp2<kExpDegree>(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift));
     _mm512_storeu_ps(s + j, e);
     sum = _mm512_add_ps(sum, e);
   }
   if (j < keys) {
     const __mmask16 tail = avx512::TailMask(keys - j);
     const __m512 e =
-        avx512::Exp<kExpDegree>(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), shift));
+        avx512::Exp2<kExpDegree>(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), shift));
     _mm512_mask_storeu_ps(s + j, tail, e);
     sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(tail, e));
   }
-  const float alpha = *m == kNegInf ? 0.0f : std::exp(*m - m_new);
+  const float alpha = *m == kNegInf ? 0.0f : std::exp2(*m - m_new);
   *l = *l * alpha + _mm512_reduce_add_ps(sum);
   *m = m_new;
   return alpha;
@@ -108,16 +120,18 @@ struct Task {
   const AttentionProblem* p;
   const ItemMask* item;
   const float* key_row;  // The item's additive (S') key mask, or null.
-  const float* kt;       // This item and head's K^T: (D, ldk) float32.
-  int64_t ldk;
-  const float* v;  // This item and head's V rows as float32, `ldv` apart.
+  // This item and head's K^T as panels (avx512::kPanel keys each, `k_rows`
+  // rows of float32 features or of bfloat16 feature-pair words): the main
+  // keys' panels, then the appended keys' panel.
+  const void* kt;
+  int64_t k_rows;
+  int64_t appended_panel;  // Index of the appended keys' panel.
+  // V: float32 rows `ldv` apart; in bfloat16 mode rows of key pairs (ldv
+  // words each), the main keys' pairs, then the appended keys' pairs from
+  // row `appended_pairs`.
+  const void* v;
   int64_t ldv;
-  // bfloat16 mode: K^T as (ceil(D/2), ldk) words of feature pairs, and V as
-  // rows of key pairs (ldv words each): the main keys' pairs, then the
-  // appended keys' pairs from row `appended_pairs`.
   bool bf16 = false;
-  const uint32_t* kt2 = nullptr;
-  const uint32_t* v2 = nullptr;
   int64_t appended_pairs = 0;
   int64_t n, h, r0, rows;
   // is_causal: every key tile is computed, not only those up to the tile's
@@ -131,48 +145,65 @@ struct Task {
 // row applies to them).
 void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w) {
   const AttentionProblem& p = *t.p;
+  const ItemMask& item = *t.item;
   const int64_t depth = p.q.d, ldq = RoundUp16(depth), lds = RoundUp16(keys);
   const int64_t depth_pairs = (depth + 1) / 2, key_pairs = (keys + 1) / 2;
+  // No mask touches the tile: the score kernel keeps the rows' maxima.
+  const bool own_rows = !appended && t.r0 < item.valid_queries;
+  const bool unmasked = t.key_row == nullptr && !(own_rows && item.attn_mask != nullptr) &&
+                        !(own_rows && item.is_causal && c0 + keys - 1 > t.r0);
+  float* mx = nullptr;
+  if (unmasked) {
+    mx = w.mx.data();
+    std::fill_n(mx, t.rows * 16, kNegInf);
+  }
+  const int64_t panel = appended ? t.appended_panel : c0 / kPanel;
   float* s = w.s.data();
   if (t.bf16) {
-    avx512::Scores(w.qw.data(), depth_pairs, t.kt2 + c0, t.ldk, depth_pairs, t.rows, keys, s, lds);
+    const uint32_t* kt = static_cast<const uint32_t*>(t.kt) + panel * t.k_rows * kPanel;
+    avx512::Scores(w.qw.data(), depth_pairs, kt, depth_pairs, t.rows, keys, s, lds, mx);
   } else {
-    avx512::Scores(w.q.data(), ldq, t.kt + c0, t.ldk, depth, t.rows, keys, s, lds);
+    const float* kt = static_cast<const float*>(t.kt) + panel * t.k_rows * kPanel;
+    avx512::Scores(w.q.data(), ldq, kt, depth, t.rows, keys, s, lds, mx);
   }
 
-  const ItemMask& item = *t.item;
   for (int64_t r = 0; r < t.rows; ++r) {
     float* sr = s + r * lds;
-    const int64_t i = t.r0 + r;
-    // Padded query rows need only finite garbage: no attn_mask, no causal.
-    const bool own_row = !appended && i < item.valid_queries;
-    // Keys [0, visible) get the masks; under is_causal the later ones get
-    // -inf instead (the causal mask replaces the others there), added to the
-    // score so that a NaN one stays NaN.
-    const int64_t visible =
-        own_row && item.is_causal ? std::clamp<int64_t>(i + 1 - c0, 0, keys) : keys;
-    if (t.key_row != nullptr) {
-      for (int64_t j = 0; j < visible; ++j) sr[j] += t.key_row[c0 + j];
+    if (!unmasked) {
+      const int64_t i = t.r0 + r;
+      // Padded query rows need only finite garbage: no attn_mask, no causal.
+      const bool own_row = !appended && i < item.valid_queries;
+      // Keys [0, visible) get the masks; under is_causal the later ones get
+      // -inf instead (the causal mask replaces the others there), added to
+      // the score so that a NaN one stays NaN.
+      const int64_t visible =
+          own_row && item.is_causal ? std::clamp<int64_t>(i + 1 - c0, 0, keys) : keys;
+      if (t.key_row != nullptr) {
+        for (int64_t j = 0; j < visible; ++j) sr[j] += t.key_row[c0 + j] * kLog2e;
+      }
+      if (own_row && item.attn_mask != nullptr) {
+        const int64_t plane = item.valid_queries * item.valid_keys;
+        const int64_t offset =
+            (item.attn_mask_per_head ? t.h * plane : 0) + i * item.valid_keys + c0;
+        AddMask(item.attn_mask_dtype,
+                static_cast<const char*>(item.attn_mask) +
+                    offset * static_cast<int64_t>(DTypeSize(item.attn_mask_dtype)),
+                visible, sr);
+      }
+      for (int64_t j = visible; j < keys; ++j) sr[j] += kNegInf;
     }
-    if (own_row && item.attn_mask != nullptr) {
-      const int64_t plane = item.valid_queries * item.valid_keys;
-      const int64_t offset = (item.attn_mask_per_head ? t.h * plane : 0) + i * item.valid_keys + c0;
-      AddMask(item.attn_mask_dtype,
-              static_cast<const char*>(item.attn_mask) +
-                  offset * static_cast<int64_t>(DTypeSize(item.attn_mask_dtype)),
-              visible, sr);
-    }
-    for (int64_t j = visible; j < keys; ++j) sr[j] += kNegInf;
-    // bfloat16 probabilities need no float32-exact exp.
-    const float alpha = t.bf16 ? SoftmaxStep<4>(sr, keys, &w.m[r], &w.l[r])
-                               : SoftmaxStep<7>(sr, keys, &w.m[r], &w.l[r]);
+    const float* row_mx = unmasked ? mx + 16 * r : nullptr;
+    // bfloat16 probabilities need no float32-exact 2^x.
+    const float alpha = t.bf16 ? SoftmaxStep<3>(sr, keys, row_mx, &w.m[r], &w.l[r])
+                               : SoftmaxStep<5>(sr, keys, row_mx, &w.m[r], &w.l[r]);
     if (alpha != 1.0f) {
       float* o = w.o.data() + r * ldq;
       for (int64_t d = 0; d < ldq; ++d) o[d] *= alpha;
     }
   }
   if (!t.bf16) {
-    avx512::Context(s, lds, t.v + c0 * t.ldv, t.ldv, t.rows, keys, depth, w.o.data(), ldq);
+    const float* v = static_cast<const float*>(t.v) + c0 * t.ldv;
+    avx512::Context(s, lds, v, t.ldv, t.rows, keys, depth, w.o.data(), ldq);
     return;
   }
   // Probabilities as bfloat16 pairs of keys (the odd last one with a zero).
@@ -180,8 +211,8 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
   for (int64_t r = 0; r < t.rows; ++r)
     avx512::ToBf16Pairs(s + r * lds, keys, w.pw.data() + r * ldp);
   const int64_t pair_row = appended ? t.appended_pairs : c0 / 2;
-  avx512::Context(w.pw.data(), ldp, t.v2 + pair_row * t.ldv, t.ldv, t.rows, key_pairs, depth,
-                  w.o.data(), ldq);
+  const uint32_t* v = static_cast<const uint32_t*>(t.v) + pair_row * t.ldv;
+  avx512::Context(w.pw.data(), ldp, v, t.ldv, t.rows, key_pairs, depth, w.o.data(), ldq);
 }
 
 void RunTask(const Task& t) {
@@ -193,8 +224,10 @@ void RunTask(const Task& t) {
   Scratch::Fit(&w.o, kRowTile * ldq);
   Scratch::Fit(&w.m, kRowTile);
   Scratch::Fit(&w.l, kRowTile);
+  Scratch::Fit(&w.mx, kRowTile * 16);
   for (int64_t r = 0; r < t.rows; ++r) {
-    LoadRow(p.q.dtype, Element(p.q, t.n, t.h, t.r0 + r), depth, p.scale, w.q.data() + r * ldq);
+    LoadRow(p.q.dtype, Element(p.q, t.n, t.h, t.r0 + r), depth, p.scale * kLog2e,
+            w.q.data() + r * ldq);
   }
   if (t.bf16) {
     const int64_t depth_pairs = (depth + 1) / 2;
@@ -275,39 +308,40 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
   }
   const MaskPlan& plan = *p.masks;
   const int64_t n = p.q.n, heads = p.q.h, queries = p.q.t, keys = p.k.t, depth = p.q.d;
-  const int64_t ldk = RoundUp16(keys), ldq = RoundUp16(depth);
+  const int64_t ldq = RoundUp16(depth);
   const int64_t planes = n * heads;
 
-  // Packed once per call, for every query tile: K^T per item and head, and V
-  // as dense rows (read in place, heads 3E apart map onto a handful of L1 sets
-  // and thrash). Zero-padded, plus one vector of slack for the score kernel's
-  // whole-vector reads.
+  // Packed once per call, for every query tile: K^T per item and head as
+  // panels of kPanel keys, and V as dense rows (read in place, heads 3E apart
+  // map onto a handful of L1 sets and thrash). Zero-padded.
   const bool bf16 = p.q.dtype == DType::kBFloat16 && p.k.dtype == DType::kBFloat16 &&
                     p.v.dtype == DType::kBFloat16 && CpuHasAvx512Bf16();
   const int64_t main_keys = plan.keys();
   const int64_t main_pairs = (main_keys + 1) / 2,
                 pair_rows = main_pairs + (keys - main_keys + 1) / 2;
-  const int64_t k_rows = bf16 ? (depth + 1) / 2 : depth;  // Rows of K^T per plane.
-  const int64_t v_rows = bf16 ? pair_rows : keys;         // Rows of V per plane.
-  Workspace kt_buffer(Workspace::kKernelKeys, static_cast<size_t>(planes * k_rows * ldk + 16) * 4);
+  const int64_t main_panels = (main_keys + kPanel - 1) / kPanel;
+  const int64_t k_rows = bf16 ? (depth + 1) / 2 : depth;  // Rows of each K^T panel.
+  const int64_t k_words = (main_panels + (keys > main_keys ? 1 : 0)) * k_rows * kPanel;
+  const int64_t v_rows = bf16 ? pair_rows : keys;  // Rows of V per plane.
+  Workspace kt_buffer(Workspace::kKernelKeys, static_cast<size_t>(planes * k_words) * 4);
   Workspace v_buffer(Workspace::kKernelValues, static_cast<size_t>(planes * v_rows * ldq) * 4);
   // is_causal planes whose keys or values hold a NaN or infinity: every row
   // computes every key tile (see Task::all_keys).
   std::vector<uint8_t> all_keys(static_cast<size_t>(planes), 0);
 #pragma omp parallel for schedule(static) if (planes * depth * keys > (1 << 16))
   for (int64_t plane = 0; plane < planes; ++plane) {
-    char* k_dst = kt_buffer.as<char>() + plane * k_rows * ldk * 4;
+    char* k_dst = kt_buffer.as<char>() + plane * k_words * 4;
     char* v_dst = v_buffer.as<char>() + plane * v_rows * ldq * 4;
     if (bf16) {
-      PackBFloat16(p, plane / heads, plane % heads, main_keys, ldk, ldq,
+      PackBFloat16(p, plane / heads, plane % heads, main_keys, ldq,
                    reinterpret_cast<uint32_t*>(k_dst), reinterpret_cast<uint32_t*>(v_dst));
     } else {
-      PackFloat32(p, plane / heads, plane % heads, ldk, ldq, reinterpret_cast<float*>(k_dst),
+      PackFloat32(p, plane / heads, plane % heads, main_keys, ldq, reinterpret_cast<float*>(k_dst),
                   reinterpret_cast<float*>(v_dst));
     }
     if (plan.item(plane / heads).is_causal) {
       all_keys[static_cast<size_t>(plane)] =
-          AnyNonFinite(reinterpret_cast<const uint32_t*>(k_dst), k_rows * ldk, bf16) ||
+          AnyNonFinite(reinterpret_cast<const uint32_t*>(k_dst), k_words, bf16) ||
           AnyNonFinite(reinterpret_cast<const uint32_t*>(v_dst), v_rows * ldq, bf16);
     }
   }
@@ -334,18 +368,14 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
       }
       continue;
     }
-    t.ldk = ldk;
+    t.kt = kt_buffer.as<char>() + plane * k_words * 4;
+    t.k_rows = k_rows;
+    t.appended_panel = main_panels;
+    t.v = v_buffer.as<char>() + plane * v_rows * ldq * 4;
     t.ldv = ldq;
     t.bf16 = bf16;
+    t.appended_pairs = main_pairs;
     t.all_keys = all_keys[static_cast<size_t>(plane)] != 0;
-    if (bf16) {
-      t.kt2 = kt_buffer.as<uint32_t>() + plane * k_rows * ldk;
-      t.v2 = v_buffer.as<uint32_t>() + plane * v_rows * ldq;
-      t.appended_pairs = main_pairs;
-    } else {
-      t.kt = kt_buffer.as<float>() + plane * k_rows * ldk;
-      t.v = v_buffer.as<float>() + plane * v_rows * ldq;
-    }
     RunTask(t);
   }
   return absl::OkStatus();

@@ -2,54 +2,73 @@
 
 #include <algorithm>
 
+#include "core/avx512_tiles.h"
+
 namespace attention::fused_internal {
 
-// K^T (D, ldk) and V (S', ldq) of one item and head as float32.
-void PackFloat32(const AttentionProblem& p, int64_t item, int64_t h, int64_t ldk, int64_t ldq,
-                 float* kt, float* v) {
-  const int64_t keys = p.k.t, depth = p.q.d;
-  float row[16 * 256];  // 16 keys of up to 256 features, transposed 16 at a time.
-  const int64_t chunk = depth <= 256 ? 16 : 1;
-  for (int64_t j0 = 0; j0 < keys; j0 += chunk) {
-    const int64_t count = std::min(chunk, keys - j0);
-    for (int64_t j = 0; j < count; ++j) {
-      const char* src = Element(p.k, item, h, j0 + j);
-      if (depth <= 256) {
-        LoadRow(p.k.dtype, src, depth, 1.0f, row + j * depth);
+namespace {
+
+using avx512::kPanel;
+
+// Calls put(key j, its panel column) for keys [begin, end) and `zero(panel
+// column)` for the panel's padding, panel by panel from `first_panel`.
+template <typename Put, typename Zero>
+void ForPanels(int64_t begin, int64_t end, int64_t first_panel, Put put, Zero zero) {
+  for (int64_t j0 = begin, panel = first_panel; j0 < end; j0 += kPanel, ++panel) {
+    for (int64_t c = 0; c < kPanel; ++c) {
+      if (j0 + c < end) {
+        put(j0 + c, panel, c);
       } else {
-        LoadRow(p.k.dtype, src, depth, 1.0f, v);  // v as a row buffer, filled below.
-        for (int64_t d = 0; d < depth; ++d) kt[d * ldk + j0] = v[d];
+        zero(panel, c);
       }
     }
-    if (depth <= 256) {
-      for (int64_t d = 0; d < depth; ++d)
-        for (int64_t j = 0; j < count; ++j) kt[d * ldk + j0 + j] = row[j * depth + d];
-    }
   }
-  for (int64_t d = 0; d < depth; ++d) std::fill(kt + d * ldk + keys, kt + (d + 1) * ldk, 0.0f);
+}
+
+}  // namespace
+
+void PackFloat32(const AttentionProblem& p, int64_t item, int64_t h, int64_t main_keys, int64_t ldq,
+                 float* kt, float* v) {
+  const int64_t keys = p.k.t, depth = p.q.d;
+  const int64_t main_panels = (main_keys + kPanel - 1) / kPanel;
+  float row[256];
+  auto put = [&](int64_t j, int64_t panel, int64_t c) {
+    float* dst = kt + panel * depth * kPanel + c;
+    const char* src = Element(p.k, item, h, j);
+    for (int64_t d0 = 0; d0 < depth; d0 += 256) {
+      const int64_t count = std::min<int64_t>(256, depth - d0);
+      LoadRow(p.k.dtype, src + d0 * static_cast<int64_t>(DTypeSize(p.k.dtype)), count, 1.0f, row);
+      for (int64_t d = 0; d < count; ++d) dst[(d0 + d) * kPanel] = row[d];
+    }
+  };
+  auto zero = [&](int64_t panel, int64_t c) {
+    for (int64_t d = 0; d < depth; ++d) kt[(panel * depth + d) * kPanel + c] = 0.0f;
+  };
+  ForPanels(0, main_keys, 0, put, zero);
+  ForPanels(main_keys, keys, main_panels, put, zero);
   for (int64_t j = 0; j < keys; ++j) {
     LoadRow(p.v.dtype, Element(p.v, item, h, j), depth, 1.0f, v + j * ldq);
     std::fill(v + j * ldq + depth, v + (j + 1) * ldq, 0.0f);
   }
 }
 
-// bfloat16 mode: K^T as words of feature pairs (ceil(D/2), ldk), and V as
-// rows of key pairs (ldq words: feature d of keys 2u and 2u + 1), the main
-// `main_keys` keys' pairs first, then the appended keys' pairs.
 void PackBFloat16(const AttentionProblem& p, int64_t item, int64_t h, int64_t main_keys,
-                  int64_t ldk, int64_t ldq, uint32_t* kt, uint32_t* v) {
+                  int64_t ldq, uint32_t* kt, uint32_t* v) {
   const int64_t keys = p.k.t, depth = p.q.d, depth_pairs = (depth + 1) / 2;
-  auto k_row = [&](int64_t j) {
-    return reinterpret_cast<const uint16_t*>(Element(p.k, item, h, j));
-  };
-  for (int64_t j = 0; j < keys; ++j) {
-    const uint16_t* k = k_row(j);
+  const int64_t main_panels = (main_keys + kPanel - 1) / kPanel;
+  auto put = [&](int64_t j, int64_t panel, int64_t c) {
+    const uint16_t* k = reinterpret_cast<const uint16_t*>(Element(p.k, item, h, j));
+    uint32_t* dst = kt + panel * depth_pairs * kPanel + c;
     for (int64_t u = 0; u < depth_pairs; ++u) {
       const uint32_t hi = 2 * u + 1 < depth ? k[2 * u + 1] : 0;
-      kt[u * ldk + j] = k[2 * u] | hi << 16;
+      dst[u * kPanel] = k[2 * u] | hi << 16;
     }
-  }
-  for (int64_t u = 0; u < depth_pairs; ++u) std::fill(kt + u * ldk + keys, kt + (u + 1) * ldk, 0u);
+  };
+  auto zero = [&](int64_t panel, int64_t c) {
+    for (int64_t u = 0; u < depth_pairs; ++u) kt[(panel * depth_pairs + u) * kPanel + c] = 0u;
+  };
+  ForPanels(0, main_keys, 0, put, zero);
+  ForPanels(main_keys, keys, main_panels, put, zero);
   uint32_t* out = v;
   for (int64_t begin : {int64_t{0}, main_keys}) {
     const int64_t end = begin == 0 ? main_keys : keys;

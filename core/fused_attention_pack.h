@@ -30,15 +30,18 @@ inline void LoadRow(DType dtype, const char* src, int64_t count, float scale, fl
   }
 }
 
-// K^T (D, ldk) and V (S', ldq) of one item and head as float32.
-void PackFloat32(const AttentionProblem& p, int64_t item, int64_t h, int64_t ldk, int64_t ldq,
+// K^T of one item and head as float32 panels of avx512::kPanel keys, each
+// (D, kPanel) and zero-padded: the first `main_keys` keys' panels, then one
+// panel of the appended keys (if any). V as (S', ldq) float32 rows.
+void PackFloat32(const AttentionProblem& p, int64_t item, int64_t h, int64_t main_keys, int64_t ldq,
                  float* kt, float* v);
 
-// bfloat16 mode: K^T as words of feature pairs (ceil(D/2), ldk), and V as
-// rows of key pairs (ldq words: feature d of keys 2u and 2u + 1), the main
-// `main_keys` keys' pairs first, then the appended keys' pairs.
+// bfloat16 mode: K^T as panels of words of feature pairs (ceil(D/2),
+// kPanel), laid out as in PackFloat32, and V as rows of key pairs (ldq words:
+// feature d of keys 2u and 2u + 1), the main `main_keys` keys' pairs first,
+// then the appended keys' pairs.
 void PackBFloat16(const AttentionProblem& p, int64_t item, int64_t h, int64_t main_keys,
-                  int64_t ldk, int64_t ldq, uint32_t* kt, uint32_t* v);
+                  int64_t ldq, uint32_t* kt, uint32_t* v);
 
 // True when one of `count` packed words is NaN or infinite: float32 words,
 // or (`pairs`) either bfloat16 half of a word.
