@@ -13,6 +13,7 @@
 
 #include "core/avx512_tiles.h"
 #include "core/fused_attention_pack.h"
+#include "core/fused_softmax.h"
 #include "core/workspace.h"
 
 namespace attention {
@@ -23,6 +24,9 @@ using fused_internal::Element;
 using fused_internal::LoadRow;
 using fused_internal::PackBFloat16;
 using fused_internal::PackFloat32;
+using fused_internal::SoftmaxTile;
+using fused_internal::StoreRow;
+using fused_internal::SumLanes;
 
 constexpr int64_t kRowTile = 64;   // Query rows per task.
 constexpr int64_t kKeyTile = 256;  // Keys per inner step (scores: 64 x 256 x 4 = 64 KiB).
@@ -37,8 +41,9 @@ int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
 // One thread's tiles, reused across calls (grown, never shrunk: bounded by
 // the tile sizes times the head depth).
 struct Scratch {
-  std::vector<float> q, s, o, m, l;
-  std::vector<float> mx;         // Per row, 16 lanes of its running maximum.
+  std::vector<float> q, s, o, m, alpha;
+  std::vector<float> sums;       // Per row, 16 lanes of its running sum.
+  std::vector<float> mx;         // Per row, 16 lanes of its maximum in the tile.
   std::vector<uint32_t> qw, pw;  // bfloat16 pairs of Q and of P (bfloat16 mode).
   static void Fit(std::vector<float>* buffer, int64_t n) {
     if (static_cast<int64_t>(buffer->size()) < n) buffer->resize(static_cast<size_t>(n));
@@ -62,57 +67,6 @@ void AddMask(DType dtype, const void* mask, int64_t count, float* row) {
   } else {
     for (int64_t j = 0; j < count; ++j) row[j] += LoadAsFloat(dtype, mask, j) * kLog2e;
   }
-}
-
-// The online-softmax step for one row of `keys` scores (log2 units):
-// updates the running max *m and sum *l, turns the row into 2^(s - max), and
-// returns the factor the row's accumulated context must be scaled by. `mx`,
-// when given, holds 16 lanes whose maximum is the row's (the score kernel's);
-// else the row is scanned. A NaN score makes *l NaN for good (through 2^x, or
-// here when nothing else is attendable yet), so the row comes out NaN, as
-// PyTorch's softmax makes it.
-template <int kExpDegree>
-float SoftmaxStep(float* s, int64_t keys, const float* mx_lanes, float* m, float* l) {
-  __m512 mx = _mm512_set1_ps(kNegInf);
-  int64_t j = 0;
-  if (mx_lanes != nullptr) {
-    mx = _mm512_loadu_ps(mx_lanes);
-  } else {
-    for (; j + 16 <= keys; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
-    if (j < keys) {
-      mx = _mm512_max_ps(
-          mx, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), avx512::TailMask(keys - j), s + j));
-    }
-  }
-  const float m_new = std::max(*m, _mm512_reduce_max_ps(mx));
-  if (m_new == kNegInf) {  // Everything so far is masked, or NaN.
-    __mmask16 nan = 0;
-    for (j = 0; j < keys; j += 16) {
-      const __m512 x = _mm512_maskz_loadu_ps(avx512::TailMask(keys - j), s + j);
-      nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    }
-    if (nan != 0) *l = std::numeric_limits<float>::quiet_NaN();
-    std::fill(s, s + keys, 0.0f);
-    return 1.0f;
-  }
-  const __m512 shift = _mm512_set1_ps(m_new);
-  __m512 sum = _mm512_setzero_ps();
-  for (j = 0; j + 16 <= keys; j += 16) {
-    const __m512 e = avx512::Exp2<kExpDegree>(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift));
-    _mm512_storeu_ps(s + j, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  if (j < keys) {
-    const __mmask16 tail = avx512::TailMask(keys - j);
-    const __m512 e =
-        avx512::Exp2<kExpDegree>(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), shift));
-    _mm512_mask_storeu_ps(s + j, tail, e);
-    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(tail, e));
-  }
-  const float alpha = *m == kNegInf ? 0.0f : std::exp2(*m - m_new);
-  *l = *l * alpha + _mm512_reduce_add_ps(sum);
-  *m = m_new;
-  return alpha;
 }
 
 // Everything one task needs to know about its item and head.
@@ -167,35 +121,35 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
     avx512::Scores(w.q.data(), ldq, kt, depth, t.rows, keys, s, lds, mx);
   }
 
-  for (int64_t r = 0; r < t.rows; ++r) {
+  for (int64_t r = 0; r < t.rows && !unmasked; ++r) {
     float* sr = s + r * lds;
-    if (!unmasked) {
-      const int64_t i = t.r0 + r;
-      // Padded query rows need only finite garbage: no attn_mask, no causal.
-      const bool own_row = !appended && i < item.valid_queries;
-      // Keys [0, visible) get the masks; under is_causal the later ones get
-      // -inf instead (the causal mask replaces the others there), added to
-      // the score so that a NaN one stays NaN.
-      const int64_t visible =
-          own_row && item.is_causal ? std::clamp<int64_t>(i + 1 - c0, 0, keys) : keys;
-      if (t.key_row != nullptr) {
-        for (int64_t j = 0; j < visible; ++j) sr[j] += t.key_row[c0 + j] * kLog2e;
-      }
-      if (own_row && item.attn_mask != nullptr) {
-        const int64_t plane = item.valid_queries * item.valid_keys;
-        const int64_t offset =
-            (item.attn_mask_per_head ? t.h * plane : 0) + i * item.valid_keys + c0;
-        AddMask(item.attn_mask_dtype,
-                static_cast<const char*>(item.attn_mask) +
-                    offset * static_cast<int64_t>(DTypeSize(item.attn_mask_dtype)),
-                visible, sr);
-      }
-      for (int64_t j = visible; j < keys; ++j) sr[j] += kNegInf;
+    const int64_t i = t.r0 + r;
+    // Padded query rows need only finite garbage: no attn_mask, no causal.
+    const bool own_row = !appended && i < item.valid_queries;
+    // Keys [0, visible) get the masks; under is_causal the later ones get
+    // -inf instead (the causal mask replaces the others there), added to the
+    // score so that a NaN one stays NaN.
+    const int64_t visible =
+        own_row && item.is_causal ? std::clamp<int64_t>(i + 1 - c0, 0, keys) : keys;
+    if (t.key_row != nullptr) {
+      for (int64_t j = 0; j < visible; ++j) sr[j] += t.key_row[c0 + j] * kLog2e;
     }
-    const float* row_mx = unmasked ? mx + 16 * r : nullptr;
-    // bfloat16 probabilities need no float32-exact 2^x.
-    const float alpha = t.bf16 ? SoftmaxStep<3>(sr, keys, row_mx, &w.m[r], &w.l[r])
-                               : SoftmaxStep<5>(sr, keys, row_mx, &w.m[r], &w.l[r]);
+    if (own_row && item.attn_mask != nullptr) {
+      const int64_t plane = item.valid_queries * item.valid_keys;
+      const int64_t offset = (item.attn_mask_per_head ? t.h * plane : 0) + i * item.valid_keys + c0;
+      AddMask(item.attn_mask_dtype,
+              static_cast<const char*>(item.attn_mask) +
+                  offset * static_cast<int64_t>(DTypeSize(item.attn_mask_dtype)),
+              visible, sr);
+    }
+    for (int64_t j = visible; j < keys; ++j) sr[j] += kNegInf;
+  }
+  // bfloat16 mode: the probabilities as bfloat16 pairs of keys.
+  const int64_t ldp = kKeyTile / 2 + 1;
+  SoftmaxTile(s, lds, t.rows, keys, mx, t.bf16 ? w.pw.data() : nullptr, ldp, w.m.data(),
+              w.sums.data(), w.alpha.data());
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const float alpha = w.alpha[r];
     if (alpha != 1.0f) {
       float* o = w.o.data() + r * ldq;
       for (int64_t d = 0; d < ldq; ++d) o[d] *= alpha;
@@ -206,10 +160,6 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
     avx512::Context(s, lds, v, t.ldv, t.rows, keys, depth, w.o.data(), ldq);
     return;
   }
-  // Probabilities as bfloat16 pairs of keys (the odd last one with a zero).
-  const int64_t ldp = kKeyTile / 2 + 1;
-  for (int64_t r = 0; r < t.rows; ++r)
-    avx512::ToBf16Pairs(s + r * lds, keys, w.pw.data() + r * ldp);
   const int64_t pair_row = appended ? t.appended_pairs : c0 / 2;
   const uint32_t* v = static_cast<const uint32_t*>(t.v) + pair_row * t.ldv;
   avx512::Context(w.pw.data(), ldp, v, t.ldv, t.rows, key_pairs, depth, w.o.data(), ldq);
@@ -223,7 +173,8 @@ void RunTask(const Task& t) {
   Scratch::Fit(&w.s, kRowTile * kKeyTile);
   Scratch::Fit(&w.o, kRowTile * ldq);
   Scratch::Fit(&w.m, kRowTile);
-  Scratch::Fit(&w.l, kRowTile);
+  Scratch::Fit(&w.alpha, kRowTile);
+  Scratch::Fit(&w.sums, kRowTile * 16);
   Scratch::Fit(&w.mx, kRowTile * 16);
   for (int64_t r = 0; r < t.rows; ++r) {
     LoadRow(p.q.dtype, Element(p.q, t.n, t.h, t.r0 + r), depth, p.scale * kLog2e,
@@ -243,7 +194,7 @@ void RunTask(const Task& t) {
   }
   std::fill_n(w.o.data(), t.rows * ldq, 0.0f);
   std::fill_n(w.m.data(), t.rows, kNegInf);
-  std::fill_n(w.l.data(), t.rows, 0.0f);
+  std::fill_n(w.sums.data(), t.rows * 16, 0.0f);
 
   // The item's own keys, up to its valid length (the batch padding after it
   // is wholly masked) and, under is_causal, up to the tile's last row.
@@ -259,16 +210,9 @@ void RunTask(const Task& t) {
   // out = O / l; a row with every key masked (l == 0) gets zeros (O is
   // 0 * V), a row with a NaN score (l NaN) NaN.
   for (int64_t r = 0; r < t.rows; ++r) {
-    const float inv = w.l[r] == 0.0f ? 0.0f : 1.0f / w.l[r];
-    float* o = w.o.data() + r * ldq;
-    for (int64_t d = 0; d < depth; ++d) o[d] *= inv;
-    char* dst = const_cast<char*>(Element(p.out, t.n, t.h, t.r0 + r));
-    if (p.out.dtype == DType::kFloat32) {
-      std::memcpy(dst, o, static_cast<size_t>(depth) * sizeof(float));
-    } else {
-      uint16_t* b = reinterpret_cast<uint16_t*>(dst);
-      for (int64_t d = 0; d < depth; ++d) b[d] = FloatToBFloat16(o[d]);
-    }
+    const float l = SumLanes(w.sums.data() + 16 * r);
+    StoreRow(w.o.data() + r * ldq, depth, l == 0.0f ? 0.0f : 1.0f / l, p.out.dtype,
+             const_cast<char*>(Element(p.out, t.n, t.h, t.r0 + r)));
   }
 }
 

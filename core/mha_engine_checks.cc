@@ -75,9 +75,11 @@ int64_t MhaEngine::WorkingBytes(int64_t n, int64_t l, int64_t keys, bool self_at
   bytes += n * l * e * esize;               // Context.
   const int64_t f32 = static_cast<int64_t>(sizeof(float));
   if (!need_weights && options_.kernel.allow_fused && FusedAttentionAvailable()) {
-    // The fused kernel's K^T and V, padded to 16 (see fused_attention.cc).
-    const int64_t ldk = (total_keys + 15) / 16 * 16, ldq = (d + 15) / 16 * 16;
-    bytes += (n * heads * d * ldk + 16) * f32 + n * heads * (total_keys + 1) * ldq * f32;
+    // The fused kernel's K^T in panels of 64 keys (the main keys', then one
+    // of the appended keys) and V padded to whole vectors (fused_attention.cc).
+    const int64_t panels = (keys + 63) / 64 + (total_keys > keys ? 1 : 0);
+    const int64_t ldq = (d + 15) / 16 * 16;
+    bytes += n * heads * d * panels * 64 * f32 + n * heads * (total_keys + 1) * ldq * f32;
   } else {
     // The primitive path's blocks of scores, masks and bfloat16
     // probabilities, sized as RunAttention sizes them.
