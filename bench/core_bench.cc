@@ -37,7 +37,9 @@ ABSL_FLAG(int64_t, num_heads, 8, "Attention heads H (ignored with --model).");
 ABSL_FLAG(int64_t, batch, 1, "Batch size N.");
 ABSL_FLAG(int64_t, seq_len, 128, "Query length L.");
 ABSL_FLAG(int64_t, kv_seq_len, 0, "Key/value length S; 0 = self-attention on the query.");
-ABSL_FLAG(std::string, dtype, "float32", "Compute dtype: float32 or bfloat16.");
+ABSL_FLAG(std::string, dtype, "float32",
+          "Compute dtype: float32, bfloat16, or int8 (int8 projections, bfloat16 attention; with "
+          "--model, a float32 or bfloat16 model is quantized at load).");
 ABSL_FLAG(int, threads, 0, "oneDNN (OpenMP) threads; 0 = all cores.");
 ABSL_FLAG(bool, need_weights, false, "Also return the attention weights.");
 ABSL_FLAG(int, iterations, 50, "Timed iterations per shape (the median is reported).");
@@ -115,9 +117,11 @@ double MatmulPeakGflops(int iterations) {
 int Run() {
   const int threads = absl::GetFlag(FLAGS_threads);
   if (threads > 0) omp_set_num_threads(threads);
-  auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  const bool int8 = absl::GetFlag(FLAGS_dtype) == "int8";
+  auto dtype =
+      int8 ? absl::StatusOr<DType>(DType::kBFloat16) : ParseDType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok() || (*dtype != DType::kFloat32 && *dtype != DType::kBFloat16)) {
-    std::cerr << "--dtype must be float32 or bfloat16\n";
+    std::cerr << "--dtype must be float32, bfloat16 or int8\n";
     return 2;
   }
   std::shared_ptr<const MhaModel> fixed_model;
@@ -164,6 +168,7 @@ int Run() {
       spec.num_heads = sh.num_heads;
       spec.kdim = spec.vdim = sh.embed_dim;
       spec.compute_dtype = *dtype;
+      spec.int8_weights = int8;
       auto m = MhaModel::Random(spec, 7);
       if (!m.ok()) {
         std::cerr << m.status() << "\n";
@@ -174,6 +179,7 @@ int Run() {
     const MhaSpec& spec = model->spec();
     EngineOptions options;
     options.kernel.score_block_bytes = absl::GetFlag(FLAGS_score_block_kib) * 1024;
+    options.int8_weights = int8;
     auto engine = MhaEngine::Create(model, options);
     if (!engine.ok()) {
       std::cerr << engine.status() << "\n";
@@ -259,7 +265,8 @@ int Run() {
     const double median = Median(ms);
     const double gflops = flops / (median * 1e-3) / 1e9;
     const double min_ms = *std::min_element(ms.begin(), ms.end());
-    const std::string dtype_name(DTypeName(spec.compute_dtype));
+    const std::string dtype_name =
+        int8 || spec.int8_weights ? "int8" : std::string(DTypeName(spec.compute_dtype));
     if (json) {
       nlohmann::json j = {{"batch", n},
                           {"seq_len", l},

@@ -56,7 +56,9 @@ int64_t MhaEngine::ProjectWorkingBytes(Part part, int64_t rows) const {
   const int64_t esize = static_cast<int64_t>(DTypeSize(compute_));
   // The input converted to the compute dtype, and the output before its
   // conversion to float32.
-  return rows * in * esize + (compute_ == DType::kFloat32 ? 0 : rows * out * esize) +
+  int64_t quantized = 0;  // int8: the rows quantized and a block of products.
+  for (const auto& q : quantized_) quantized = std::max(quantized, q->WorkingBytes(rows));
+  return rows * in * esize + (compute_ == DType::kFloat32 ? 0 : rows * out * esize) + quantized +
          kScratchpadAllowance;
 }
 
@@ -94,7 +96,12 @@ int64_t MhaEngine::WorkingBytes(int64_t n, int64_t l, int64_t keys, bool self_at
     const int64_t cells = items * heads * block * total_keys;
     bytes += cells * (f32 + 2 + f32) + items * heads * block;
   }
-  return bytes + 4 * kScratchpadAllowance;  // Up to four primitives' scratchpads.
+  // int8: the rows quantized and a block of products, one projection at a time.
+  int64_t quantized = 0;
+  for (const auto& q : quantized_) {
+    quantized = std::max(quantized, q->WorkingBytes(n * std::max(l, keys)));
+  }
+  return bytes + quantized + 4 * kScratchpadAllowance;  // Up to four primitives' scratchpads.
 }
 
 absl::StatusOr<MhaCall> MhaEngine::Validate(const MhaInputs& in) const {

@@ -37,18 +37,20 @@ namespace attention {
 class Workspace {
  public:
   enum Slot {
-    kQueryInput,       // The query converted to the compute dtype.
-    kKeyInput,         // The key, likewise.
-    kValueInput,       // The value, likewise.
-    kProjected,        // Projected Q (and K, V for fused self-attention).
-    kKeysValues,       // Projected K and V with appended keys.
-    kContext,          // Attention output before the out-projection.
-    kScratchpad,       // oneDNN's per-call scratchpad.
-    kKernelKeys,       // The fused kernel's K^T.
-    kKernelValues,     // The fused kernel's widened V.
-    kScores,           // The primitive path's block of scores.
-    kScoreMask,        // Its block of additive masks.
-    kProbabilities16,  // Its bfloat16 probabilities.
+    kQueryInput,             // The query converted to the compute dtype.
+    kKeyInput,               // The key, likewise.
+    kValueInput,             // The value, likewise.
+    kProjected,              // Projected Q (and K, V for fused self-attention).
+    kKeysValues,             // Projected K and V with appended keys.
+    kContext,                // Attention output before the out-projection.
+    kScratchpad,             // oneDNN's per-call scratchpad.
+    kKernelKeys,             // The fused kernel's K^T.
+    kKernelValues,           // The fused kernel's widened V.
+    kQuantizedInput,         // int8 projections: rows quantized, their scales;
+    kQuantizedAccumulators,  // int8 projections: a block of int32 products.
+    kScores,                 // The primitive path's block of scores.
+    kScoreMask,              // Its block of additive masks.
+    kProbabilities16,        // Its bfloat16 probabilities.
     // A caller's padded batch for ForwardBatch (the server's batcher thread):
     kBatchQuery,    // Its queries,
     kBatchKey,      // keys,
