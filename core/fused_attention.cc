@@ -142,7 +142,13 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
                   offset * static_cast<int64_t>(DTypeSize(item.attn_mask_dtype)),
               visible, sr);
     }
-    for (int64_t j = visible; j < keys; ++j) sr[j] += kNegInf;
+    // sr[j] += -inf for j in [visible, keys), a vector at a time.
+    for (int64_t j = visible / 16 * 16; j < keys; j += 16) {
+      const __mmask16 hidden =
+          static_cast<__mmask16>(avx512::TailMask(keys - j) & ~avx512::TailMask(visible - j));
+      const __m512 x = _mm512_loadu_ps(sr + j);
+      _mm512_mask_storeu_ps(sr + j, hidden, _mm512_add_ps(x, _mm512_set1_ps(kNegInf)));
+    }
   }
   // bfloat16 mode: the probabilities as bfloat16 pairs of keys.
   const int64_t ldp = kKeyTile / 2 + 1;
@@ -202,7 +208,13 @@ void RunTask(const Task& t) {
   const int64_t keys = t.p->masks->keys();
   int64_t end = std::min(item.valid_keys, keys);
   if (item.is_causal && !t.all_keys) end = std::min(end, t.r0 + t.rows);
-  for (int64_t c0 = 0; c0 < end; c0 += kKeyTile) {
+  // Under is_causal the mask touches only the keys from the tile's first row
+  // on: those get tiles of their own, the ones before run unmasked.
+  const int64_t unmasked_end = item.is_causal ? std::min(end, t.r0) : end;
+  for (int64_t c0 = 0; c0 < unmasked_end; c0 += kKeyTile) {
+    KeyTile(t, c0, std::min(kKeyTile, unmasked_end - c0), /*appended=*/false, w);
+  }
+  for (int64_t c0 = unmasked_end; c0 < end; c0 += kKeyTile) {
     KeyTile(t, c0, std::min(kKeyTile, end - c0), /*appended=*/false, w);
   }
   if (p.k.t > keys) KeyTile(t, keys, p.k.t - keys, /*appended=*/true, w);
@@ -300,10 +312,17 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
     const int64_t plane = idx / row_tiles;
     t.n = plane / heads;
     t.h = plane % heads;
-    t.r0 = idx % row_tiles * kRowTile;
+    // The last rows first: under is_causal they have the most keys, and the
+    // short tasks at the end keep both threads busy to the last.
+    t.r0 = (row_tiles - 1 - idx % row_tiles) * kRowTile;
     t.rows = std::min(kRowTile, queries - t.r0);
     t.item = &plan.item(t.n);
-    t.key_row = key_rows ? plan.key_rows() + t.n * plan.total_keys() : nullptr;
+    // The item's key row holds its key padding mask, -inf past its valid
+    // keys (never visited: see RunTask) and 0 for appended keys: needed only
+    // with a key padding mask.
+    t.key_row = key_rows && t.item->key_padding != nullptr
+                    ? plan.key_rows() + t.n * plan.total_keys()
+                    : nullptr;
     if (t.r0 >= t.item->valid_queries) {
       // Batch padding rows: nothing to compute, but keep them finite.
       for (int64_t r = 0; r < t.rows; ++r) {

@@ -52,7 +52,14 @@ __m512 ExpRow(float* s, int64_t keys, float shift_value) {
 __m512 ExpRowPairs(const float* s, int64_t keys, float shift_value, uint32_t* pairs) {
   const __m512 shift = _mm512_set1_ps(shift_value);
   __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < keys; j += 32) {
+  int64_t j = 0;
+  for (; j + 32 <= keys; j += 32) {
+    const __m512 lo = avx512::Exp2<3>(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift));
+    const __m512 hi = avx512::Exp2<3>(_mm512_sub_ps(_mm512_loadu_ps(s + j + 16), shift));
+    sum = _mm512_add_ps(sum, _mm512_add_ps(lo, hi));
+    _mm512_storeu_si512(pairs + j / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+  if (j < keys) {
     const __mmask16 lo_lanes = avx512::TailMask(keys - j),
                     hi_lanes = avx512::TailMask(keys - j - 16);
     const __m512 lo = _mm512_maskz_mov_ps(
@@ -61,9 +68,8 @@ __m512 ExpRowPairs(const float* s, int64_t keys, float shift_value, uint32_t* pa
         hi_lanes,
         avx512::Exp2<3>(_mm512_sub_ps(_mm512_maskz_loadu_ps(hi_lanes, s + j + 16), shift)));
     sum = _mm512_add_ps(sum, _mm512_add_ps(lo, hi));
-    const __m512i words = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-    _mm512_mask_storeu_epi32(pairs + j / 2,
-                             avx512::TailMask(std::min<int64_t>(16, (keys - j + 1) / 2)), words);
+    _mm512_mask_storeu_epi32(pairs + j / 2, avx512::TailMask((keys - j + 1) / 2),
+                             (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
   }
   return sum;
 }
