@@ -1,13 +1,11 @@
 // File: core/avx512_tiles.h
 //
 // The AVX-512 register-blocked pieces of the fused attention kernel: a
-// vector 2^x, S = Q K^T for up to 4 rows x 64 keys at a time (with the rows'
-// running maxima on the way out), and O += P V for up to 8 rows x 32 or 4 rows
-// x 64 features at a time, in float32 FMAs and in bfloat16 dot products.
-// Include only from translation units compiled with -mavx512f -mavx512bw
-// -mavx512vl -mavx512dq -mavx512bf16, and run them only after a CPU check (the
-// bfloat16-pair overloads need AVX512_BF16 too). Stateless; safe from any
-// thread.
+// vector 2^x, S = Q K^T for up to 4 rows x 64 keys at a time, and O += P V for up to 8 rows x 32 or
+// 4 rows x 64 features at a time, in float32 FMAs and in bfloat16 dot products. Include only from
+// translation units compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16, and run
+// them only after a CPU check (the bfloat16-pair overloads need AVX512_BF16 too). Stateless; safe
+// from any thread.
 #ifndef ATTENTION_CORE_AVX512_TILES_H_
 #define ATTENTION_CORE_AVX512_TILES_H_
 
@@ -76,12 +74,10 @@ using Vec = decltype(LoadVec(static_cast<const T*>(nullptr)));
 // s[r][16v + i] = sum_d q[r][d] * panel[d][16v + i] for R rows and NV vectors
 // of 16 keys: T = float (d over features) or uint32_t (d over feature pairs,
 // bfloat16). q is (R, depth) with row stride ldq; the panel is (depth,
-// kPanel). With `mx` (R rows of 16 floats), also mx[r] = max(mx[r], the row's
-// scores), lanes past `last` of the final vector left out (padding, or keys
-// that belong to the next tile).
+// kPanel).
 template <int R, int NV, typename T>
 inline void ScoreBlock(const T* q, int64_t ldq, const T* panel, int64_t depth, float* s,
-                       int64_t lds, __mmask16 last, float* mx) {
+                       int64_t lds) {
   __m512 acc[R][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -102,54 +98,37 @@ inline void ScoreBlock(const T* q, int64_t ldq, const T* panel, int64_t depth, f
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s + r * lds + 16 * v, acc[r][v]);
-  if (mx == nullptr) return;
-    // vmaxps keeps its second operand when either is NaN, as the softmax's own
-    // maximum does; a NaN score makes its row NaN through 2^x either way.
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    __m512 m = _mm512_loadu_ps(mx + 16 * r);
-#pragma GCC unroll 16
-    for (int v = 0; v + 1 < NV; ++v) m = _mm512_max_ps(m, acc[r][v]);
-    m = _mm512_mask_max_ps(m, last, m, acc[r][NV - 1]);
-    _mm512_storeu_ps(mx + 16 * r, m);
-  }
 }
 
 template <int R, typename T>
 inline void ScorePanel(int64_t nv, const T* q, int64_t ldq, const T* panel, int64_t depth, float* s,
-                       int64_t lds, __mmask16 last, float* mx) {
+                       int64_t lds) {
   switch (nv) {
     case 4:
-      return ScoreBlock<R, 4>(q, ldq, panel, depth, s, lds, last, mx);
+      return ScoreBlock<R, 4>(q, ldq, panel, depth, s, lds);
     case 3:
-      return ScoreBlock<R, 3>(q, ldq, panel, depth, s, lds, last, mx);
+      return ScoreBlock<R, 3>(q, ldq, panel, depth, s, lds);
     case 2:
-      return ScoreBlock<R, 2>(q, ldq, panel, depth, s, lds, last, mx);
+      return ScoreBlock<R, 2>(q, ldq, panel, depth, s, lds);
     default:
-      return ScoreBlock<R, 1>(q, ldq, panel, depth, s, lds, last, mx);
+      return ScoreBlock<R, 1>(q, ldq, panel, depth, s, lds);
   }
 }
 
 // S = Q K^T for `rows` queries and `keys` keys (row stride lds): T = float
 // (depth features) or uint32_t (depth feature pairs, bfloat16); `kt` is the
 // keys' panels, one after another. Panel by panel, so that each stays in L1
-// for every row. With `mx` (rows x 16 floats), the rows' running maxima too.
+// for every row.
 template <typename T>
 inline void Scores(const T* q, int64_t ldq, const T* kt, int64_t depth, int64_t rows, int64_t keys,
-                   float* s, int64_t lds, float* mx) {
+                   float* s, int64_t lds) {
   for (int64_t c = 0; c < keys; c += kPanel) {
     const T* panel = kt + c / kPanel * depth * kPanel;
     const int64_t nv = std::min<int64_t>(4, (keys - c + 15) / 16);
-    const __mmask16 last = TailMask(keys - c - 16 * (nv - 1));
     int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) {
-      ScorePanel<4>(nv, q + r * ldq, ldq, panel, depth, s + r * lds + c, lds, last,
-                    mx == nullptr ? nullptr : mx + 16 * r);
-    }
-    for (; r < rows; ++r) {
-      ScorePanel<1>(nv, q + r * ldq, ldq, panel, depth, s + r * lds + c, lds, last,
-                    mx == nullptr ? nullptr : mx + 16 * r);
-    }
+    for (; r + 4 <= rows; r += 4)
+      ScorePanel<4>(nv, q + r * ldq, ldq, panel, depth, s + r * lds + c, lds);
+    for (; r < rows; ++r) ScorePanel<1>(nv, q + r * ldq, ldq, panel, depth, s + r * lds + c, lds);
   }
 }
 

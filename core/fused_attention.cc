@@ -13,6 +13,7 @@
 
 #include "core/avx512_tiles.h"
 #include "core/fused_attention_pack.h"
+#include "core/fused_score_exp.h"
 #include "core/fused_softmax.h"
 #include "core/workspace.h"
 
@@ -24,9 +25,11 @@ using fused_internal::Element;
 using fused_internal::LoadRow;
 using fused_internal::PackBFloat16;
 using fused_internal::PackFloat32;
+using fused_internal::ScoresExp;
 using fused_internal::SoftmaxTile;
 using fused_internal::StoreRow;
 using fused_internal::SumLanes;
+using fused_internal::TileRows;
 
 constexpr int64_t kRowTile = 64;   // Query rows per task.
 constexpr int64_t kKeyTile = 256;  // Keys per inner step (scores: 64 x 256 x 4 = 64 KiB).
@@ -43,7 +46,6 @@ int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
 struct Scratch {
   std::vector<float> q, s, o, m, alpha;
   std::vector<float> sums;       // Per row, 16 lanes of its running sum.
-  std::vector<float> mx;         // Per row, 16 lanes of its maximum in the tile.
   std::vector<uint32_t> qw, pw;  // bfloat16 pairs of Q and of P (bfloat16 mode).
   static void Fit(std::vector<float>* buffer, int64_t n) {
     if (static_cast<int64_t>(buffer->size()) < n) buffer->resize(static_cast<size_t>(n));
@@ -94,34 +96,13 @@ struct Task {
   bool all_keys = false;
 };
 
-// One tile of keys [c0, c0 + keys): scores, masks, online softmax, P V.
-// `appended` marks the appended bias_kv / zero_attn keys (only the key mask
-// row applies to them).
-void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w) {
-  const AttentionProblem& p = *t.p;
+// A tile that a mask touches (its scores in w.s): masks added, then the
+// softmax step over the stored scores, and the rows' contexts rescaled.
+void MaskedSoftmax(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w) {
   const ItemMask& item = *t.item;
-  const int64_t depth = p.q.d, ldq = RoundUp16(depth), lds = RoundUp16(keys);
-  const int64_t depth_pairs = (depth + 1) / 2, key_pairs = (keys + 1) / 2;
-  // No mask touches the tile: the score kernel keeps the rows' maxima.
-  const bool own_rows = !appended && t.r0 < item.valid_queries;
-  const bool unmasked = t.key_row == nullptr && !(own_rows && item.attn_mask != nullptr) &&
-                        !(own_rows && item.is_causal && c0 + keys - 1 > t.r0);
-  float* mx = nullptr;
-  if (unmasked) {
-    mx = w.mx.data();
-    std::fill_n(mx, t.rows * 16, kNegInf);
-  }
-  const int64_t panel = appended ? t.appended_panel : c0 / kPanel;
+  const int64_t ldq = RoundUp16(t.p->q.d), lds = RoundUp16(keys);
   float* s = w.s.data();
-  if (t.bf16) {
-    const uint32_t* kt = static_cast<const uint32_t*>(t.kt) + panel * t.k_rows * kPanel;
-    avx512::Scores(w.qw.data(), depth_pairs, kt, depth_pairs, t.rows, keys, s, lds, mx);
-  } else {
-    const float* kt = static_cast<const float*>(t.kt) + panel * t.k_rows * kPanel;
-    avx512::Scores(w.q.data(), ldq, kt, depth, t.rows, keys, s, lds, mx);
-  }
-
-  for (int64_t r = 0; r < t.rows && !unmasked; ++r) {
+  for (int64_t r = 0; r < t.rows; ++r) {
     float* sr = s + r * lds;
     const int64_t i = t.r0 + r;
     // Padded query rows need only finite garbage: no attn_mask, no causal.
@@ -151,8 +132,7 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
     }
   }
   // bfloat16 mode: the probabilities as bfloat16 pairs of keys.
-  const int64_t ldp = kKeyTile / 2 + 1;
-  SoftmaxTile(s, lds, t.rows, keys, mx, t.bf16 ? w.pw.data() : nullptr, ldp, w.m.data(),
+  SoftmaxTile(s, lds, t.rows, keys, t.bf16 ? w.pw.data() : nullptr, kKeyTile / 2 + 1, w.m.data(),
               w.sums.data(), w.alpha.data());
   for (int64_t r = 0; r < t.rows; ++r) {
     const float alpha = w.alpha[r];
@@ -160,6 +140,43 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
       float* o = w.o.data() + r * ldq;
       for (int64_t d = 0; d < ldq; ++d) o[d] *= alpha;
     }
+  }
+}
+
+// One tile of keys [c0, c0 + keys): scores, masks, online softmax, P V.
+// `appended` marks the appended bias_kv / zero_attn keys (only the key mask
+// row applies to them).
+void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w) {
+  const AttentionProblem& p = *t.p;
+  const ItemMask& item = *t.item;
+  const int64_t depth = p.q.d, ldq = RoundUp16(depth), lds = RoundUp16(keys);
+  const int64_t depth_pairs = (depth + 1) / 2, key_pairs = (keys + 1) / 2;
+  const int64_t panel = appended ? t.appended_panel : c0 / kPanel;
+  const uint32_t* kt2 = static_cast<const uint32_t*>(t.kt) + panel * t.k_rows * kPanel;
+  const float* kt = static_cast<const float*>(t.kt) + panel * t.k_rows * kPanel;
+  float* s = w.s.data();
+  const int64_t ldp = kKeyTile / 2 + 1;  // bfloat16 mode: words of probability pairs per row.
+  // No mask touches the tile: scores and probabilities in one pass.
+  const bool own_rows = !appended && t.r0 < item.valid_queries;
+  const bool unmasked = t.key_row == nullptr && !(own_rows && item.attn_mask != nullptr) &&
+                        !(own_rows && item.is_causal && c0 + keys - 1 > t.r0);
+  if (unmasked) {
+    const TileRows rows{w.m.data(),           w.sums.data(),
+                        w.o.data(),           ldq,
+                        t.bf16 ? nullptr : s, t.bf16 ? w.pw.data() : nullptr,
+                        t.bf16 ? ldp : lds,   /*exact=*/!t.bf16};
+    if (t.bf16) {
+      ScoresExp(w.qw.data(), depth_pairs, kt2, depth_pairs, t.rows, keys, rows);
+    } else {
+      ScoresExp(w.q.data(), ldq, kt, depth, t.rows, keys, rows);
+    }
+  } else {
+    if (t.bf16) {
+      avx512::Scores(w.qw.data(), depth_pairs, kt2, depth_pairs, t.rows, keys, s, lds);
+    } else {
+      avx512::Scores(w.q.data(), ldq, kt, depth, t.rows, keys, s, lds);
+    }
+    MaskedSoftmax(t, c0, keys, appended, w);
   }
   if (!t.bf16) {
     const float* v = static_cast<const float*>(t.v) + c0 * t.ldv;
@@ -181,7 +198,6 @@ void RunTask(const Task& t) {
   Scratch::Fit(&w.m, kRowTile);
   Scratch::Fit(&w.alpha, kRowTile);
   Scratch::Fit(&w.sums, kRowTile * 16);
-  Scratch::Fit(&w.mx, kRowTile * 16);
   for (int64_t r = 0; r < t.rows; ++r) {
     LoadRow(p.q.dtype, Element(p.q, t.n, t.h, t.r0 + r), depth, p.scale * kLog2e,
             w.q.data() + r * ldq);

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "core/avx512_tiles.h"
@@ -12,9 +13,8 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// The row's maximum score: from the score kernel's lanes, or scanned.
-float RowMax(const float* s, int64_t keys, const float* lanes) {
-  if (lanes != nullptr) return _mm512_reduce_max_ps(_mm512_loadu_ps(lanes));
+// The row's maximum score.
+float RowMax(const float* s, int64_t keys) {
   __m512 mx = _mm512_set1_ps(kNegInf);
   int64_t j = 0;
   for (; j + 16 <= keys; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
@@ -88,8 +88,8 @@ void NothingAttendable(float* s, int64_t keys, float* sum_lanes) {
 
 }  // namespace
 
-void SoftmaxTile(float* s, int64_t lds, int64_t rows, int64_t keys, const float* mx,
-                 uint32_t* pairs, int64_t ldp, float* m, float* sums, float* alpha) {
+void SoftmaxTile(float* s, int64_t lds, int64_t rows, int64_t keys, uint32_t* pairs, int64_t ldp,
+                 float* m, float* sums, float* alpha) {
   // The new maxima, then the rows' factors 16 rows at a time (one vector 2^x
   // instead of a scalar exp per row).
   alignas(64) float m_new[16];
@@ -97,7 +97,7 @@ void SoftmaxTile(float* s, int64_t lds, int64_t rows, int64_t keys, const float*
     const int64_t count = std::min<int64_t>(16, rows - r0);
     for (int64_t i = 0; i < count; ++i) {
       const int64_t r = r0 + i;
-      const float row_max = RowMax(s + r * lds, keys, mx == nullptr ? nullptr : mx + 16 * r);
+      const float row_max = RowMax(s + r * lds, keys);
       // std::max keeps its first operand when the second is NaN, and a NaN
       // running maximum stays (its row is NaN already).
       m_new[i] = std::max(m[r], row_max);
@@ -130,5 +130,42 @@ void SoftmaxTile(float* s, int64_t lds, int64_t rows, int64_t keys, const float*
 }
 
 float SumLanes(const float* lanes) { return _mm512_reduce_add_ps(_mm512_loadu_ps(lanes)); }
+
+void MoveReference(const TileRows& st, int64_t r, int64_t c, const float* scores, int64_t count) {
+  float top = kNegInf;
+  for (int64_t i = 0; i < count; ++i) top = std::max(top, scores[i]);  // NaN left out.
+  const float old = st.m[r];
+  if (old == kNegInf) {
+    // Nothing accumulated yet (zero context and sum, or a NaN sum, which
+    // stays). Every score -inf or NaN: any finite reference does.
+    st.m[r] = top == kNegInf ? 0.0f : top;
+    return;
+  }
+  // k >= 1 whole steps (+inf for an infinite score: everything else becomes 0).
+  const float k = std::max(1.0f, std::ceil(top - old));
+  st.m[r] = old + k;
+  const float alpha = k > 149.0f ? 0.0f : std::ldexp(1.0f, -static_cast<int>(k));
+  const __m512 a = _mm512_set1_ps(alpha);
+  float* sums = st.sums + 16 * r;
+  _mm512_storeu_ps(sums, _mm512_mul_ps(_mm512_loadu_ps(sums), a));
+  float* o = st.o + r * st.ld_o;
+  for (int64_t d = 0; d < st.ld_o; d += 16) {
+    _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), a));
+  }
+  if (st.p16 == nullptr) {
+    float* p = st.p32 + r * st.ld_p;
+    for (int64_t j = 0; j < c; j += 16)
+      _mm512_storeu_ps(p + j, _mm512_mul_ps(_mm512_loadu_ps(p + j), a));
+    return;
+  }
+  uint32_t* words = st.p16 + r * st.ld_p;
+  for (int64_t w = 0; w < c / 2; w += 16) {  // c is a multiple of 32: whole vectors.
+    const __m512i x = _mm512_loadu_si512(words + w);
+    const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(-65536)));
+    _mm512_storeu_si512(words + w,
+                        (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, a), _mm512_mul_ps(lo, a)));
+  }
+}
 
 }  // namespace attention::fused_internal

@@ -26,16 +26,40 @@
 
 namespace attention::fused_internal {
 
-// The softmax step for `rows` rows of `keys` scores in `s` (row stride lds).
-// `mx`, when given, holds 16 lanes per row whose maximum is the row's (the
-// score kernel's); else the rows are scanned. The probabilities replace the
+// The softmax step for `rows` rows of `keys` scores in `s` (row stride lds),
+// for a tile that a mask touches. The probabilities replace the
 // scores (2^x within 1.7e-7: float32 results), or, given `pairs`, are written
 // there as bfloat16 pairs of keys, row stride ldp words ((keys + 1) / 2 per
 // row, key 2u in word u's low half; 2^x within 1e-4, far below bfloat16's
 // rounding). m (rows), sums (rows x 16) and alpha (rows, written) as
 // described above.
-void SoftmaxTile(float* s, int64_t lds, int64_t rows, int64_t keys, const float* mx,
-                 uint32_t* pairs, int64_t ldp, float* m, float* sums, float* alpha);
+void SoftmaxTile(float* s, int64_t lds, int64_t rows, int64_t keys, uint32_t* pairs, int64_t ldp,
+                 float* m, float* sums, float* alpha);
+
+// The state of a tile's rows for the fused score kernel of unmasked tiles
+// (fused_score_exp.h), which writes the probabilities itself.
+struct TileRows {
+  float* m;     // Per row: the reference, log2 units (see SoftmaxTile's m).
+  float* sums;  // Per row: 16 lanes of its running sum.
+  float* o;     // Per row: its context so far, ld_o floats apart.
+  int64_t ld_o;
+  float* p32;     // The tile's float32 probabilities, ld_p apart, or
+  uint32_t* p16;  // as bfloat16 pairs of keys, ld_p words apart.
+  int64_t ld_p;
+  bool exact;  // 2^x within 1.7e-7 (float32 results), else within 1e-4.
+};
+
+// How far (log2 units) a score may exceed its row's reference before the
+// reference moves: probabilities stay below 2^kSlack.
+constexpr float kSlack = 8.0f;
+
+// Row r's block of `count` scores, from column c of the tile, has one above
+// m[r] + kSlack (or m[r] is -inf: the row's first scores): sets the reference
+// to the block's maximum the first time, else moves it up by the whole number
+// k of steps that puts the maximum at or below it, and rescales the row's
+// context, sum and the probabilities already written in this tile (columns
+// [0, c)) by 2^-k, exactly.
+void MoveReference(const TileRows& st, int64_t r, int64_t c, const float* scores, int64_t count);
 
 // The row's sum: its 16 lanes added up.
 float SumLanes(const float* lanes);
