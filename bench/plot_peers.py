@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Charts a peer_bench.py run: GFLOP/s per shape for the engine (float32, bfloat16), ONNX
-Runtime and PyTorch, with the machine's float32 FMA peak as a line.
+"""Charts a peer_bench.py run: GFLOP/s per shape for the engine (float32, bfloat16, and int8
+when it ran), ONNX Runtime (float, and its int8 graphs when they ran) and PyTorch, with the
+machine's float32 FMA peak as a line.
 
     /usr/bin/python3 bench/plot_peers.py peers.json --peak 447 --out BENCHMARKS-engine.png
 
@@ -25,22 +26,29 @@ def main():
     args = parser.parse_args()
     doc = json.load(open(args.json))
     rows = doc["rows"]
-    labels, series = [], {"engine float32": [], "engine bfloat16": [], "ONNX Runtime": [],
-                          "PyTorch": []}
+    int8 = any("int8" in r["engine"] for r in rows)
+    names = ["engine float32", "engine bfloat16"] + (["engine int8"] if int8 else []) + \
+        ["ONNX Runtime"] + (["ONNX Runtime int8"] if int8 else []) + ["PyTorch"]
+    labels, series = [], {name: [] for name in names}
     peak = args.peak
     for r in rows:
         s = r["shape"]
         labels.append(f"{s['n']}x{s['l']}x{s['e']}\nH{s['h']}{' causal' if s['causal'] else ''}")
-        for dtype, name in (("float32", "engine float32"), ("bfloat16", "engine bfloat16")):
+        for dtype in ("float32", "bfloat16", "int8"):
+            if f"engine {dtype}" not in series:
+                continue
             res = ((r["engine"].get(dtype) or {}).get("result") or {})
-            series[name].append(res.get("gflops_calc") or 0)
+            series[f"engine {dtype}"].append(res.get("gflops_calc") or 0)
             peak = peak or res.get("peak_gflops") or 0
         series["ONNX Runtime"].append(((r["ort"] or {}).get("best") or {}).get("gflops") or 0)
+        if int8:
+            series["ONNX Runtime int8"].append(
+                ((r.get("ort_int8") or {}).get("best") or {}).get("gflops") or 0)
         series["PyTorch"].append(((r["torch"] or {}).get("best") or {}).get("gflops") or 0)
     fig, ax = plt.subplots(figsize=(11, 4.8))
-    width = 0.2
+    width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
-        xs = [x + (i - 1.5) * width for x in range(len(labels))]
+        xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(labels))]
         ax.bar(xs, values, width, label=name)
     if peak:
         ax.axhline(peak, color="black", linestyle="--", linewidth=1,

@@ -13,6 +13,8 @@
 
 #include "core/avx512_tiles.h"
 #include "core/fused_attention_pack.h"
+#include "core/fused_score_exp.h"
+#include "core/fused_softmax.h"
 #include "core/workspace.h"
 
 namespace attention {
@@ -23,17 +25,27 @@ using fused_internal::Element;
 using fused_internal::LoadRow;
 using fused_internal::PackBFloat16;
 using fused_internal::PackFloat32;
+using fused_internal::ScoresExp;
+using fused_internal::SoftmaxTile;
+using fused_internal::StoreRow;
+using fused_internal::SumLanes;
+using fused_internal::TileRows;
 
 constexpr int64_t kRowTile = 64;   // Query rows per task.
 constexpr int64_t kKeyTile = 256;  // Keys per inner step (scores: 64 x 256 x 4 = 64 KiB).
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Scores are kept in log2 units (Q is scaled by log2(e), masks likewise), so
+// that the softmax takes 2^x.
+constexpr float kLog2e = 1.44269504088896341f;
+using avx512::kPanel;
 
 int64_t RoundUp16(int64_t x) { return (x + 15) / 16 * 16; }
 
 // One thread's tiles, reused across calls (grown, never shrunk: bounded by
 // the tile sizes times the head depth).
 struct Scratch {
-  std::vector<float> q, s, o, m, l;
+  std::vector<float> q, s, o, m, alpha;
+  std::vector<float> sums;       // Per row, 16 lanes of its running sum.
   std::vector<uint32_t> qw, pw;  // bfloat16 pairs of Q and of P (bfloat16 mode).
   static void Fit(std::vector<float>* buffer, int64_t n) {
     if (static_cast<int64_t>(buffer->size()) < n) buffer->resize(static_cast<size_t>(n));
@@ -45,62 +57,18 @@ Scratch& ThreadScratch() {
   return scratch;
 }
 
-// row[j] += mask[j] for j < count, bool true -> -inf (added: NaN stays NaN).
+// row[j] += mask[j] log2(e) for j < count, bool true -> -inf (added: NaN
+// stays NaN).
 void AddMask(DType dtype, const void* mask, int64_t count, float* row) {
   if (dtype == DType::kBool) {
     const uint8_t* m = static_cast<const uint8_t*>(mask);
     for (int64_t j = 0; j < count; ++j) row[j] += m[j] ? kNegInf : 0.0f;
   } else if (dtype == DType::kFloat32) {
     const float* m = static_cast<const float*>(mask);
-    for (int64_t j = 0; j < count; ++j) row[j] += m[j];
+    for (int64_t j = 0; j < count; ++j) row[j] += m[j] * kLog2e;
   } else {
-    for (int64_t j = 0; j < count; ++j) row[j] += LoadAsFloat(dtype, mask, j);
+    for (int64_t j = 0; j < count; ++j) row[j] += LoadAsFloat(dtype, mask, j) * kLog2e;
   }
-}
-
-// The online-softmax step for one row of `keys` scores: updates the running
-// max *m and sum *l, turns the row into exp(s - max), and returns the factor
-// the row's accumulated context must be scaled by. A NaN score makes *l NaN
-// for good (through exp, or here when nothing else is attendable yet), so
-// the row comes out NaN, as PyTorch's softmax makes it.
-template <int kExpDegree>
-float SoftmaxStep(float* s, int64_t keys, float* m, float* l) {
-  __m512 mx = _mm512_set1_ps(kNegInf);
-  int64_t j = 0;
-  for (; j + 16 <= keys; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
-  if (j < keys) {
-    mx = _mm512_max_ps(
-        mx, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), avx512::TailMask(keys - j), s + j));
-  }
-  const float m_new = std::max(*m, _mm512_reduce_max_ps(mx));
-  if (m_new == kNegInf) {  // Everything so far is masked, or NaN.
-    __mmask16 nan = 0;
-    for (j = 0; j < keys; j += 16) {
-      const __m512 x = _mm512_maskz_loadu_ps(avx512::TailMask(keys - j), s + j);
-      nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    }
-    if (nan != 0) *l = std::numeric_limits<float>::quiet_NaN();
-    std::fill(s, s + keys, 0.0f);
-    return 1.0f;
-  }
-  const __m512 shift = _mm512_set1_ps(m_new);
-  __m512 sum = _mm512_setzero_ps();
-  for (j = 0; j + 16 <= keys; j += 16) {
-    const __m512 e = avx512::Exp<kExpDegree>(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift));
-    _mm512_storeu_ps(s + j, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  if (j < keys) {
-    const __mmask16 tail = avx512::TailMask(keys - j);
-    const __m512 e =
-        avx512::Exp<kExpDegree>(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + j), shift));
-    _mm512_mask_storeu_ps(s + j, tail, e);
-    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(tail, e));
-  }
-  const float alpha = *m == kNegInf ? 0.0f : std::exp(*m - m_new);
-  *l = *l * alpha + _mm512_reduce_add_ps(sum);
-  *m = m_new;
-  return alpha;
 }
 
 // Everything one task needs to know about its item and head.
@@ -108,16 +76,18 @@ struct Task {
   const AttentionProblem* p;
   const ItemMask* item;
   const float* key_row;  // The item's additive (S') key mask, or null.
-  const float* kt;       // This item and head's K^T: (D, ldk) float32.
-  int64_t ldk;
-  const float* v;  // This item and head's V rows as float32, `ldv` apart.
+  // This item and head's K^T as panels (avx512::kPanel keys each, `k_rows`
+  // rows of float32 features or of bfloat16 feature-pair words): the main
+  // keys' panels, then the appended keys' panel.
+  const void* kt;
+  int64_t k_rows;
+  int64_t appended_panel;  // Index of the appended keys' panel.
+  // V: float32 rows `ldv` apart; in bfloat16 mode rows of key pairs (ldv
+  // words each), the main keys' pairs, then the appended keys' pairs from
+  // row `appended_pairs`.
+  const void* v;
   int64_t ldv;
-  // bfloat16 mode: K^T as (ceil(D/2), ldk) words of feature pairs, and V as
-  // rows of key pairs (ldv words each): the main keys' pairs, then the
-  // appended keys' pairs from row `appended_pairs`.
   bool bf16 = false;
-  const uint32_t* kt2 = nullptr;
-  const uint32_t* v2 = nullptr;
   int64_t appended_pairs = 0;
   int64_t n, h, r0, rows;
   // is_causal: every key tile is computed, not only those up to the tile's
@@ -126,21 +96,12 @@ struct Task {
   bool all_keys = false;
 };
 
-// One tile of keys [c0, c0 + keys): scores, masks, online softmax, P V.
-// `appended` marks the appended bias_kv / zero_attn keys (only the key mask
-// row applies to them).
-void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w) {
-  const AttentionProblem& p = *t.p;
-  const int64_t depth = p.q.d, ldq = RoundUp16(depth), lds = RoundUp16(keys);
-  const int64_t depth_pairs = (depth + 1) / 2, key_pairs = (keys + 1) / 2;
-  float* s = w.s.data();
-  if (t.bf16) {
-    avx512::Scores(w.qw.data(), depth_pairs, t.kt2 + c0, t.ldk, depth_pairs, t.rows, keys, s, lds);
-  } else {
-    avx512::Scores(w.q.data(), ldq, t.kt + c0, t.ldk, depth, t.rows, keys, s, lds);
-  }
-
+// A tile that a mask touches (its scores in w.s): masks added, then the
+// softmax step over the stored scores, and the rows' contexts rescaled.
+void MaskedSoftmax(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w) {
   const ItemMask& item = *t.item;
+  const int64_t ldq = RoundUp16(t.p->q.d), lds = RoundUp16(keys);
+  float* s = w.s.data();
   for (int64_t r = 0; r < t.rows; ++r) {
     float* sr = s + r * lds;
     const int64_t i = t.r0 + r;
@@ -152,7 +113,7 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
     const int64_t visible =
         own_row && item.is_causal ? std::clamp<int64_t>(i + 1 - c0, 0, keys) : keys;
     if (t.key_row != nullptr) {
-      for (int64_t j = 0; j < visible; ++j) sr[j] += t.key_row[c0 + j];
+      for (int64_t j = 0; j < visible; ++j) sr[j] += t.key_row[c0 + j] * kLog2e;
     }
     if (own_row && item.attn_mask != nullptr) {
       const int64_t plane = item.valid_queries * item.valid_keys;
@@ -162,26 +123,69 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
                   offset * static_cast<int64_t>(DTypeSize(item.attn_mask_dtype)),
               visible, sr);
     }
-    for (int64_t j = visible; j < keys; ++j) sr[j] += kNegInf;
-    // bfloat16 probabilities need no float32-exact exp.
-    const float alpha = t.bf16 ? SoftmaxStep<4>(sr, keys, &w.m[r], &w.l[r])
-                               : SoftmaxStep<7>(sr, keys, &w.m[r], &w.l[r]);
+    // sr[j] += -inf for j in [visible, keys), a vector at a time.
+    for (int64_t j = visible / 16 * 16; j < keys; j += 16) {
+      const __mmask16 hidden =
+          static_cast<__mmask16>(avx512::TailMask(keys - j) & ~avx512::TailMask(visible - j));
+      const __m512 x = _mm512_loadu_ps(sr + j);
+      _mm512_mask_storeu_ps(sr + j, hidden, _mm512_add_ps(x, _mm512_set1_ps(kNegInf)));
+    }
+  }
+  // bfloat16 mode: the probabilities as bfloat16 pairs of keys.
+  SoftmaxTile(s, lds, t.rows, keys, t.bf16 ? w.pw.data() : nullptr, kKeyTile / 2 + 1, w.m.data(),
+              w.sums.data(), w.alpha.data());
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const float alpha = w.alpha[r];
     if (alpha != 1.0f) {
       float* o = w.o.data() + r * ldq;
       for (int64_t d = 0; d < ldq; ++d) o[d] *= alpha;
     }
   }
+}
+
+// One tile of keys [c0, c0 + keys): scores, masks, online softmax, P V.
+// `appended` marks the appended bias_kv / zero_attn keys (only the key mask
+// row applies to them).
+void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w) {
+  const AttentionProblem& p = *t.p;
+  const ItemMask& item = *t.item;
+  const int64_t depth = p.q.d, ldq = RoundUp16(depth), lds = RoundUp16(keys);
+  const int64_t depth_pairs = (depth + 1) / 2, key_pairs = (keys + 1) / 2;
+  const int64_t panel = appended ? t.appended_panel : c0 / kPanel;
+  const uint32_t* kt2 = static_cast<const uint32_t*>(t.kt) + panel * t.k_rows * kPanel;
+  const float* kt = static_cast<const float*>(t.kt) + panel * t.k_rows * kPanel;
+  float* s = w.s.data();
+  const int64_t ldp = kKeyTile / 2 + 1;  // bfloat16 mode: words of probability pairs per row.
+  // No mask touches the tile: scores and probabilities in one pass.
+  const bool own_rows = !appended && t.r0 < item.valid_queries;
+  const bool unmasked = t.key_row == nullptr && !(own_rows && item.attn_mask != nullptr) &&
+                        !(own_rows && item.is_causal && c0 + keys - 1 > t.r0);
+  if (unmasked) {
+    const TileRows rows{w.m.data(),           w.sums.data(),
+                        w.o.data(),           ldq,
+                        t.bf16 ? nullptr : s, t.bf16 ? w.pw.data() : nullptr,
+                        t.bf16 ? ldp : lds,   /*exact=*/!t.bf16};
+    if (t.bf16) {
+      ScoresExp(w.qw.data(), depth_pairs, kt2, depth_pairs, t.rows, keys, rows);
+    } else {
+      ScoresExp(w.q.data(), ldq, kt, depth, t.rows, keys, rows);
+    }
+  } else {
+    if (t.bf16) {
+      avx512::Scores(w.qw.data(), depth_pairs, kt2, depth_pairs, t.rows, keys, s, lds);
+    } else {
+      avx512::Scores(w.q.data(), ldq, kt, depth, t.rows, keys, s, lds);
+    }
+    MaskedSoftmax(t, c0, keys, appended, w);
+  }
   if (!t.bf16) {
-    avx512::Context(s, lds, t.v + c0 * t.ldv, t.ldv, t.rows, keys, depth, w.o.data(), ldq);
+    const float* v = static_cast<const float*>(t.v) + c0 * t.ldv;
+    avx512::Context(s, lds, v, t.ldv, t.rows, keys, depth, w.o.data(), ldq);
     return;
   }
-  // Probabilities as bfloat16 pairs of keys (the odd last one with a zero).
-  const int64_t ldp = kKeyTile / 2 + 1;
-  for (int64_t r = 0; r < t.rows; ++r)
-    avx512::ToBf16Pairs(s + r * lds, keys, w.pw.data() + r * ldp);
   const int64_t pair_row = appended ? t.appended_pairs : c0 / 2;
-  avx512::Context(w.pw.data(), ldp, t.v2 + pair_row * t.ldv, t.ldv, t.rows, key_pairs, depth,
-                  w.o.data(), ldq);
+  const uint32_t* v = static_cast<const uint32_t*>(t.v) + pair_row * t.ldv;
+  avx512::Context(w.pw.data(), ldp, v, t.ldv, t.rows, key_pairs, depth, w.o.data(), ldq);
 }
 
 void RunTask(const Task& t) {
@@ -192,9 +196,11 @@ void RunTask(const Task& t) {
   Scratch::Fit(&w.s, kRowTile * kKeyTile);
   Scratch::Fit(&w.o, kRowTile * ldq);
   Scratch::Fit(&w.m, kRowTile);
-  Scratch::Fit(&w.l, kRowTile);
+  Scratch::Fit(&w.alpha, kRowTile);
+  Scratch::Fit(&w.sums, kRowTile * 16);
   for (int64_t r = 0; r < t.rows; ++r) {
-    LoadRow(p.q.dtype, Element(p.q, t.n, t.h, t.r0 + r), depth, p.scale, w.q.data() + r * ldq);
+    LoadRow(p.q.dtype, Element(p.q, t.n, t.h, t.r0 + r), depth, p.scale * kLog2e,
+            w.q.data() + r * ldq);
   }
   if (t.bf16) {
     const int64_t depth_pairs = (depth + 1) / 2;
@@ -210,7 +216,7 @@ void RunTask(const Task& t) {
   }
   std::fill_n(w.o.data(), t.rows * ldq, 0.0f);
   std::fill_n(w.m.data(), t.rows, kNegInf);
-  std::fill_n(w.l.data(), t.rows, 0.0f);
+  std::fill_n(w.sums.data(), t.rows * 16, 0.0f);
 
   // The item's own keys, up to its valid length (the batch padding after it
   // is wholly masked) and, under is_causal, up to the tile's last row.
@@ -218,7 +224,13 @@ void RunTask(const Task& t) {
   const int64_t keys = t.p->masks->keys();
   int64_t end = std::min(item.valid_keys, keys);
   if (item.is_causal && !t.all_keys) end = std::min(end, t.r0 + t.rows);
-  for (int64_t c0 = 0; c0 < end; c0 += kKeyTile) {
+  // Under is_causal the mask touches only the keys from the tile's first row
+  // on: those get tiles of their own, the ones before run unmasked.
+  const int64_t unmasked_end = item.is_causal ? std::min(end, t.r0) : end;
+  for (int64_t c0 = 0; c0 < unmasked_end; c0 += kKeyTile) {
+    KeyTile(t, c0, std::min(kKeyTile, unmasked_end - c0), /*appended=*/false, w);
+  }
+  for (int64_t c0 = unmasked_end; c0 < end; c0 += kKeyTile) {
     KeyTile(t, c0, std::min(kKeyTile, end - c0), /*appended=*/false, w);
   }
   if (p.k.t > keys) KeyTile(t, keys, p.k.t - keys, /*appended=*/true, w);
@@ -226,16 +238,9 @@ void RunTask(const Task& t) {
   // out = O / l; a row with every key masked (l == 0) gets zeros (O is
   // 0 * V), a row with a NaN score (l NaN) NaN.
   for (int64_t r = 0; r < t.rows; ++r) {
-    const float inv = w.l[r] == 0.0f ? 0.0f : 1.0f / w.l[r];
-    float* o = w.o.data() + r * ldq;
-    for (int64_t d = 0; d < depth; ++d) o[d] *= inv;
-    char* dst = const_cast<char*>(Element(p.out, t.n, t.h, t.r0 + r));
-    if (p.out.dtype == DType::kFloat32) {
-      std::memcpy(dst, o, static_cast<size_t>(depth) * sizeof(float));
-    } else {
-      uint16_t* b = reinterpret_cast<uint16_t*>(dst);
-      for (int64_t d = 0; d < depth; ++d) b[d] = FloatToBFloat16(o[d]);
-    }
+    const float l = SumLanes(w.sums.data() + 16 * r);
+    StoreRow(w.o.data() + r * ldq, depth, l == 0.0f ? 0.0f : 1.0f / l, p.out.dtype,
+             const_cast<char*>(Element(p.out, t.n, t.h, t.r0 + r)));
   }
 }
 
@@ -275,39 +280,40 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
   }
   const MaskPlan& plan = *p.masks;
   const int64_t n = p.q.n, heads = p.q.h, queries = p.q.t, keys = p.k.t, depth = p.q.d;
-  const int64_t ldk = RoundUp16(keys), ldq = RoundUp16(depth);
+  const int64_t ldq = RoundUp16(depth);
   const int64_t planes = n * heads;
 
-  // Packed once per call, for every query tile: K^T per item and head, and V
-  // as dense rows (read in place, heads 3E apart map onto a handful of L1 sets
-  // and thrash). Zero-padded, plus one vector of slack for the score kernel's
-  // whole-vector reads.
+  // Packed once per call, for every query tile: K^T per item and head as
+  // panels of kPanel keys, and V as dense rows (read in place, heads 3E apart
+  // map onto a handful of L1 sets and thrash). Zero-padded.
   const bool bf16 = p.q.dtype == DType::kBFloat16 && p.k.dtype == DType::kBFloat16 &&
                     p.v.dtype == DType::kBFloat16 && CpuHasAvx512Bf16();
   const int64_t main_keys = plan.keys();
   const int64_t main_pairs = (main_keys + 1) / 2,
                 pair_rows = main_pairs + (keys - main_keys + 1) / 2;
-  const int64_t k_rows = bf16 ? (depth + 1) / 2 : depth;  // Rows of K^T per plane.
-  const int64_t v_rows = bf16 ? pair_rows : keys;         // Rows of V per plane.
-  Workspace kt_buffer(Workspace::kKernelKeys, static_cast<size_t>(planes * k_rows * ldk + 16) * 4);
+  const int64_t main_panels = (main_keys + kPanel - 1) / kPanel;
+  const int64_t k_rows = bf16 ? (depth + 1) / 2 : depth;  // Rows of each K^T panel.
+  const int64_t k_words = (main_panels + (keys > main_keys ? 1 : 0)) * k_rows * kPanel;
+  const int64_t v_rows = bf16 ? pair_rows : keys;  // Rows of V per plane.
+  Workspace kt_buffer(Workspace::kKernelKeys, static_cast<size_t>(planes * k_words) * 4);
   Workspace v_buffer(Workspace::kKernelValues, static_cast<size_t>(planes * v_rows * ldq) * 4);
   // is_causal planes whose keys or values hold a NaN or infinity: every row
   // computes every key tile (see Task::all_keys).
   std::vector<uint8_t> all_keys(static_cast<size_t>(planes), 0);
 #pragma omp parallel for schedule(static) if (planes * depth * keys > (1 << 16))
   for (int64_t plane = 0; plane < planes; ++plane) {
-    char* k_dst = kt_buffer.as<char>() + plane * k_rows * ldk * 4;
+    char* k_dst = kt_buffer.as<char>() + plane * k_words * 4;
     char* v_dst = v_buffer.as<char>() + plane * v_rows * ldq * 4;
     if (bf16) {
-      PackBFloat16(p, plane / heads, plane % heads, main_keys, ldk, ldq,
+      PackBFloat16(p, plane / heads, plane % heads, main_keys, ldq,
                    reinterpret_cast<uint32_t*>(k_dst), reinterpret_cast<uint32_t*>(v_dst));
     } else {
-      PackFloat32(p, plane / heads, plane % heads, ldk, ldq, reinterpret_cast<float*>(k_dst),
+      PackFloat32(p, plane / heads, plane % heads, main_keys, ldq, reinterpret_cast<float*>(k_dst),
                   reinterpret_cast<float*>(v_dst));
     }
     if (plan.item(plane / heads).is_causal) {
       all_keys[static_cast<size_t>(plane)] =
-          AnyNonFinite(reinterpret_cast<const uint32_t*>(k_dst), k_rows * ldk, bf16) ||
+          AnyNonFinite(reinterpret_cast<const uint32_t*>(k_dst), k_words, bf16) ||
           AnyNonFinite(reinterpret_cast<const uint32_t*>(v_dst), v_rows * ldq, bf16);
     }
   }
@@ -322,10 +328,17 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
     const int64_t plane = idx / row_tiles;
     t.n = plane / heads;
     t.h = plane % heads;
-    t.r0 = idx % row_tiles * kRowTile;
+    // The last rows first: under is_causal they have the most keys, and the
+    // short tasks at the end keep both threads busy to the last.
+    t.r0 = (row_tiles - 1 - idx % row_tiles) * kRowTile;
     t.rows = std::min(kRowTile, queries - t.r0);
     t.item = &plan.item(t.n);
-    t.key_row = key_rows ? plan.key_rows() + t.n * plan.total_keys() : nullptr;
+    // The item's key row holds its key padding mask, -inf past its valid
+    // keys (never visited: see RunTask) and 0 for appended keys: needed only
+    // with a key padding mask.
+    t.key_row = key_rows && t.item->key_padding != nullptr
+                    ? plan.key_rows() + t.n * plan.total_keys()
+                    : nullptr;
     if (t.r0 >= t.item->valid_queries) {
       // Batch padding rows: nothing to compute, but keep them finite.
       for (int64_t r = 0; r < t.rows; ++r) {
@@ -334,18 +347,14 @@ absl::Status RunFusedAttention(const AttentionProblem& p) {
       }
       continue;
     }
-    t.ldk = ldk;
+    t.kt = kt_buffer.as<char>() + plane * k_words * 4;
+    t.k_rows = k_rows;
+    t.appended_panel = main_panels;
+    t.v = v_buffer.as<char>() + plane * v_rows * ldq * 4;
     t.ldv = ldq;
     t.bf16 = bf16;
+    t.appended_pairs = main_pairs;
     t.all_keys = all_keys[static_cast<size_t>(plane)] != 0;
-    if (bf16) {
-      t.kt2 = kt_buffer.as<uint32_t>() + plane * k_rows * ldk;
-      t.v2 = v_buffer.as<uint32_t>() + plane * v_rows * ldq;
-      t.appended_pairs = main_pairs;
-    } else {
-      t.kt = kt_buffer.as<float>() + plane * k_rows * ldk;
-      t.v = v_buffer.as<float>() + plane * v_rows * ldq;
-    }
     RunTask(t);
   }
   return absl::OkStatus();

@@ -7,12 +7,14 @@
 // covers it).
 #include "core/fused_attention.h"
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/mha_engine.h"
+#include "core/sdpa.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -173,6 +175,65 @@ TEST(FusedAttentionTest, CausalBatchWithPaddingEqualsSoloRuns) {
     for (int64_t j = 0; j < lengths[i] * e; ++j) {
       ASSERT_NEAR(output[i * padded * e + j], alone->output.as<float>()[j], 1e-5) << i << " " << j;
     }
+  }
+}
+
+// Scores that jump by about 9 (log2 units) from one 64-key panel to the next
+// (every other panel) make the unmasked tiles move their rows' reference in
+// the middle of a tile and rescale what they wrote (fused_score_exp.h); the
+// rows whose scores fall there never do. float32 (both paths) against a double
+// loop, bfloat16 against the primitive path.
+TEST(FusedAttentionTest, ScoresRisingAcrossTheKeysMoveTheReference) {
+  if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here: the primitive path runs";
+  std::mt19937 rng(11);
+  const int64_t h = 2, l = 9, keys = 700, d = 16;
+  Tensor q = RandomTensor({1, h, l, d}, rng, 0.1f), k = RandomTensor({1, h, keys, d}, rng, 0.1f),
+         v = RandomTensor({1, h, keys, d}, rng);
+  for (int64_t hh = 0; hh < h; ++hh) {
+    for (int64_t i = 0; i < l; ++i) q.mutable_as<float>()[(hh * l + i) * d] = i % 2 ? 1.0f : -1.0f;
+    for (int64_t j = 0; j < keys; ++j)
+      k.mutable_as<float>()[(hh * keys + j) * d] = j % 128 < 64 ? 0.0f : 25.0f;
+  }
+  std::vector<double> expected(h * l * d, 0.0);
+  for (int64_t hh = 0; hh < h; ++hh) {
+    for (int64_t i = 0; i < l; ++i) {
+      std::vector<double> p(keys);
+      double m = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < keys; ++j) {
+        double acc = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          acc +=
+              double{q.as<float>()[(hh * l + i) * d + c]} * k.as<float>()[(hh * keys + j) * d + c];
+        }
+        m = std::max(m, p[j] = acc / std::sqrt(double(d)));
+      }
+      for (double& x : p) sum += (x = std::exp(x - m));
+      for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t c = 0; c < d; ++c) {
+          expected[(hh * l + i) * d + c] += p[j] / sum * v.as<float>()[(hh * keys + j) * d + c];
+        }
+      }
+    }
+  }
+  PrimitiveCache cache(16);
+  SdpaInputs in;
+  in.q = q.view();
+  in.k = k.view();
+  in.v = v.view();
+  KernelOptions primitives;
+  primitives.allow_fused = false;
+  auto fused = ScaledDotProductAttention(in, cache);
+  auto reference_path = ScaledDotProductAttention(in, cache, primitives);
+  ASSERT_TRUE(fused.ok() && reference_path.ok()) << fused.status();
+  EXPECT_LE(testing::MaxExcess(fused->as<float>(), expected, 1e-5), 1e-6);
+  EXPECT_LE(testing::MaxExcess(reference_path->as<float>(), expected, 1e-5), 1e-6);
+
+  in.compute_dtype = DType::kBFloat16;
+  auto bf16 = ScaledDotProductAttention(in, cache);
+  auto plain = ScaledDotProductAttention(in, cache, primitives);
+  ASSERT_TRUE(bf16.ok() && plain.ok());
+  for (int64_t i = 0; i < h * l * d; ++i) {
+    ASSERT_NEAR(bf16->as<float>()[i], plain->as<float>()[i], 2e-2) << i;
   }
 }
 

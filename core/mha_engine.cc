@@ -59,14 +59,20 @@ absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(std::shared_ptr<con
       "MhaEngine::Create", [&]() -> absl::StatusOr<std::unique_ptr<MhaEngine>> {
         if (model == nullptr) return absl::InvalidArgumentError("MhaEngine: model is null");
         RETURN_IF_ERROR(ValidateSpec(model->spec()));
-        return std::unique_ptr<MhaEngine>(new MhaEngine(std::move(model), options));
+        std::unique_ptr<MhaEngine> engine(new MhaEngine(std::move(model), options));
+        if (engine->int8_) RETURN_IF_ERROR(engine->Quantize());
+        return engine;
       });
 }
 
 MhaEngine::MhaEngine(std::shared_ptr<const MhaModel> model, EngineOptions options)
     : model_(std::move(model)),
       options_(options),
-      compute_(model_->spec().compute_dtype),
+      int8_(model_->spec().int8_weights || options.int8_weights),
+      // A float32 model quantized by the options computes attention in
+      // bfloat16, as config.json's "int8" does.
+      compute_(options.int8_weights && !model_->spec().int8_weights ? DType::kBFloat16
+                                                                    : model_->spec().compute_dtype),
       cache_(options.primitive_cache_capacity) {
   const MhaSpec& s = model_->spec();
   const MhaWeights& w = model_->weights();
@@ -107,10 +113,47 @@ MhaEngine::MhaEngine(std::shared_ptr<const MhaModel> model, EngineOptions option
   v_proj_ = MakeProjection(v_weight_.data(), in_bias ? in_bias + 2 * e : nullptr, s.vdim, e);
   out_proj_ = MakeProjection(out_weight_.data(), s.bias ? w.out_bias.as<float>() : nullptr, e, e);
   if (s.packed_in_proj()) qkv_proj_ = MakeProjection(qkv_weight_.data(), in_bias, e, 3 * e);
+  if (int8_) return;  // Quantize() prepares the projections instead.
   for (Projection* p : {&q_proj_, &k_proj_, &v_proj_, &qkv_proj_}) {
     if (p->weight != nullptr) Pack(p, compute_, &packed_weights_);
   }
   Pack(&out_proj_, DType::kFloat32, &packed_weights_);
+}
+
+absl::Status MhaEngine::Quantize() {
+  const MhaSpec& s = model_->spec();
+  const MhaWeights& w = model_->weights();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim()));
+  // Each projection's W^T in float32 (the query's scaled as for the other
+  // paths), quantized per output column.
+  auto quantize =
+      [&](Projection* proj,
+          std::initializer_list<std::pair<const Tensor*, float>> parts) -> absl::Status {
+    if (proj->weight == nullptr) return absl::OkStatus();
+    std::vector<float> w_t(static_cast<size_t>(proj->in * proj->out));
+    int64_t col = 0;
+    for (const auto& [weight, factor] : parts) {
+      TransposeInto(*weight, factor, DType::kFloat32, w_t.data() + col, proj->out);
+      col += weight->dim(0);
+    }
+    ASSIGN_OR_RETURN(auto q, QuantizedLinear::Create(w_t.data(), proj->in, proj->out, proj->bias));
+    proj->quantized = q.get();
+    quantized_.push_back(std::move(q));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(quantize(&q_proj_, {{&w.q_weight, scale}}));
+  RETURN_IF_ERROR(quantize(&k_proj_, {{&w.k_weight, 1.0f}}));
+  RETURN_IF_ERROR(quantize(&v_proj_, {{&w.v_weight, 1.0f}}));
+  if (s.packed_in_proj()) {
+    RETURN_IF_ERROR(
+        quantize(&qkv_proj_, {{&w.q_weight, scale}, {&w.k_weight, 1.0f}, {&w.v_weight, 1.0f}}));
+  }
+  return quantize(&out_proj_, {{&w.out_weight, 1.0f}});
+}
+
+DType MhaEngine::InputDType(DType given) const {
+  if (!int8_) return compute_;
+  return given == DType::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
 }
 
 void MhaEngine::Pack(Projection* proj, DType dst_dtype, std::vector<Tensor>* storage) {
@@ -140,8 +183,23 @@ void MhaEngine::Pack(Projection* proj, DType dst_dtype, std::vector<Tensor>* sto
   }
 }
 
-absl::Status MhaEngine::Linear(const Projection& proj, const void* x, int64_t batches, int64_t rows,
-                               void* y, DType dst_dtype, int64_t dst_block_stride) const {
+absl::Status MhaEngine::Linear(const Projection& proj, const void* x, DType x_dtype,
+                               int64_t batches, int64_t rows, void* y, DType dst_dtype,
+                               int64_t dst_block_stride) const {
+  if (proj.quantized != nullptr) {
+    const int64_t block = dst_block_stride > 0 ? dst_block_stride : rows * proj.out;
+    const int64_t x_size = static_cast<int64_t>(DTypeSize(x_dtype));
+    const int64_t y_size = static_cast<int64_t>(DTypeSize(dst_dtype));
+    // One call over every row when the blocks are dense, else one per block.
+    const bool dense = block == rows * proj.out;
+    for (int64_t b = 0; b < (dense ? 1 : batches); ++b) {
+      RowsOut out{static_cast<char*>(y) + b * block * y_size, dst_dtype, proj.out};
+      RETURN_IF_ERROR(proj.quantized->Run(static_cast<const char*>(x) + b * rows * proj.in * x_size,
+                                          x_dtype, dense ? batches * rows : rows, proj.in, out,
+                                          cache_));
+    }
+    return absl::OkStatus();
+  }
   const dt ct = ToDnnl(compute_);
   const dt dst_dt = ToDnnl(dst_dtype);
   dnnl::memory::desc src_md, w_md, b_md, dst_md;
@@ -196,7 +254,8 @@ absl::Status MhaEngine::RunForward(const TensorView& query, const std::optional<
 
   // Every intermediate lives in the calling thread's reused workspaces.
   std::unique_ptr<Workspace> q_conv, k_conv, v_conv, q_buf, kv_buf;
-  const void* q_in = InDType(query, compute_, Workspace::kQueryInput, &q_conv);
+  const DType q_dt = InputDType(query.dtype);
+  const void* q_in = InDType(query, q_dt, Workspace::kQueryInput, &q_conv);
   const bool self_attention = SameTensor(key_view, query) && SameTensor(value_view, query);
 
   int64_t token_stride = e;  // Between tokens of the projected q, k and v.
@@ -205,27 +264,28 @@ absl::Status MhaEngine::RunForward(const TensorView& query, const std::optional<
   const void* v_data;
   if (self_attention && s.packed_in_proj() && s.extra_keys() == 0) {
     q_buf = std::make_unique<Workspace>(Workspace::kProjected, 3 * n * l * e * esize);
-    RETURN_IF_ERROR(Linear(qkv_proj_, q_in, 1, n * l, q_buf->data(), compute_, 0));
+    RETURN_IF_ERROR(Linear(qkv_proj_, q_in, q_dt, 1, n * l, q_buf->data(), compute_, 0));
     q_data = q_buf->data();
     k_data = q_buf->as<char>() + e * esize;
     v_data = q_buf->as<char>() + 2 * e * esize;
     token_stride = 3 * e;
   } else {
     q_buf = std::make_unique<Workspace>(Workspace::kProjected, n * l * e * esize);
-    RETURN_IF_ERROR(Linear(q_proj_, q_in, 1, n * l, q_buf->data(), compute_, 0));
+    RETURN_IF_ERROR(Linear(q_proj_, q_in, q_dt, 1, n * l, q_buf->data(), compute_, 0));
+    const DType k_dt = InputDType(key_view.dtype), v_dt = InputDType(value_view.dtype);
     const void* k_in =
-        self_attention ? q_in : InDType(key_view, compute_, Workspace::kKeyInput, &k_conv);
+        self_attention ? q_in : InDType(key_view, k_dt, Workspace::kKeyInput, &k_conv);
     const void* v_in = SameTensor(value_view, key_view) ? k_in
                        : SameTensor(value_view, query)
                            ? q_in
-                           : InDType(value_view, compute_, Workspace::kValueInput, &v_conv);
+                           : InDType(value_view, v_dt, Workspace::kValueInput, &v_conv);
     // K and V as (N, S', E): each item's projected keys, then the appended ones.
     const int64_t plane = n * total_keys * e;
     kv_buf = std::make_unique<Workspace>(Workspace::kKeysValues, 2 * plane * esize);
     char* k_out = kv_buf->as<char>();
     char* v_out = k_out + plane * esize;
-    RETURN_IF_ERROR(Linear(k_proj_, k_in, n, keys, k_out, compute_, total_keys * e));
-    RETURN_IF_ERROR(Linear(v_proj_, v_in, n, keys, v_out, compute_, total_keys * e));
+    RETURN_IF_ERROR(Linear(k_proj_, k_in, k_dt, n, keys, k_out, compute_, total_keys * e));
+    RETURN_IF_ERROR(Linear(v_proj_, v_in, v_dt, n, keys, v_out, compute_, total_keys * e));
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = keys; j < total_keys; ++j) {
         const size_t offset = ((i * total_keys + j) * e) * esize;
@@ -256,7 +316,7 @@ absl::Status MhaEngine::RunForward(const TensorView& query, const std::optional<
   problem.weights = weights;
   problem.average_weights = average_weights;
   RETURN_IF_ERROR(RunAttention(problem, options_.kernel, cache_));
-  return Linear(out_proj_, context.data(), 1, n * l, output, DType::kFloat32, 0);
+  return Linear(out_proj_, context.data(), compute_, 1, n * l, output, DType::kFloat32, 0);
 }
 
 absl::Status MhaEngine::ForwardBatch(const TensorView& query, const std::optional<TensorView>& key,
@@ -292,13 +352,15 @@ absl::Status MhaEngine::Project(Part part, const TensorView& x, float* y) const 
     }
     const int64_t rows = x.dim(0);
     std::unique_ptr<Workspace> converted;
-    const void* in = InDType(x, compute_, Workspace::kQueryInput, &converted);
-    // The in-projections were packed for outputs in the compute dtype.
-    if (part == Part::kOut || compute_ == DType::kFloat32) {
-      return Linear(p, in, 1, rows, y, DType::kFloat32, 0);
+    const DType x_dt = InputDType(x.dtype);
+    const void* in = InDType(x, x_dt, Workspace::kQueryInput, &converted);
+    // The in-projections were packed for outputs in the compute dtype (int8
+    // ones write any).
+    if (part == Part::kOut || compute_ == DType::kFloat32 || int8_) {
+      return Linear(p, in, x_dt, 1, rows, y, DType::kFloat32, 0);
     }
     Workspace projected(Workspace::kProjected, rows * p.out * DTypeSize(compute_));
-    RETURN_IF_ERROR(Linear(p, in, 1, rows, projected.data(), compute_, 0));
+    RETURN_IF_ERROR(Linear(p, in, x_dt, 1, rows, projected.data(), compute_, 0));
     ConvertFloats(compute_, projected.data(), DType::kFloat32, y,
                   static_cast<size_t>(rows * p.out));
     return absl::OkStatus();

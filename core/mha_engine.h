@@ -34,6 +34,7 @@
 #include "core/attention_mask.h"
 #include "core/mha_model.h"
 #include "core/primitive_cache.h"
+#include "core/quantized_linear.h"
 #include "core/tensor.h"
 
 namespace attention {
@@ -72,13 +73,19 @@ struct MhaCall {
 struct EngineOptions {
   size_t primitive_cache_capacity = 512;  // oneDNN primitives kept per engine.
   KernelOptions kernel;
+  // Run the projections in int8 even when the model's spec does not ask for
+  // it (spec().int8_weights, config.json "compute_dtype": "int8"): a float32
+  // model quantized at load, attention in bfloat16 (attention-core-bench
+  // --dtype=int8).
+  bool int8_weights = false;
 };
 
 class MhaEngine {
  public:
   // Prepares `model`'s weights for compute (transposed, 1/sqrt(head_dim)
-  // folded into the query projection, converted to the compute dtype).
-  // InvalidArgument if the model's spec is invalid.
+  // folded into the query projection, converted to the compute dtype, or
+  // quantized to int8). InvalidArgument if the model's spec is invalid;
+  // Internal if oneDNN cannot lay out the int8 weights.
   static absl::StatusOr<std::unique_ptr<MhaEngine>> Create(std::shared_ptr<const MhaModel> model,
                                                            EngineOptions options = {});
 
@@ -144,6 +151,7 @@ class MhaEngine {
     int64_t out = 0;
     const void* packed = nullptr;  // The weights in oneDNN's preferred layout, if any.
     dnnl::memory::desc packed_md;
+    const QuantizedLinear* quantized = nullptr;  // int8: runs the projection instead.
   };
   static Projection MakeProjection(const void* weight, const float* bias, int64_t in, int64_t out) {
     Projection p;
@@ -157,10 +165,17 @@ class MhaEngine {
   MhaEngine(std::shared_ptr<const MhaModel> model, EngineOptions options);
 
   // y[b] = x[b] W^T + bias for `batches` blocks of `rows` rows; x dense in
-  // the compute dtype, y with row stride `out` features and block stride
-  // `dst_block_stride` elements, of `dst_dtype`.
-  absl::Status Linear(const Projection& proj, const void* x, int64_t batches, int64_t rows, void* y,
-                      DType dst_dtype, int64_t dst_block_stride) const;
+  // `x_dtype` (the compute dtype, or for int8 projections float32 or
+  // bfloat16), y with row stride `out` features and block stride
+  // `dst_block_stride` elements (0: dense), of `dst_dtype`.
+  absl::Status Linear(const Projection& proj, const void* x, DType x_dtype, int64_t batches,
+                      int64_t rows, void* y, DType dst_dtype, int64_t dst_block_stride) const;
+  // The dtype the projections take inputs given in `given`: the compute
+  // dtype, or for int8 projections float32 or bfloat16 as given (float16 as
+  // float32), quantized from there.
+  DType InputDType(DType given) const;
+  // int8: quantizes every projection (QuantizedLinear). Internal on failure.
+  absl::Status Quantize();
   // Reorders `proj`'s weights once into the layout oneDNN's matmul prefers
   // for `dst_dtype` outputs, keeping the bytes in `storage`.
   void Pack(Projection* proj, DType dst_dtype, std::vector<Tensor>* storage);
@@ -175,6 +190,7 @@ class MhaEngine {
 
   const std::shared_ptr<const MhaModel> model_;
   const EngineOptions options_;
+  const bool int8_;  // Projections in int8 (spec or options).
   const DType compute_;
   Tensor qkv_weight_;  // (E, 3E): W_q^T, W_k^T, W_v^T side by side, when packed.
   Tensor qkv_bias_;    // (3E) float32 when bias; q's part scaled like W_q.
@@ -186,6 +202,7 @@ class MhaEngine {
   Projection q_proj_, k_proj_, v_proj_, out_proj_;
   Projection qkv_proj_;                 // Fused self-attention projection (when packed).
   std::vector<Tensor> packed_weights_;  // Storage of the prepacked weights.
+  std::vector<std::unique_ptr<QuantizedLinear>> quantized_;  // int8 projections.
   mutable PrimitiveCache cache_;
 };
 

@@ -56,7 +56,9 @@ int64_t MhaEngine::ProjectWorkingBytes(Part part, int64_t rows) const {
   const int64_t esize = static_cast<int64_t>(DTypeSize(compute_));
   // The input converted to the compute dtype, and the output before its
   // conversion to float32.
-  return rows * in * esize + (compute_ == DType::kFloat32 ? 0 : rows * out * esize) +
+  int64_t quantized = 0;  // int8: the rows quantized and a block of products.
+  for (const auto& q : quantized_) quantized = std::max(quantized, q->WorkingBytes(rows));
+  return rows * in * esize + (compute_ == DType::kFloat32 ? 0 : rows * out * esize) + quantized +
          kScratchpadAllowance;
 }
 
@@ -75,9 +77,11 @@ int64_t MhaEngine::WorkingBytes(int64_t n, int64_t l, int64_t keys, bool self_at
   bytes += n * l * e * esize;               // Context.
   const int64_t f32 = static_cast<int64_t>(sizeof(float));
   if (!need_weights && options_.kernel.allow_fused && FusedAttentionAvailable()) {
-    // The fused kernel's K^T and V, padded to 16 (see fused_attention.cc).
-    const int64_t ldk = (total_keys + 15) / 16 * 16, ldq = (d + 15) / 16 * 16;
-    bytes += (n * heads * d * ldk + 16) * f32 + n * heads * (total_keys + 1) * ldq * f32;
+    // The fused kernel's K^T in panels of 64 keys (the main keys', then one
+    // of the appended keys) and V padded to whole vectors (fused_attention.cc).
+    const int64_t panels = (keys + 63) / 64 + (total_keys > keys ? 1 : 0);
+    const int64_t ldq = (d + 15) / 16 * 16;
+    bytes += n * heads * d * panels * 64 * f32 + n * heads * (total_keys + 1) * ldq * f32;
   } else {
     // The primitive path's blocks of scores, masks and bfloat16
     // probabilities, sized as RunAttention sizes them.
@@ -92,7 +96,12 @@ int64_t MhaEngine::WorkingBytes(int64_t n, int64_t l, int64_t keys, bool self_at
     const int64_t cells = items * heads * block * total_keys;
     bytes += cells * (f32 + 2 + f32) + items * heads * block;
   }
-  return bytes + 4 * kScratchpadAllowance;  // Up to four primitives' scratchpads.
+  // int8: the rows quantized and a block of products, one projection at a time.
+  int64_t quantized = 0;
+  for (const auto& q : quantized_) {
+    quantized = std::max(quantized, q->WorkingBytes(n * std::max(l, keys)));
+  }
+  return bytes + quantized + 4 * kScratchpadAllowance;  // Up to four primitives' scratchpads.
 }
 
 absl::StatusOr<MhaCall> MhaEngine::Validate(const MhaInputs& in) const {

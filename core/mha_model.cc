@@ -103,6 +103,7 @@ absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::FromTensors(const Mode
   spec.num_heads = config.num_heads;
   spec.add_zero_attn = config.add_zero_attn;
   spec.compute_dtype = config.compute_dtype;
+  spec.int8_weights = config.int8_weights;
 
   // E from out_proj.weight, checked against the config.
   const Tensor* out_w = st.Find("out_proj.weight");

@@ -32,6 +32,9 @@ struct MhaSpec {
   bool add_bias_kv = false;
   bool add_zero_attn = false;
   DType compute_dtype = DType::kFloat32;  // float32 or bfloat16.
+  // The four projections in int8 (QuantizedLinear: weights per output
+  // channel, activations per row); the attention in compute_dtype.
+  bool int8_weights = false;
 
   int64_t head_dim() const { return embed_dim / num_heads; }
   // Keys appended to every sequence: bias_k and the zero key.

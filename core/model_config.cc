@@ -68,10 +68,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
       set_bool(v);
       c.add_zero_attn = v.value_or(false);
     } else if (key == "compute_dtype") {
-      if (!it.value().is_string() || (it.value() != "float32" && it.value() != "bfloat16")) {
-        status = KeyError(key, "\"float32\" or \"bfloat16\"", it.value());
+      if (!it.value().is_string() ||
+          (it.value() != "float32" && it.value() != "bfloat16" && it.value() != "int8")) {
+        status = KeyError(key, "\"float32\", \"bfloat16\" or \"int8\"", it.value());
       } else {
         c.compute_dtype = it.value() == "float32" ? DType::kFloat32 : DType::kBFloat16;
+        c.int8_weights = it.value() == "int8";
       }
     } else if (key == "max_batch_size") {
       set_int(c.serving.max_batch_size, 1);

@@ -1,7 +1,8 @@
 // File: core/model_config.h
 //
 // The contents of a model directory's `config.json`: the shape of a
-// torch.nn.MultiheadAttention layer, its compute dtype, and the serving
+// torch.nn.MultiheadAttention layer, its compute dtype (float32, bfloat16,
+// or int8 projections with bfloat16 attention), and the serving
 // (batching) options the server reads. Plain values: thread-compatible.
 //
 // Example config.json:
@@ -44,6 +45,10 @@ struct ModelConfig {
   std::optional<bool> add_bias_kv;        // bias_k and bias_v present.
   bool add_zero_attn = false;             // Not visible in the tensors.
   DType compute_dtype = DType::kFloat32;  // float32 or bfloat16.
+  // "compute_dtype": "int8": int8 projections (per-channel weights quantized
+  // at load, activations per row at run time), attention in bfloat16;
+  // compute_dtype is then bfloat16.
+  bool int8_weights = false;
   ServingConfig serving;
 };
 

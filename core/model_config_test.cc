@@ -47,7 +47,15 @@ TEST(ModelConfigTest, OnlyNumHeadsIsRequired) {
   EXPECT_FALSE(c->bias.has_value());
   EXPECT_FALSE(c->add_zero_attn);
   EXPECT_EQ(c->compute_dtype, DType::kFloat32);
+  EXPECT_FALSE(c->int8_weights);
   EXPECT_FALSE(c->serving.max_batch_size.has_value());
+}
+
+TEST(ModelConfigTest, Int8MeansInt8ProjectionsAndBFloat16Attention) {
+  auto c = ParseModelConfig(R"({"num_heads": 2, "compute_dtype": "int8"})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->int8_weights);
+  EXPECT_EQ(c->compute_dtype, DType::kBFloat16);
 }
 
 TEST(ModelConfigTest, RejectsBadConfigs) {
@@ -58,7 +66,7 @@ TEST(ModelConfigTest, RejectsBadConfigs) {
   ExpectInvalid(R"({"num_heads": "8"})", "'num_heads' must be an integer >= 1, got \"8\"");
   ExpectInvalid(R"({"num_heads": 2, "bias": 1})", "'bias' must be true or false, got 1");
   ExpectInvalid(R"({"num_heads": 2, "compute_dtype": "float16"})",
-                "'compute_dtype' must be \"float32\" or \"bfloat16\", got \"float16\"");
+                "'compute_dtype' must be \"float32\", \"bfloat16\" or \"int8\", got \"float16\"");
   ExpectInvalid(R"({"num_heads": 2, "dropout": 0.1})", "unknown key 'dropout'");
   ExpectInvalid(R"({"num_heads": 2, "session_cache_dtype": "float16"})",
                 "'session_cache_dtype' must be \"float32\" or \"bfloat16\", got \"float16\"");

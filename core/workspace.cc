@@ -1,6 +1,5 @@
 #include "core/workspace.h"
 
-#include <algorithm>
 #include <atomic>
 
 namespace attention {
@@ -77,6 +76,6 @@ void Workspace::SetKeptLimit(size_t bytes) { kept_limit.store(bytes); }
 
 size_t Workspace::KeptLimit() { return kept_limit.load(); }
 
-size_t Workspace::MaxKeptBufferBytes() { return std::min(kMaxKeptBytes, KeptLimit() / 2); }
+size_t Workspace::MaxKeptBufferBytes() { return KeptLimit() / 2; }
 
 }  // namespace attention

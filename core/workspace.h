@@ -9,11 +9,12 @@
 // one call need different slots), grown as needed. What every thread keeps
 // together is one process-wide budget, KeptLimit() (the server sets it from
 // its memory plan): a buffer is kept only while the total stays within it
-// and the buffer itself is at most MaxKeptBufferBytes() (half the budget,
-// and never over kMaxKeptBytes), so one large call cannot take the whole
-// budget from the steady shapes. Any other request gets memory of its
-// own, freed when the Workspace goes. A thread's kept buffers are freed (and
-// leave the total) when the thread exits.
+// and the buffer itself is at most MaxKeptBufferBytes() (half the budget),
+// so one large call cannot take the whole budget from the steady shapes; a
+// long sequence's buffers of any size are reused as long as the budget
+// (the bench's --workspace_kept_bytes, the server's workspaces_kept) allows. Any other request gets
+// memory of its own, freed when the Workspace goes. A thread's kept buffers are freed (and leave
+// the total) when the thread exits.
 //
 // Example:
 //   Workspace context(Workspace::kContext, n * l * e * sizeof(float));
@@ -36,18 +37,20 @@ namespace attention {
 class Workspace {
  public:
   enum Slot {
-    kQueryInput,       // The query converted to the compute dtype.
-    kKeyInput,         // The key, likewise.
-    kValueInput,       // The value, likewise.
-    kProjected,        // Projected Q (and K, V for fused self-attention).
-    kKeysValues,       // Projected K and V with appended keys.
-    kContext,          // Attention output before the out-projection.
-    kScratchpad,       // oneDNN's per-call scratchpad.
-    kKernelKeys,       // The fused kernel's K^T.
-    kKernelValues,     // The fused kernel's widened V.
-    kScores,           // The primitive path's block of scores.
-    kScoreMask,        // Its block of additive masks.
-    kProbabilities16,  // Its bfloat16 probabilities.
+    kQueryInput,             // The query converted to the compute dtype.
+    kKeyInput,               // The key, likewise.
+    kValueInput,             // The value, likewise.
+    kProjected,              // Projected Q (and K, V for fused self-attention).
+    kKeysValues,             // Projected K and V with appended keys.
+    kContext,                // Attention output before the out-projection.
+    kScratchpad,             // oneDNN's per-call scratchpad.
+    kKernelKeys,             // The fused kernel's K^T.
+    kKernelValues,           // The fused kernel's widened V.
+    kQuantizedInput,         // int8 projections: rows quantized, their scales;
+    kQuantizedAccumulators,  // int8 projections: a block of int32 products.
+    kScores,                 // The primitive path's block of scores.
+    kScoreMask,              // Its block of additive masks.
+    kProbabilities16,        // Its bfloat16 probabilities.
     // A caller's padded batch for ForwardBatch (the server's batcher thread):
     kBatchQuery,    // Its queries,
     kBatchKey,      // keys,
@@ -64,8 +67,6 @@ class Workspace {
     kStepWeights,  // and per-head weights to average.
     kSlotCount,
   };
-  // Largest buffer a thread keeps per slot, whatever the budget.
-  static constexpr size_t kMaxKeptBytes = size_t{64} << 20;
   // The process-wide budget until SetKeptLimit() is called.
   static constexpr size_t kDefaultKeptLimit = size_t{256} << 20;
 
@@ -90,7 +91,7 @@ class Workspace {
   // kept; it takes effect as buffers are replaced or threads exit.
   static void SetKeptLimit(size_t bytes);
   static size_t KeptLimit();
-  // The largest buffer kept: min(kMaxKeptBytes, KeptLimit() / 2).
+  // The largest buffer kept: KeptLimit() / 2.
   static size_t MaxKeptBufferBytes();
 
  private:

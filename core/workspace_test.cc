@@ -83,7 +83,23 @@ TEST_F(WorkspaceTest, ABufferOverHalfTheLimitIsNotKept) {
     EXPECT_EQ(Workspace::KeptBytes(), kMiB);
   }).join();
   Workspace::SetKeptLimit(Workspace::kDefaultKeptLimit);
-  EXPECT_EQ(Workspace::MaxKeptBufferBytes(), Workspace::kMaxKeptBytes);
+  EXPECT_EQ(Workspace::MaxKeptBufferBytes(), Workspace::kDefaultKeptLimit / 2);
+}
+
+TEST_F(WorkspaceTest, ALargeBufferWithinHalfTheLimitIsKept) {
+  // A long sequence's projections (1 x 16384 x 1024: 192 MiB) are reused
+  // from call to call when the budget allows, whatever their size.
+  Workspace::SetKeptLimit(Workspace::TotalKeptBytes() + 512 * kMiB);
+  std::thread([] {
+    void* first;
+    {
+      Workspace big(Workspace::kProjected, 192 * kMiB);
+      first = big.data();
+    }
+    EXPECT_EQ(Workspace::KeptBytes(), 192 * kMiB);
+    Workspace again(Workspace::kProjected, 192 * kMiB);
+    EXPECT_EQ(again.data(), first);
+  }).join();
 }
 
 }  // namespace

@@ -68,7 +68,8 @@ def export_mha(module, out_dir, dtype="float32", compute_dtype="float32", extra_
     """Writes out_dir/config.json and out_dir/model.safetensors for `module`.
 
     dtype: how the weights are stored (float32, bfloat16 or float16).
-    compute_dtype: the engine's compute type (float32 or bfloat16).
+    compute_dtype: the engine's compute type: float32, bfloat16, or int8 (the projections quantized
+        to int8 at load, attention in bfloat16).
     extra_config: more config.json keys, e.g. {"max_batch_size": 32}.
     """
     if not isinstance(module, torch.nn.MultiheadAttention):
@@ -109,7 +110,7 @@ def main():
     p.add_argument("--seed", type=int, default=0, help="initialisation seed (no --state_dict)")
     p.add_argument("--state_dict", help="a torch.save()d state_dict of the layer to export")
     p.add_argument("--dtype", default="float32", choices=sorted(_BY_NAME))
-    p.add_argument("--compute_dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--compute_dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--out", required=True, help="model directory to write")
     p.add_argument("--force", action="store_true", help="overwrite a non-empty directory")
     args = p.parse_args()

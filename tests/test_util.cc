@@ -159,7 +159,7 @@ void WriteModelDir(const MhaModel& model, const std::string& dir, const std::str
   std::ofstream(dir + "/config.json")
       << "{\"num_heads\": " << s.num_heads
       << ", \"add_zero_attn\": " << (s.add_zero_attn ? "true" : "false")
-      << ", \"compute_dtype\": \"" << DTypeName(s.compute_dtype) << "\""
+      << ", \"compute_dtype\": \"" << (s.int8_weights ? "int8" : DTypeName(s.compute_dtype)) << "\""
       << (extra_config.empty() ? "" : ", ") << extra_config << "}";
 }
 

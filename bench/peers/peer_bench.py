@@ -53,6 +53,10 @@ DEFAULT_SHAPES = "1x32x256x8,1x128x768x12,8x256x512x8,8x512x1024x16,1x4096x256x8
 DEFAULT_ENGINE = os.path.join(ROOT, "build", "bin", "attention-core-bench")
 OPENBLAS_UNSET = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 TOLERANCE = 1e-4
+# int8 graphs (ORT's dynamic quantization) differ from torch's float output by the quantization:
+# they count when max|Δ| / max|torch| stays within this.
+INT8_TOLERANCE = 0.05
+INT8_GRAPHS = ("mha_int8", "qattention")
 WEIGHT_SEED = 0
 INPUT_SEED = 1
 BACKGROUND_WARN = 0.05  # share of the machine's CPU time used by other processes ...
@@ -239,13 +243,17 @@ class Runner:
         return objs, None, background
 
 
-def max_abs_diff(path_a, path_b):
+def max_abs_diff(path_a, path_b, scaled=False):
+    """max |a - b|, or with `scaled` max |a - b| / max |b|."""
     import numpy as np
     a = np.fromfile(path_a, dtype="<f4")
     b = np.fromfile(path_b, dtype="<f4")
     if a.shape != b.shape:
         return float("inf")
-    return float(np.max(np.abs(a - b))) if a.size else 0.0
+    if not a.size:
+        return 0.0
+    d = float(np.max(np.abs(a - b)))
+    return d / max(float(np.max(np.abs(b))), 1e-30) if scaled else d
 
 
 def loadavg():
@@ -326,6 +334,10 @@ def main():
     p.add_argument("--ort_graph", default="auto",
                    help="comma list of mha, attention, onnx23; 'auto' = mha,attention (the two "
                         "contrib ops); 'all' = all three (see onnx_graphs.py)")
+    p.add_argument("--ort_int8_graph", default="auto",
+                   help="comma list of ORT's int8 graphs (mha_int8, qattention: dynamic "
+                        "quantization, see onnx_graphs.py), the peer of the engine's int8; 'auto' "
+                        "= both when int8 is among --engine_dtypes; 'none'")
     p.add_argument("--no_torch", action="store_true")
     p.add_argument("--no_ort", action="store_true")
     p.add_argument("--wait_idle", type=float, default=0.0,
@@ -369,6 +381,10 @@ def drive(args):
     graphs = {"auto": "mha,attention", "all": "mha,attention,onnx23"}.get(args.ort_graph,
                                                                           args.ort_graph)
     ort_variants = [v for v in graphs.split(",") if v]
+    engine_dtypes = [d for d in args.engine_dtypes.split(",") if d]
+    int8_graphs = {"auto": ",".join(INT8_GRAPHS) if "int8" in engine_dtypes else "",
+                   "none": ""}.get(args.ort_int8_graph, args.ort_int8_graph)
+    ort_int8_variants = [v for v in int8_graphs.split(",") if v]
     ort_js = os.path.join(HERE, "ort_run.js")
     if not args.no_ort and not os.path.isdir(os.path.join(HERE, "node_modules",
                                                           "onnxruntime-node")):
@@ -384,7 +400,6 @@ def drive(args):
         notes.append(f"engine {engine} not found: no engine columns")
         engine = None
     engine_causal = bool(engine) and engine_supports(engine, "is_causal")
-    engine_dtypes = [d for d in args.engine_dtypes.split(",") if d]
     engine_extra = args.engine_extra_args.split()
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="peer_bench.")
@@ -408,7 +423,7 @@ def drive(args):
             "input": os.path.join(workdir, f"x_{name}.bin"),
             "onnx": {v: os.path.join(workdir, f"ort_{v}_E{s['e']}_H{s['h']}"
                                               f"{'_causal' if s['causal'] else ''}.onnx")
-                     for v in ort_variants},
+                     for v in ort_variants + ort_int8_variants},
         })
     spec_path = os.path.join(workdir, "spec.json")
     with open(spec_path, "w") as f:
@@ -425,7 +440,8 @@ def drive(args):
     print(f"torch {versions['torch']}: subprocess without OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE "
           f"({'here: ' + unset if unset else 'not set here'}), "
           f"{args.torch_malloc_warmup_mib:g} MiB malloc warmup; ORT graphs: "
-          f"{', '.join(ort_variants)}; engine: {engine or 'not run'}", flush=True)
+          f"{', '.join(ort_variants + ort_int8_variants)}; engine: {engine or 'not run'}",
+          flush=True)
 
     rows = []
     for item in items:
@@ -466,10 +482,11 @@ def drive(args):
             best = min(configs, key=lambda c: c["median_ms"]) if configs else None
             row["torch"] = {"best": best, "configs": configs, "error": "; ".join(errors) or None}
 
-        # ONNX Runtime: every graph x thread count; the fastest correct one is its column.
-        if not args.no_ort:
+        # ONNX Runtime: every graph x thread count; the fastest correct one is its column (float
+        # graphs: "ort"; int8 graphs, the engine int8's peer: "ort_int8").
+        def run_ort(variants, int8):
             configs, errors = [], []
-            for variant in ort_variants:
+            for variant in variants:
                 for threads in args.ort_threads.split(","):
                     out = os.path.join(workdir, "y_ort.bin")
                     cmd = [args.node, ort_js, "--model", item["onnx"][variant], "--input",
@@ -479,17 +496,27 @@ def drive(args):
                     if err:
                         errors.append(f"{variant} {threads}t: {err}")
                         continue
-                    ort_version = res[0].get("version", ort_version)
                     c = dict(res[0], graph=variant, gflops=gf(res[0]["median_ms"]),
                              background=bg)
                     if os.path.exists(ref):
                         c["max_abs_diff"] = max_abs_diff(out, ref)
-                        c["correct"] = c["max_abs_diff"] <= TOLERANCE
+                        if int8:
+                            c["scaled_max_diff"] = max_abs_diff(out, ref, scaled=True)
+                        c["correct"] = (c["scaled_max_diff"] <= INT8_TOLERANCE if int8
+                                        else c["max_abs_diff"] <= TOLERANCE)
                     os.remove(out)
                     configs.append(c)
             ok = [c for c in configs if c.get("correct", True)]
             best = min(ok, key=lambda c: c["median_ms"]) if ok else None
-            row["ort"] = {"best": best, "configs": configs, "error": "; ".join(errors) or None}
+            version = next((c.get("version") for c in configs if c.get("version")), None)
+            return {"best": best, "configs": configs, "error": "; ".join(errors) or None}, version
+
+        if not args.no_ort:
+            row["ort"], v = run_ort(ort_variants, int8=False)
+            ort_version = v or ort_version
+            if ort_int8_variants:
+                row["ort_int8"], v = run_ort(ort_int8_variants, int8=True)
+                ort_version = v or ort_version
 
         # The engine, on the exported model directory; K from the closest peer's median.
         if engine and (not s["causal"] or engine_causal):
@@ -509,8 +536,27 @@ def drive(args):
                     err = err or "no median_ms in its JSON"
                 if r.get("dtype") not in (None, dtype):
                     err = err or f"asked for {dtype}, it ran {r['dtype']}"
+                # ORT's number for the same shape and dtype: its int8 graphs for int8, its
+                # float graphs otherwise (ORT has no bfloat16 CPU attention).
+                same = (row.get("ort_int8") if dtype == "int8" else row.get("ort")) or {}
+                o = same.get("best")
+                summary = {"engine_ms": r.get("median_ms"), "path": r.get("path"),
+                           "minor_faults_per_call": r.get("minor_faults_per_call"),
+                           "peak_gflops": r.get("peak_gflops"),
+                           "share_of_peak": (r["gflops_calc"] / r["peak_gflops"]
+                                             if r.get("peak_gflops") and "gflops_calc" in r
+                                             else None),
+                           "ort_dtype": "int8" if dtype == "int8" else "float32",
+                           "ort_graph": o and f"{o['graph']} {o['threads']}t",
+                           "ort_ms": o and o["median_ms"],
+                           "engine_over_ort": (o["median_ms"] / r["median_ms"]
+                                               if o and r.get("median_ms") else None)}
+                f32 = (row["engine"].get("float32") or {}).get("result") or {}
+                if dtype != "float32" and f32.get("median_ms") and r.get("median_ms"):
+                    summary["over_engine_float32"] = f32["median_ms"] / r["median_ms"]
                 row["engine"][dtype] = {"result": r or None, "error": err, "iterations": k,
-                                        "background": bg, "command": " ".join(cmd)}
+                                        "background": bg, "command": " ".join(cmd),
+                                        "summary": summary}
         elif engine and s["causal"]:
             row["engine_note"] = "engine has no --is_causal flag: not run"
 
@@ -533,6 +579,8 @@ def drive(args):
                             "budget_s": args.budget_s, "torch_threads": args.torch_threads,
                             "torch_malloc_warmup_mib": args.torch_malloc_warmup_mib,
                             "ort_threads": args.ort_threads, "ort_graphs": ort_variants,
+                            "ort_int8_graphs": ort_int8_variants,
+                            "int8_tolerance_scaled": INT8_TOLERANCE,
                             "engine_threads": args.engine_threads, "tolerance": TOLERANCE,
                             "weight_seed": WEIGHT_SEED, "input_seed": INPUT_SEED,
                             "openblas_unset_for_torch": list(OPENBLAS_UNSET)},
@@ -545,12 +593,18 @@ def drive(args):
 
 
 def print_table(rows, args, engine, notes):
-    dtypes = args.engine_dtypes.split(",") if engine else []
+    dtypes = [d for d in args.engine_dtypes.split(",") if d] if engine else []
     short = {"float32": "f32", "bfloat16": "bf16"}
+    int8_ort = any(r.get("ort_int8") for r in rows)
     head = ["N x L x E, H", "torch ms", "torch GF/s", "ORT ms", "ORT GF/s", "ORT max\\|Δ\\|"]
+    if int8_ort:
+        head += ["ORT int8 ms", "ORT int8 scaled \\|Δ\\|"]
     for d in dtypes:
         sd = short.get(d, d)
-        head += [f"engine {sd} ms", f"{sd} GF/s", f"{sd}/ORT", f"{sd}/torch"]
+        peer = "ORT int8" if d == "int8" else "ORT"
+        head += [f"engine {sd} ms", f"{sd} GF/s", f"{sd}/{peer}", f"{sd}/torch"]
+        if d != "float32" and "float32" in dtypes:
+            head.append(f"{sd}/f32")
     extra = any(k in ((v or {}).get("result") or {})
                 for r in rows for v in r["engine"].values()
                 for k in ("path", "minor_faults_per_call", "peak_gflops"))
@@ -564,22 +618,32 @@ def print_table(rows, args, engine, notes):
         label = shape_label(r["shape"])
         t = (r["torch"] or {}).get("best")
         o = (r["ort"] or {}).get("best")
+        o8 = (r.get("ort_int8") or {}).get("best")
         cells = [label, fmt(t and t["median_ms"]), fmt(t and t["gflops"], ".1f"),
                  fmt(o and o["median_ms"]), fmt(o and o["gflops"], ".1f"),
                  fmt(o and o.get("max_abs_diff"), ".1e")]
+        if int8_ort:
+            cells += [fmt(o8 and o8["median_ms"]), fmt(o8 and o8.get("scaled_max_diff"), ".1e")]
         enotes, cfg = [], []
         if t:
             cfg.append(f"torch {t['threads']}t{'' if t.get('fast_path') else ' slow path'} "
                        f"({t['iterations']})")
         if o:
             cfg.append(f"ORT {o['graph']} {o['threads']}t ({o['iterations']})")
+        if o8:
+            cfg.append(f"ORT {o8['graph']} {o8['threads']}t ({o8['iterations']})")
+        f32_ms = (((r["engine"].get("float32") or {}).get("result") or {}).get("median_ms")
+                  if not (r["engine"].get("float32") or {}).get("error") else None)
         for d in dtypes:
             ent = r["engine"].get(d) or {}
             res = {} if ent.get("error") else (ent.get("result") or {})
             ms = res.get("median_ms")
+            peer = o8 if d == "int8" else o
             cells += [fmt(ms), fmt(res.get("gflops_calc"), ".1f"),
-                      (fmt(o["median_ms"] / ms, ".2f") + "x") if o and ms else "—",
+                      (fmt(peer["median_ms"] / ms, ".2f") + "x") if peer and ms else "—",
                       (fmt(t["median_ms"] / ms, ".2f") + "x") if t and ms else "—"]
+            if d != "float32" and "float32" in dtypes:
+                cells.append((fmt(f32_ms / ms, ".2f") + "x") if f32_ms and ms else "—")
             bits = []
             if "path" in res:
                 bits.append(f"path {res['path']}")
@@ -602,15 +666,20 @@ def print_table(rows, args, engine, notes):
             cells.append("; ".join(enotes) or "—")
         cells.append("; ".join(cfg))
         print("| " + " | ".join(cells) + " |", flush=True)
-        for name, title in (("torch", "torch"), ("ort", "ORT")):
-            part = r[name] or {}
+        for name, title in (("torch", "torch"), ("ort", "ORT"), ("ort_int8", "ORT")):
+            part = r.get(name) or {}
             if part.get("error"):
                 notes.append(f"{label}: {title}: {part['error']}")
             for c in part.get("configs", []):
                 what = f"{title} {c.get('graph', '')} {c['threads']}t".replace("  ", " ")
                 if c.get("correct") is False:
-                    notes.append(f"{label}: {what} output differs from torch's by "
-                                 f"{c['max_abs_diff']:.2e} (> {TOLERANCE:g}): not counted")
+                    if "scaled_max_diff" in c:
+                        notes.append(f"{label}: {what} output differs from torch's by "
+                                     f"{c['scaled_max_diff']:.2e} of its scale "
+                                     f"(> {INT8_TOLERANCE:g}): not counted")
+                    else:
+                        notes.append(f"{label}: {what} output differs from torch's by "
+                                     f"{c['max_abs_diff']:.2e} (> {TOLERANCE:g}): not counted")
                 if busy(c.get("background")):
                     notes.append(f"{label}: {what}: {busy(c['background'])}")
         if r.get("engine_note"):
@@ -618,9 +687,14 @@ def print_table(rows, args, engine, notes):
     print()
     print("ms: median wall time per call (warmup excluded); GF/s: (8NLE^2 + 4NL^2E) / median; "
           "x/ORT, x/torch: engine speed over the peer's (peer ms / engine ms, > 1 = engine "
-          f"faster); ORT max|Δ|: max abs difference from torch's output (limit {TOLERANCE:g}); "
+          "faster; int8 against ORT's int8 graphs, bf16 and f32 against its float ones); "
+          "x/f32: over the engine's float32; "
+          f"ORT max|Δ|: max abs difference from torch's output (limit {TOLERANCE:g}); ORT int8 "
+          f"scaled |Δ|: max|Δ| / max|torch| (limit {INT8_TOLERANCE:g}); "
           "causal rows use the same (full) FLOP count. "
-          "Every configuration tried (thread counts, ORT graphs, min_ms) is in --json.")
+          "Every configuration tried (thread counts, ORT graphs, min_ms) is in --json; each "
+          "engine entry's 'summary' has ORT's number for the same dtype, the peak, faults/call "
+          "and path.")
     for note in notes:
         print(f"note: {note}")
 

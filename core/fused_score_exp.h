@@ -1,0 +1,140 @@
+// File: core/fused_score_exp.h
+//
+// Internal to the fused attention kernel (fused_attention.cc): for a tile of
+// keys that no mask touches, the scores, the softmax's exponentials and the
+// rows' sums in one pass, while the scores are still in registers (no score
+// matrix written and read back, no separate maximum).
+//
+// The probabilities are 2^(s - m[r]) against a per-row reference m[r] that
+// need not be the running maximum: it only moves (up, by a whole number k,
+// so that every rescaling is by 2^-k, exact in float32 and bfloat16) when a
+// score exceeds it by more than kSlack. Probabilities stay below 2^kSlack;
+// the final division by their sum makes the reference cancel (lazy
+// rescaling, as FlashAttention-3 does). Masked tiles keep the same invariant
+// with their exact maximum (fused_softmax.h), so both kinds of tiles mix in
+// one row.
+//
+// Include only from translation units compiled with the kernel's AVX-512
+// flags, and run only after its CPU check. Stateless; thread-safe.
+#ifndef ATTENTION_CORE_FUSED_SCORE_EXP_H_
+#define ATTENTION_CORE_FUSED_SCORE_EXP_H_
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "core/avx512_tiles.h"
+#include "core/fused_softmax.h"
+
+namespace attention::fused_internal {
+
+// The probabilities of row r's block of 16 NV keys from column c of the
+// tile (acc: the scores in log2 units, `last` the final vector's lanes): the
+// reference moved first if a score exceeds it by more than kSlack;
+// probabilities written as float32 or bfloat16 pairs, added to the row's sum.
+template <int NV>
+inline void ExpBlockRow(__m512 (&acc)[NV], __mmask16 last, const TileRows& st, int64_t r,
+                        int64_t c) {
+  const __m512 limit = _mm512_set1_ps(st.m[r] + kSlack);
+  __mmask16 over = 0;
+#pragma GCC unroll 4
+  for (int v = 0; v + 1 < NV; ++v) over |= _mm512_cmp_ps_mask(acc[v], limit, _CMP_GT_OQ);
+  over |= _mm512_mask_cmp_ps_mask(last, acc[NV - 1], limit, _CMP_GT_OQ);
+  if (over != 0) {
+    alignas(64) float scores[16 * NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      _mm512_store_ps(
+          scores + 16 * v,
+          v + 1 < NV ? acc[v]
+                     : _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()),
+                                          last, acc[v]));
+    }
+    MoveReference(st, r, c, scores, 16 * NV);
+  }
+  const __m512 shift = _mm512_set1_ps(st.m[r]);
+  __m512 p[NV];
+  __m512 sum = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    p[v] = st.exact ? avx512::Exp2<5>(_mm512_sub_ps(acc[v], shift))
+                    : avx512::Exp2<3>(_mm512_sub_ps(acc[v], shift));
+    if (v + 1 == NV) p[v] = _mm512_maskz_mov_ps(last, p[v]);
+    sum = _mm512_add_ps(sum, p[v]);
+  }
+  float* sums = st.sums + 16 * r;
+  _mm512_storeu_ps(sums, _mm512_add_ps(_mm512_loadu_ps(sums), sum));
+  if (st.p16 == nullptr) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(st.p32 + r * st.ld_p + c + 16 * v, p[v]);
+    return;
+  }
+#pragma GCC unroll 2
+  for (int v = 0; v < NV; v += 2) {
+    const __m512 hi = v + 1 < NV ? p[v + 1] : _mm512_setzero_ps();
+    _mm512_storeu_si512(st.p16 + r * st.ld_p + (c + 16 * v) / 2,
+                        (__m512i)_mm512_cvtne2ps_pbh(hi, p[v]));
+  }
+}
+
+// Scores for R rows and NV vectors of keys of one panel (as
+// avx512::ScoreBlock), then ExpBlockRow per row.
+template <int R, int NV, typename T>
+inline void ScoreExpBlock(const T* q, int64_t ldq, const T* panel, int64_t depth, __mmask16 last,
+                          const TileRows& st, int64_t r0, int64_t c) {
+  __m512 acc[R][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < depth; ++d) {
+    avx512::Vec<T> k[NV];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) k[v] = avx512::LoadVec(panel + d * avx512::kPanel + 16 * v);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const avx512::Vec<T> b = avx512::Broadcast(q + r * ldq + d);
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) acc[r][v] = avx512::MulAdd(acc[r][v], k[v], b);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) ExpBlockRow<NV>(acc[r], last, st, r0 + r, c);
+}
+
+template <int R, typename T>
+inline void ScoreExpPanel(int64_t nv, const T* q, int64_t ldq, const T* panel, int64_t depth,
+                          __mmask16 last, const TileRows& st, int64_t r0, int64_t c) {
+  switch (nv) {
+    case 4:
+      return ScoreExpBlock<R, 4>(q, ldq, panel, depth, last, st, r0, c);
+    case 3:
+      return ScoreExpBlock<R, 3>(q, ldq, panel, depth, last, st, r0, c);
+    case 2:
+      return ScoreExpBlock<R, 2>(q, ldq, panel, depth, last, st, r0, c);
+    default:
+      return ScoreExpBlock<R, 1>(q, ldq, panel, depth, last, st, r0, c);
+  }
+}
+
+// Probabilities of `rows` queries against `keys` keys of an unmasked tile
+// (kt: the keys' panels), panel by panel (see avx512::Scores).
+template <typename T>
+inline void ScoresExp(const T* q, int64_t ldq, const T* kt, int64_t depth, int64_t rows,
+                      int64_t keys, const TileRows& st) {
+  for (int64_t c = 0; c < keys; c += avx512::kPanel) {
+    const T* panel = kt + c / avx512::kPanel * depth * avx512::kPanel;
+    const int64_t nv = std::min<int64_t>(4, (keys - c + 15) / 16);
+    const __mmask16 last = avx512::TailMask(keys - c - 16 * (nv - 1));
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+      ScoreExpPanel<4>(nv, q + r * ldq, ldq, panel, depth, last, st, r, c);
+    for (; r < rows; ++r) ScoreExpPanel<1>(nv, q + r * ldq, ldq, panel, depth, last, st, r, c);
+  }
+}
+
+}  // namespace attention::fused_internal
+
+#endif  // ATTENTION_CORE_FUSED_SCORE_EXP_H_
