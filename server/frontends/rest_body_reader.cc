@@ -44,24 +44,31 @@ bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
     const int64_t asked = static_cast<int64_t>(declared) * factor;
     absl::StatusOr<std::shared_ptr<Admission>> taken = budget_->Take(asked);
     if (!taken.ok()) {
+      // Read and dropped (nothing kept), so that the client, still sending,
+      // reads the 429, and the connection stays in step.
+      const bool whole = DropBody(req, reader, max_body_);
       ReplyError(res, Busy(*budget_, asked));
-      CloseAfterReply(res);  // Unread: the rest must not be read as a request.
+      if (!whole) CloseAfterReply(res);
       return false;
     }
     *charge = *std::move(taken);
   }
+  uint64_t seen = 0;
   const bool read = reader([&](const char* data, size_t n) {
-    if (body->size() + n > static_cast<size_t>(max_body_)) {
+    seen += n;
+    if (seen > static_cast<uint64_t>(max_body_)) {
       too_big = true;
       return false;
     }
+    if (!busy.ok()) return true;  // Refused: the rest is read and dropped.
     // A chunked or compressed body grows its charge as it is read.
-    const int64_t need = static_cast<int64_t>(body->size() + n) * factor;
+    const int64_t need = static_cast<int64_t>(seen) * factor;
     if (*charge != nullptr && need > (*charge)->bytes()) {
-      busy = (*charge)->AtLeast(need);
-      if (!busy.ok()) {
+      if (!(*charge)->AtLeast(need).ok()) {
         busy = Busy(*budget_, need);
-        return false;
+        std::string().swap(*body);
+        charge->reset();
+        return true;
       }
     }
     body->append(data, n);
@@ -77,7 +84,7 @@ bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
   }
   if (!busy.ok()) {
     ReplyError(res, busy);
-    CloseAfterReply(res);
+    if (!read) CloseAfterReply(res);
     return false;
   }
   if (!read) {

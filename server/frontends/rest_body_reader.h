@@ -6,8 +6,9 @@
 // are charged before they are read (by their Content-Length) and as they
 // grow, at kJsonCharge times their bytes for JSON (parsing takes about four
 // times a body's size) and kBinaryCharge for a body with binary tensors. A
-// body the budget cannot take is refused with 429 unread, and its
-// connection closed. This is REST's counterpart of gRPC's resource quota:
+// body the budget cannot take is refused with 429; what is left of it is
+// read and dropped (nothing kept), so the client reads the answer and the
+// connection stays in step. This is REST's counterpart of gRPC's resource quota:
 // it bounds the memory of requests not yet admitted to the in-flight budget.
 //
 // Thread-safe (const). The budget, when given, must outlive the reader and
