@@ -67,9 +67,11 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
                   : MhaModel::LoadFromDirectory(dir);
   if (!model.ok()) return fail(model.status(), "failure");
   served->model = *model;
+  const absl::Time read = absl::Now();
   absl::StatusOr<std::unique_ptr<MhaEngine>> engine = MhaEngine::Create(served->model);
   if (!engine.ok()) return fail(engine.status(), "failure");
   served->engine = *std::move(engine);
+  const absl::Time prepared = absl::Now();
   if (options_.warmup) {
     // Batches run with one thread or all of them (see DynamicBatcher):
     // primitives are made per thread count.
@@ -82,6 +84,7 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
       }
     }
   }
+  const absl::Time warm = absl::Now();
   served->metrics = metrics_->AddModel(name);
   absl::StatusOr<std::unique_ptr<DynamicBatcher>> batcher = DynamicBatcher::Create(
       served->engine.get(), Resolve(options_.batching, served->model->serving()), served->metrics,
@@ -99,7 +102,9 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
             << b.max_batch_size << ", max_batch_tokens " << b.max_batch_tokens
             << ", max_queue_delay_us " << b.max_queue_delay_us << ", max_queue_size "
             << b.max_queue_size << (options_.warmup ? "; warmed up" : "") << " in " << seconds
-            << " s\n";
+            << " s (read " << absl::ToDoubleSeconds(read - start) << " s, engine "
+            << absl::ToDoubleSeconds(prepared - read) << " s, warm-up "
+            << absl::ToDoubleSeconds(warm - prepared) << " s)\n";
   return served;
 }
 
