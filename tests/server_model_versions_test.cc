@@ -599,8 +599,8 @@ void ExpectRows(const Tensor& rows, int64_t from, const Tensor& got, const std::
   ASSERT_EQ(got.shape().back(), e) << what;
   const int64_t n = NumElements(got.shape()) / e;
   for (int64_t i = 0; i < n * e; ++i) {
-    ASSERT_NEAR(got.as<float>()[i], rows.as<float>()[from * e + i], 1e-5) << what << ", row "
-                                                                          << from + i / e;
+    ASSERT_NEAR(got.as<float>()[i], rows.as<float>()[from * e + i], 1e-5)
+        << what << ", row " << from + i / e;
   }
 }
 
@@ -790,12 +790,16 @@ TEST(ModelVersionsTest, ReadinessStaysServingWhileEveryModelHasAVersion) {
   constexpr int kServing = grpc::health::v1::HealthCheckResponse::SERVING;
   constexpr int kNotServing = grpc::health::v1::HealthCheckResponse::NOT_SERVING;
   ASSERT_TRUE(Eventually([&] { return last_watched() == kServing && checks.load() > 0; }));
-  for (int64_t v = 2; v <= 4; ++v) {  // Swaps of a.
-    WriteVersion(repo + "/a", v, 30 + v);
+  const int at_swaps = checks.load();
+  for (int64_t v = 2; v <= 4; ++v) {  // Swaps of a, wide enough that loads take a while.
+    testing::WriteModelDir(*RandomModel(30 + v, 512), repo + "/a/.tmp");
+    fs::rename(repo + "/a/.tmp", repo + "/a/" + std::to_string(v));
     server->repository()->Poll();
     server->repository()->Poll();
     ASSERT_EQ(server->repository()->Find("a")->version, v);
   }
+  // ServerReady was asked while the swaps loaded (and published, and unloaded).
+  EXPECT_GT(checks.load() - at_swaps, 20);
   WriteVersion(repo + "/b", 2, 40);  // A refused version of b.
   fs::resize_file(repo + "/b/2/model.safetensors", 100);
   server->repository()->Poll();
