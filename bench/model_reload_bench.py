@@ -18,7 +18,8 @@
     E=2048 model: 64 MiB) during reloads, against the same load without one. Goal: at most 2x.
     The run "during reloads" replaces the model continuously: a new version folder is renamed
     in as soon as the previous one serves, for the whole run, so every request of it overlaps a
-    reload (read, engine, warm-up on the same cores).
+    reload (read, engine, warm-up on the same cores, at the loading thread's lower priority).
+    Steady runs before and after it; the ratio is taken against the lower steady p99.
 
 Client and server share this machine's cores: other work on it shows in the numbers. The work
 folder (default under /tmp; ~3 GiB at peak) is removed at the end.
@@ -103,6 +104,11 @@ class Server:
                       rf"engine ([\d.e-]+) s, warm-up ([\d.e-]+) s\)", text)
         return tuple(float(x) for x in m.groups()) if m else None
 
+    def rss_gib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            kib = int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1))
+        return kib / 2**20
+
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout=120)
@@ -129,7 +135,8 @@ def goal_a(args, torch, export_mha, work):
     t = time.monotonic()
     server = Server(args.build, repo, work, "server_a")
     print(f"    server up with version 1 in {time.monotonic() - t:.1f} s; logged load "
-          f"(total, read, engine, warm-up) s: {server.load_line(1)}")
+          f"(total, read, engine, warm-up) s: {server.load_line(1)}; RSS "
+          f"{server.rss_gib():.2f} GiB")
     try:
         tmp = copy_version(v1, model_dir, 2)
         weights = os.path.join(tmp, "model.safetensors")
@@ -143,11 +150,15 @@ def goal_a(args, torch, export_mha, work):
         os.rename(tmp, os.path.join(model_dir, "2"))
         wait_serving(server, 2)
         appear_to_serve = time.monotonic() - t0
+        rss = server.rss_gib()
         total, read, engine, warm = server.load_line(2)
         baseline = read_s + warm
         print(f"    read from page cache: {read_s:.3f} s ({size / read_s / 2**30:.2f} GiB/s)")
         print(f"    server's load of version 2: {total:.3f} s (read + parse {read:.3f} s, "
               f"engine {engine:.3f} s, warm-up {warm:.3f} s)")
+        time.sleep(5)
+        print(f"    RSS when version 2 serves: {rss:.2f} GiB; 5 s later (version 1 freed): "
+              f"{server.rss_gib():.2f} GiB")
         print(f"    folder renamed into place -> version 2 serving: {appear_to_serve:.3f} s "
               f"(poll interval 0.25 s: a folder loads once unchanged across two polls)")
         print(f"    baseline read + warm-up: {baseline:.3f} s; ratio {appear_to_serve / baseline:.2f}"
@@ -200,14 +211,18 @@ def goal_b(args, torch, export_mha, work):
         finally:
             stop.set()
             reloader.join()
-        for name, r in (("steady", steady), ("during reloads", during)):
-            print(f"    {name:>15}: {r['requests']} requests, {r['errors']} errors, "
+        after = run_load(args, server, os.path.join(work, "after.json"))
+        for name, r in (("steady", steady), ("during reloads", during), ("steady again", after)):
+            errors = r["errors"] if isinstance(r["errors"], int) else sum(r["errors"].values())
+            print(f"    {name:>15}: {r['requests']} requests, {errors} errors, "
                   f"{r['requests_per_s']:.1f} req/s, p50 {r['p50_ms']:.2f} ms, "
                   f"p99 {r['p99_ms']:.2f} ms, max {r['max_ms']:.2f} ms")
         print(f"    {len(swaps)} reloads during the run, each {min(swaps):.2f}-{max(swaps):.2f} s "
               f"from rename to serving")
-        ratio = during["p99_ms"] / steady["p99_ms"]
-        print(f"    p99 ratio {ratio:.2f} (goal <= 2): {'met' if ratio <= 2 else 'NOT met'}")
+        # Against the better of the two steady runs (the machine's other work moves both).
+        ratio = during["p99_ms"] / min(steady["p99_ms"], after["p99_ms"])
+        print(f"    p99 during reloads / the lower steady p99: {ratio:.2f} (goal <= 2): "
+              f"{'met' if ratio <= 2 else 'NOT met'}")
     finally:
         server.stop()
         shutil.rmtree(repo, ignore_errors=True)
