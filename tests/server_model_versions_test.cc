@@ -857,8 +857,8 @@ TEST(ModelVersionsTest, RepeatedSwapsDoNotGrowMemory) {
   for (int64_t v = 2; v <= 1 + kSwaps; ++v) {
     const std::string tmp = repo + "/m/..tmp";
     fs::create_directories(tmp);
-    for (const char* f : {"config.json", "model.safetensors"}) {
-      fs::copy_file(repo + "/m/" + std::to_string(v - 1) + "/" + f, tmp + "/" + f);
+    for (const char* f : {"config.json", "model.safetensors"}) {  // Linked: no copy to write.
+      fs::create_hard_link(repo + "/m/" + std::to_string(v - 1) + "/" + f, tmp + "/" + f);
     }
     fs::rename(tmp, repo + "/m/" + std::to_string(v));
     server->repository()->Poll();
