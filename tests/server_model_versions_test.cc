@@ -359,6 +359,43 @@ TEST(ModelVersionsTest, BrokenVersionsAreRefusedAndTheOldServes) {
   server->Drain();
 }
 
+// A repository that is a Kubernetes projected volume: every name links
+// through "..data" into a timestamped folder, and an update swaps "..data".
+TEST(ModelVersionsTest, ProjectedVolumeSwapServesTheNewVersion) {
+  const std::string repo = NewRepo("projected");
+  auto v1_model = RandomModel(51);
+  testing::WriteModelDir(*v1_model, repo + "/..2026_11_24_14_00_00.1/m/1");
+  fs::create_directory_symlink("..2026_11_24_14_00_00.1", repo + "/..data");
+  fs::create_directory_symlink("..data/m", repo + "/m");
+  auto server = Start(repo, ModelControl::kPoll);
+  auto stub = v1::AttentionService::NewStub(server->InProcessChannel());
+  std::mt19937 rng(9);
+  const Tensor q = RandomTensor({1, 3, kE}, rng);
+  v1::InferResponse r;
+  ASSERT_TRUE(Infer(*stub, q, 0, &r).ok());
+  EXPECT_EQ(r.model_version(), 1);
+  EXPECT_LT(Error(*v1_model, q, FromProto(r.output())), 1e-5);
+  // The kubelet writes the new contents (versions 1 and 2) to a new folder
+  // and renames a new "..data" link over the old one.
+  const std::string next = repo + "/..2026_11_24_14_05_00.2/m";
+  testing::WriteModelDir(*v1_model, next + "/1");
+  auto v2_model = RandomModel(52);
+  testing::WriteModelDir(*v2_model, next + "/2");
+  fs::create_directory_symlink("..2026_11_24_14_05_00.2", repo + "/..data_tmp");
+  fs::rename(repo + "/..data_tmp", repo + "/..data");
+  fs::remove_all(repo + "/..2026_11_24_14_00_00.1");
+  server->repository()->Poll();
+  server->repository()->Poll();
+  ASSERT_TRUE(Infer(*stub, q, 0, &r).ok());
+  EXPECT_EQ(r.model_version(), 2);
+  EXPECT_LT(Error(*v2_model, q, FromProto(r.output())), 1e-5);
+  const auto index = server->repository()->Index();
+  EXPECT_FALSE(index.empty());
+  for (const auto& v : index) EXPECT_EQ(v.model, "m");  // No "..data" or "..2026..." model.
+  EXPECT_EQ(LoadCount(*server, "m", "2", "success"), 1);
+  server->Drain();
+}
+
 TEST(ModelVersionsTest, UnloadDrainsQueuedRequestsThenFreesTheVersion) {
   const std::string repo = NewRepo("unload");
   fs::create_directories(repo + "/m");
