@@ -167,8 +167,13 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
     rest.port = options.http_port;
     rest.threads = options.http_threads;
     rest.max_body_bytes = options.max_message_bytes;
-    rest.tls_cert_file = options.tls.cert_file;
-    rest.tls_key_file = options.tls.key_file;
+    rest.receive_budget_bytes = quota;  // gRPC's receive quota's size, for REST's bodies.
+    if (s->tls_identity_ != nullptr) {  // The pair in force, re-read as gRPC's is.
+      rest.tls_identity_file = s->tls_identity_->path();
+    } else {
+      rest.tls_cert_file = options.tls.cert_file;
+      rest.tls_key_file = options.tls.key_file;
+    }
     rest.tls_client_ca_file = options.tls.client_ca_file;
     ASSIGN_OR_RETURN(s->rest_, RestFrontend::Start(s->inference_protocol_.get(), rest));
     std::cerr << "REST (KServe v2) on " << (s->rest_->tls() ? "https" : "http") << "://"

@@ -50,7 +50,7 @@ struct ServerOptions {
   // tokens: -1 off (the library's default; the binary's --http_port is
   // 8000), 0 a free port (see http_port()).
   int http_port = -1;
-  int http_threads = 32;
+  int http_threads = 256;
   int max_message_bytes = 64 << 20;
   // Per InferStream: requests read but not yet answered and written, by
   // count and bytes, before the stream stops reading (ServiceOptions).

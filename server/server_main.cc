@@ -54,8 +54,10 @@ ABSL_FLAG(int64_t, max_queue_size, 1024,
 ABSL_FLAG(int, http_port, 8000,
           "KServe v2 REST port (HTTP/JSON, Triton's binary tensor extension), with the gRPC "
           "port's TLS and tokens; 0 turns REST off.");
-ABSL_FLAG(int, http_threads, 32,
-          "REST connections served at once (one thread each; more wait to be accepted).");
+ABSL_FLAG(int, http_threads, 256,
+          "REST connections served at once (a thread each, started when first needed); more "
+          "wait, and while they do, keep-alive connections close after their reply so that "
+          "waiting ones are served in turn.");
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "Largest request or response message, in bytes (clients have their own limit: "
           "attention-client --max_message_bytes, 256 MiB by default).");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -140,6 +141,53 @@ TEST_F(RestSecurityTest, MutualTlsNeedsAClientCertificate) {
   httplib::SSLClient without("localhost", server->http_port());
   without.set_ca_cert_path(certs.Path("ca1.pem").c_str());
   EXPECT_FALSE(without.Get("/v2/health/live"));
+}
+
+// A rotated certificate is served on the REST port too, without a restart
+// (the REST port re-reads the pair gRPC's watcher holds), and a key that does
+// not match the new certificate is not installed on either port.
+TEST_F(RestSecurityTest, ARotatedCertificateIsServedOnTheRestPortWithoutRestart) {
+  testing::TestCertificates certs(Dir() + "/rcerts");
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  const std::string dir = Dir() + "/rotation";
+  std::filesystem::create_directories(dir);
+  auto place = [&](const std::string& from, const std::string& to) {
+    std::filesystem::copy_file(certs.Path(from), dir + "/" + to + ".new",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
+  };
+  place("server-ca1.pem", "tls.crt");
+  place("server-ca1.key", "tls.key");
+  auto server = Start([&](ServerOptions& o) {
+    o.tls.cert_file = dir + "/tls.crt";
+    o.tls.key_file = dir + "/tls.key";
+    o.tls.reload_interval_s = 1;
+  });
+  ASSERT_NE(server, nullptr);
+  auto live_with_ca = [&](const std::string& ca) {
+    httplib::SSLClient client("localhost", server->http_port());
+    client.set_ca_cert_path(certs.Path(ca).c_str());
+    client.enable_server_certificate_verification(true);
+    auto res = client.Get("/v2/health/live");
+    return res && res->status == 200;
+  };
+  ASSERT_TRUE(live_with_ca("ca1.pem"));
+  ASSERT_FALSE(live_with_ca("ca2.pem"));
+
+  // A certificate of the other CA with a key that is not its own: refused.
+  place("server-ca2.pem", "tls.crt");
+  place("client-ca1.key", "tls.key");
+  // Then the matching pair.
+  absl::SleepFor(absl::Seconds(2));  // Two watcher checks see the mismatched pair.
+  EXPECT_TRUE(live_with_ca("ca1.pem")) << "a mismatched pair replaced the one in force";
+  place("server-ca2.key", "tls.key");
+  const absl::Time bound = absl::Now() + absl::Seconds(30);
+  bool rotated = false;
+  while (!(rotated = live_with_ca("ca2.pem")) && absl::Now() < bound) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(rotated) << "the new certificate was not served on the REST port";
+  EXPECT_FALSE(live_with_ca("ca1.pem")) << "the old certificate is still served";
 }
 
 }  // namespace

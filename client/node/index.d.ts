@@ -179,6 +179,10 @@ export class AttentionClient {
 }
 
 export const VERSION: string;
+/** The metadata header carrying a session's routing key ('x-attention-session'). */
+export const ROUTING_HEADER: string;
+/** The routing key a session id carries ('' if none). */
+export function routingKeyOf(sessionId: string): string;
 export const MAX_MESSAGE_BYTES: number;
 /** A float32 tensor of `data` with `shape`. */
 export function float32(data: ArrayLike<number>, shape: number[]): Tensor;

@@ -12,8 +12,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "core/status_macros.h"
+#include "server/frontends/rest_body_reader.h"
 #include "server/frontends/rest_codec.h"
+#include "server/frontends/rest_connection_pool.h"
 #include "server/frontends/rest_encode.h"
+#include "server/frontends/rest_http.h"
 #include "server/frontends/rest_json.h"
 
 namespace attention::server {
@@ -30,74 +34,6 @@ CallRef CallOfRequest(const httplib::Request& req, Method method) {
   return call;
 }
 
-void ReplyJson(httplib::Response& res, std::string body) {
-  res.status = 200;
-  res.body = std::move(body);
-  res.set_header("Content-Type", "application/json");
-}
-
-void ReplyError(httplib::Response& res, const absl::Status& status) {
-  res.status = HttpStatusOf(status.code());
-  res.body = ErrorBody(status);
-  res.set_header("Content-Type", "application/json");
-  if (status.code() == absl::StatusCode::kUnauthenticated) {
-    res.set_header("WWW-Authenticate", "Bearer");
-  }
-}
-
-// The answer to a probe: 200 when `up`, else 400 (as Triton answers).
-void ReplyProbe(httplib::Response& res, const absl::Status& allowed, bool up) {
-  if (!allowed.ok()) return ReplyError(res, allowed);
-  if (up) {
-    res.status = 200;
-  } else {
-    ReplyError(res, absl::UnavailableError("not ready"));
-    res.status = 400;
-  }
-}
-
-std::string Group(const httplib::Request& req, size_t i) {
-  return i < req.matches.size() ? req.matches[i].str() : std::string();
-}
-
-// Whether the request has a body: a Content-Length other than 0 or a
-// Transfer-Encoding (RFC 9112 6.3: with neither, it has none; httplib would
-// read one until the client closes).
-bool HasBody(const httplib::Request& req) {
-  return req.has_header("Transfer-Encoding") ||
-         (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
-}
-
-// Makes httplib close the connection once `res` is written, for a request
-// whose body was not read whole: what is left of it must not be read as the
-// next request (request smuggling). httplib 0.11 closes a connection whose
-// content provider fails, so the reply is written by one that then fails.
-// (A reply to HEAD has no body: that connection stays open.)
-void CloseAfterReply(httplib::Response& res) {
-  auto body = std::make_shared<std::string>(std::move(res.body));
-  res.body.clear();
-  const std::string type = res.get_header_value("Content-Type");
-  res.headers.erase("Content-Type");
-  res.set_header("Connection", "close");
-  res.set_content_provider(
-      body->size(), type, [body](size_t offset, size_t length, httplib::DataSink& sink) {
-        sink.write(body->data() + offset, std::min(length, body->size() - offset));
-        return false;
-      });
-}
-
-// Reads and drops a body (up to `max_body` bytes) that no handler wants, so
-// that the connection stays in step; false when it was not read whole.
-bool DropBody(const httplib::Request& req, const httplib::ContentReader& reader, int64_t max_body) {
-  if (!HasBody(req)) return true;
-  if (req.is_multipart_form_data()) return false;  // httplib's form reader: not for us.
-  uint64_t seen = 0;
-  return reader([&](const char*, size_t n) {
-    seen += n;
-    return seen <= static_cast<uint64_t>(max_body);
-  });
-}
-
 // Holds a request's in-flight admission until the handler returns (the
 // response written into the httplib::Response).
 class HeldAdmission : public AdmissionHolder {
@@ -111,23 +47,35 @@ class HeldAdmission : public AdmissionHolder {
 }  // namespace
 
 RestFrontend::RestFrontend(InferenceProtocol* protocol, const RestOptions& options)
-    : protocol_(protocol), options_(options) {}
+    : protocol_(protocol),
+      options_(options),
+      receive_budget_(options.receive_budget_bytes > 0
+                          ? std::make_unique<InflightBudget>(options.receive_budget_bytes, nullptr)
+                          : nullptr),
+      body_reader_(
+          std::make_unique<RestBodyReader>(options.max_body_bytes, receive_budget_.get())) {}
 
 absl::StatusOr<std::unique_ptr<RestFrontend>> RestFrontend::Start(InferenceProtocol* protocol,
                                                                   const RestOptions& options) {
   auto f = std::unique_ptr<RestFrontend>(new RestFrontend(protocol, options));
-  const bool tls = !options.tls_cert_file.empty() && !options.tls_key_file.empty();
+  const bool reloading = !options.tls_identity_file.empty();
+  const std::string& cert = reloading ? options.tls_identity_file : options.tls_cert_file;
+  const std::string& key = reloading ? options.tls_identity_file : options.tls_key_file;
+  const bool tls = !cert.empty() && !key.empty();
   if (tls) {
     auto ssl = std::make_unique<httplib::SSLServer>(
-        options.tls_cert_file.c_str(), options.tls_key_file.c_str(),
+        cert.c_str(), key.c_str(),
         options.tls_client_ca_file.empty() ? nullptr : options.tls_client_ca_file.c_str());
     if (!ssl->is_valid()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--http_port: cannot load the TLS certificate '", options.tls_cert_file,
-                       "', key '", options.tls_key_file, "'",
+          absl::StrCat("--http_port: cannot load the TLS certificate '", cert, "', key '", key, "'",
                        options.tls_client_ca_file.empty()
                            ? std::string()
                            : absl::StrCat(" or client CA '", options.tls_client_ca_file, "'")));
+    }
+    if (reloading) {
+      ASSIGN_OR_RETURN(f->identity_, RestTlsIdentity::Load(options.tls_identity_file));
+      f->identity_->Install(ssl->ssl_context());
     }
     f->server_ = std::move(ssl);
   } else {
@@ -135,7 +83,17 @@ absl::StatusOr<std::unique_ptr<RestFrontend>> RestFrontend::Start(InferenceProto
   }
   f->tls_ = tls;
   const int threads = std::max(1, options.threads);
-  f->server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  auto load = std::make_shared<RestConnectionPool::Load>();
+  f->server_->new_task_queue = [threads, load] { return new RestConnectionPool(threads, load); };
+  // Fairness: while connections wait for a thread, a keep-alive connection
+  // is closed after its reply (the client reconnects, and queues behind
+  // them), so no client waits for as long as others keep sending.
+  f->server_->set_post_routing_handler([load](const httplib::Request&, httplib::Response& res) {
+    if (load->waiting.load(std::memory_order_relaxed) > 0 &&
+        res.get_header_value("Connection") != "close") {
+      CloseAfterReply(res);
+    }
+  });
   f->server_->set_keep_alive_max_count(100000);
   // Headers and body go out as separate writes: without TCP_NODELAY, Nagle
   // and the client's delayed ACK add ~40 ms to every small response.
@@ -174,47 +132,8 @@ void RestFrontend::Route() {
   httplib::Server& s = *server_;
   InferenceProtocol* p = protocol_;
   const int64_t max_body = options_.max_body_bytes;
-  // Reads a body up to the limit; false (with the reply set) when it is not
-  // read whole.
-  auto read_body = [max_body](const httplib::Request& req, httplib::Response& res,
-                              const httplib::ContentReader& reader, std::string* body) {
-    // A Content-Length past the limit is read and dropped by httplib (so the
-    // client, still sending, reads the 413); a chunked or compressed body is
-    // cut off at the limit and its connection closed.
-    if (!HasBody(req)) return true;
-    if (req.is_multipart_form_data()) {
-      ReplyError(res, absl::InvalidArgumentError(
-                          "Content-Type: multipart/form-data is not read here; send the request "
-                          "as application/json or application/octet-stream"));
-      res.status = 415;
-      CloseAfterReply(res);
-      return false;
-    }
-    bool too_big = std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) >
-                   static_cast<uint64_t>(max_body);
-    const bool read = reader([&](const char* data, size_t n) {
-      if (body->size() + n > static_cast<size_t>(max_body)) {
-        too_big = true;
-        return false;
-      }
-      body->append(data, n);
-      return true;
-    });
-    if (too_big) {
-      ReplyError(res, absl::ResourceExhaustedError(
-                          absl::StrCat("request body: larger than the server's limit of ", max_body,
-                                       " bytes (--max_message_bytes)")));
-      res.status = 413;
-      CloseAfterReply(res);
-      return false;
-    }
-    if (!read) {
-      ReplyError(res, absl::InvalidArgumentError("request body: could not be read whole"));
-      CloseAfterReply(res);
-      return false;
-    }
-    return true;
-  };
+  // Reads bodies up to the limit, charged to the receive budget.
+  const RestBodyReader* read_body = body_reader_.get();
 
   s.Get("/v2/health/live", [p](const httplib::Request& req, httplib::Response& res) {
     ReplyProbe(res, p->AuthenticateProbe(*CallOfRequest(req, Method::kModelInfer)), true);
@@ -280,7 +199,8 @@ void RestFrontend::Route() {
       return;
     }
     std::string body;
-    if (!read_body(req, res, reader, &body)) return;
+    std::shared_ptr<Admission> charge;
+    if (!read_body->Read(req, res, reader, &body, &charge)) return;
     inference::RepositoryIndexRequest request;
     if (!body.empty()) {
       const nlohmann::json json = nlohmann::json::parse(body, nullptr, false);
@@ -303,7 +223,8 @@ void RestFrontend::Route() {
            [p, read_body, load](const httplib::Request& req, httplib::Response& res,
                                 const httplib::ContentReader& reader) {
              std::string body;
-             if (!read_body(req, res, reader, &body)) return;
+             std::shared_ptr<Admission> charge;
+             if (!read_body->Read(req, res, reader, &body, &charge)) return;
              const absl::Status outcome = p->RepositoryControlAndWait(
                  *CallOfRequest(req, Method::kModelInfer), Group(req, 1),
                  RepositoryControlParameters(body), load);
@@ -324,7 +245,8 @@ void RestFrontend::Route() {
       return;
     }
     std::string body;
-    if (!read_body(req, res, reader, &body)) return;
+    std::shared_ptr<Admission> charge;
+    if (!read_body->Read(req, res, reader, &body, &charge)) return;
     std::optional<size_t> header_length;
     if (req.has_header("Inference-Header-Content-Length")) {
       const std::string v = req.get_header_value("Inference-Header-Content-Length");
@@ -340,6 +262,7 @@ void RestFrontend::Route() {
     absl::StatusOr<RestInferRequest> decoded =
         DecodeRestInfer(body, header_length, Group(req, 1), Group(req, 2));
     std::string().swap(body);
+    charge.reset();  // What was parsed is now the request, which the in-flight budget admits.
     if (!decoded.ok()) {
       // Counted and logged as the protocol counts a refusal.
       p->requests()->Received();

@@ -13,9 +13,11 @@
 //        .../stats, and /v2/models/stats (every model)
 //   POST /v2/models/{m}[/versions/{v}]/infer, /v2/repository/index
 //
-// Served by cpp-httplib: a pool of `threads` threads, each serving one
-// connection at a time (keep-alive connections hold theirs until idle for
-// `keep_alive`); connections beyond it wait to be accepted. A handler waits
+// Served by cpp-httplib on a RestConnectionPool: up to `threads` threads,
+// started when first needed, each serving one connection at a time
+// (keep-alive connections hold theirs until idle for `keep_alive`).
+// Connections beyond it wait; while they do, each keep-alive connection is
+// closed after its current reply, so waiting ones get served. A handler waits
 // for its request's answer while the batcher computes it. Request bodies
 // are read up to `max_body_bytes` (after any Content-Encoding is undone),
 // chunked or not; beyond it, 413. An inference's token is checked before
@@ -40,6 +42,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/frontends/inference_protocol.h"
+#include "server/frontends/rest_body_reader.h"
+#include "server/frontends/rest_tls_identity.h"
+#include "server/requests/inflight_budget.h"
 
 namespace httplib {
 class Server;
@@ -50,14 +55,20 @@ namespace attention::server {
 struct RestOptions {
   std::string host = "0.0.0.0";
   int port = 8000;  // 0: a free port (see port()).
-  int threads = 32;
+  int threads = 256;
   int64_t max_body_bytes = 64 << 20;  // Request bodies and responses.
   absl::Duration keep_alive = absl::Seconds(5);
+  // Bodies being read and parsed, before the in-flight budget admits what
+  // was parsed (see RestBodyReader); 0: no limit beyond max_body_bytes.
+  int64_t receive_budget_bytes = 0;
   // TLS when both are set (the gRPC port's files); with a client CA, every
   // client must present a certificate it signed.
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
+  // Instead of the two above: one file holding the chain and then the key,
+  // re-read when it changes (RestTlsIdentity; TlsIdentityWatcher's copy).
+  std::string tls_identity_file;
 };
 
 class RestFrontend {
@@ -82,6 +93,9 @@ class RestFrontend {
 
   InferenceProtocol* const protocol_;
   const RestOptions options_;
+  std::unique_ptr<InflightBudget> receive_budget_;  // Null: no limit.
+  std::unique_ptr<RestBodyReader> body_reader_;
+  std::unique_ptr<RestTlsIdentity> identity_;  // Null unless tls_identity_file.
   std::unique_ptr<httplib::Server> server_;
   std::thread listener_;
   int port_ = 0;

@@ -2,6 +2,7 @@
 // channel settings, security and errors of common.js. Promises throughout; a client is used
 // from one event loop and holds its channels until close().
 'use strict';
+const crypto = require('crypto');
 const grpc = require('@grpc/grpc-js');
 const common = require('./common.js');
 
@@ -46,9 +47,12 @@ class AttentionClient {
     return new AttentionError(err.code, err.details, hint);
   }
 
-  _unary(stub, method, request) {
+  // routingKey: sent as the x-attention-session header (sessions behind a gateway).
+  _unary(stub, method, request, routingKey = '') {
+    const metadata = this.security.metadata.clone();
+    if (routingKey) metadata.set(ROUTING_HEADER, routingKey);
     return new Promise((resolve, reject) => {
-      stub[method](request, this.security.metadata.clone(), {deadline: this._deadline()},
+      stub[method](request, metadata, {deadline: this._deadline()},
                    (err, response) => {
                      if (err) this._error(err).then(reject);
                      else resolve(response);
@@ -167,18 +171,45 @@ class AttentionClient {
 
   async sessionInfo(sessionId) {
     return common.sessionInfo(await this._unary(this.sessionStub(sessionId), 'GetSession',
-                                                {session_id: sessionId}));
+                                                {session_id: sessionId},
+                                                routingKeyOf(sessionId)));
   }
 
   // Frees a session; the bytes freed. NOT_FOUND if unknown.
   async closeSession(sessionId) {
     const response = await this._unary(this.sessionStub(sessionId), 'CloseSession',
-                                       {session_id: sessionId});
+                                       {session_id: sessionId}, routingKeyOf(sessionId));
     return Number(response.freed_bytes);
   }
 }
 
 const KINDS = {self: 'SESSION_KIND_SELF', cross: 'SESSION_KIND_CROSS'};
+
+// Sessions behind an L7 gateway (nginx, HAProxy, Istio): every session call carries its routing
+// key in this metadata header; a session created with a key has the id "<32 hex>.<key>" (then
+// "@<address>" with --advertise_address), so the id alone gives the key.
+const ROUTING_HEADER = 'x-attention-session';
+
+// The routing key a session id carries ('' if none): after the first '.' before any '@'.
+function routingKeyOf(sessionId) {
+  const local = sessionId.split('@', 1)[0];
+  const dot = local.indexOf('.');
+  return dot < 0 ? '' : local.slice(dot + 1);
+}
+
+// A fresh key (128 random bits), drawn for every creation of a session.
+function newRoutingKey() {
+  return crypto.randomBytes(16).toString('hex');
+}
+
+// Whether an error means the session is lost (re-create and replay it): gone (NOT_FOUND), its
+// replica unreachable (UNAVAILABLE), or reached on a copy that diverged (expected_length).
+function isLost(err) {
+  if (!(err instanceof AttentionError)) return false;
+  if ([grpc.status.NOT_FOUND, grpc.status.UNAVAILABLE].includes(err.code)) return true;
+  return err.code === grpc.status.FAILED_PRECONDITION &&
+      String(err.details || '').startsWith('expected_length:');
+}
 
 function appendRequest(sessionId, tokens, opts = {}) {
   const request = {
@@ -207,9 +238,10 @@ class Session {
     this.closed = false;
   }
 
+  // Every creation draws a fresh routing key: the id carries it for later calls.
   async _create() {
     const info = common.sessionInfo(await this._client._unary(
-        this._client._sessions, 'CreateSession', this._create_request));
+        this._client._sessions, 'CreateSession', this._create_request, newRoutingKey()));
     this.created = info;
     this.sessionId = info.sessionId;
     this.model = info.model;
@@ -219,9 +251,13 @@ class Session {
     this.closed = false;
   }
 
+  // Sends with the session's current length as expected_length: a copy of the session that
+  // diverged from it (reached through a gateway after a replica change) refuses the append.
   async _send(request) {
-    const response = await this._client._unary(this._client.sessionStub(this.sessionId),
-                                                'Append', request);
+    const response = await this._client._unary(
+        this._client.sessionStub(this.sessionId), 'Append',
+        {...request, session_id: this.sessionId, expected_length: this.length},
+        routingKeyOf(this.sessionId));
     this.length = Number(response.length);
     return common.appendResult(response);
   }
@@ -262,12 +298,13 @@ class ReplayingSession extends Session {
     this._replayed = true;
   }
 
-  async _recreate() {
+  async _recreate(stale = false) {
+    if (stale) await this._client.closeSession(this.sessionId).catch(() => {});
     this.recoveries += 1;
     this._replayed = false;
     await this._create();
     try {
-      for (const chunk of this.history) await this._send({...chunk, session_id: this.sessionId});
+      for (const chunk of this.history) await this._send(chunk);
     } catch (err) {
       await this._client.closeSession(this.sessionId).catch(() => {});
       throw err;
@@ -282,12 +319,9 @@ class ReplayingSession extends Session {
     try {
       result = await this._send(request);
     } catch (err) {
-      if (!(err instanceof AttentionError) ||
-          ![grpc.status.NOT_FOUND, grpc.status.UNAVAILABLE].includes(err.code)) {
-        throw err;
-      }
-      await this._recreate();
-      result = await this._send({...request, session_id: this.sessionId});
+      if (!isLost(err)) throw err;
+      await this._recreate(err.code === grpc.status.FAILED_PRECONDITION);
+      result = await this._send(request);
     }
     const chunk = {tokens: request.tokens};
     if (request.not_key) chunk.not_key = request.not_key;
@@ -296,4 +330,4 @@ class ReplayingSession extends Session {
   }
 }
 
-module.exports = {AttentionClient, Session, ReplayingSession};
+module.exports = {AttentionClient, Session, ReplayingSession, ROUTING_HEADER, routingKeyOf};

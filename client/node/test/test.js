@@ -280,6 +280,14 @@ async function liveTests(lib, target, smallTarget) {
     // A session equals the causal Infer; a ReplayingSession recovers a lost session.
     const x = randn(lib, 9, 256);
     const want = (await client.infer({query: x, isCausal: true})).output.data;
+    // Every session call carries its routing key (x-attention-session): a fresh key per creation
+    // and the id's key on every later call; appends carry expected_length.
+    const calls = [];
+    const unary = client._unary.bind(client);
+    client._unary = (stub, method, request, routingKey) => {
+      calls.push({method, routingKey, request});
+      return unary(stub, method, request, routingKey);
+    };
     const session = await client.session({replay: true});
     const rows = [];
     const slice = (from, to) => lib.float32(x.data.slice(from * 256, to * 256), [to - from, 256]);
@@ -293,13 +301,30 @@ async function liveTests(lib, target, smallTarget) {
     rows.push((await session.append(slice(5, 9))).output.data);
     assert.strictEqual((await session.info()).length, 9);
     assert.ok(await session.close() > 0);
+    client._unary = unary;
+    const creates = calls.filter((c) => c.method === 'CreateSession').map((c) => c.routingKey);
+    assert.strictEqual(creates.length, 2, JSON.stringify(calls.map((c) => c.method)));
+    for (const key of creates) assert.match(key, /^[0-9a-f]{32}$/);
+    assert.notStrictEqual(creates[0], creates[1], 'a re-created session draws a fresh key');
+    assert.strictEqual(lib.routingKeyOf(lost), creates[0]);
+    assert.strictEqual(lib.routingKeyOf(session.sessionId), creates[1]);
+    for (const c of calls.filter((c) => c.method !== 'CreateSession')) {
+      assert.strictEqual(c.routingKey, lib.routingKeyOf(c.request.session_id), c.method);
+      assert.ok(c.routingKey, `${c.method} without a routing key`);
+    }
+    const appends = calls.filter((c) => c.method === 'Append');
+    assert.deepStrictEqual(appends.map((c) => Number(c.request.expected_length)),
+                           [0, 4, 0, 4, 5],  // The lost append, the replay, its retry.
+                           'expected_length: the length before each append');
+    assert.strictEqual(lib.ROUTING_HEADER, 'x-attention-session');
     const got = Float32Array.from(rows.flatMap((row) => Array.from(row)));
     assert.ok(maxDiff(got, want) < 1e-5);
     const plain = await client.session();
     await plain.append(slice(0, 2));
     await client.closeSession(plain.sessionId);
     await assert.rejects(plain.append(slice(2, 3)), (err) => err.codeName === 'NOT_FOUND');
-    ok('sessions: equal to causal Infer; replay after a loss; NOT_FOUND for a plain one');
+    ok('sessions: equal to causal Infer; replay after a loss; NOT_FOUND for a plain one; ' +
+       'routing keys and expected_length on every call');
   } finally {
     client.close();
   }
@@ -326,7 +351,7 @@ async function liveTests(lib, target, smallTarget) {
   assert.match(example.stdout, /output shape \[1, 8, 256\] float32/);
   const session = await run([path.join(EXAMPLES, 'session_example.js'), target]);
   assert.strictEqual(session.code, 0, session.stderr);
-  assert.match(session.stdout, new RegExp(`session [0-9a-f]{32}@${target.replace(/\./g, '\\.')} \\(self\\)`));
+  assert.match(session.stdout, new RegExp(`session [0-9a-f]{32}\\.[0-9a-f]{32}@${target.replace(/\./g, '\\.')} \\(self\\)`));
   for (let i = 0; i < 8; ++i) {
     assert.match(session.stdout, new RegExp(`append ${i}: length ${i + 1}, output \\[1, 256\\]`));
   }

@@ -1,0 +1,91 @@
+// File: server/frontends/rest_body_reader.cc
+#include "server/frontends/rest_body_reader.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "server/frontends/rest_http.h"
+
+namespace attention::server {
+namespace {
+
+absl::Status Busy(const InflightBudget& budget, int64_t asked) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "request body: REST bodies being read and parsed hold ", budget.used(), " of their ",
+      budget.limit(), " bytes (the receive quota, --grpc_receive_quota_bytes), and this one needs ",
+      asked, " (a JSON body counts ", RestBodyReader::kJsonCharge, " times its size, a binary one ",
+      RestBodyReader::kBinaryCharge, " times); retry later"));
+}
+
+}  // namespace
+
+bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
+                          const httplib::ContentReader& reader, std::string* body,
+                          std::shared_ptr<Admission>* charge) const {
+  // A Content-Length past the limit is read and dropped by httplib (so the
+  // client, still sending, reads the 413); a chunked or compressed body is
+  // cut off at the limit and its connection closed.
+  if (!HasBody(req)) return true;
+  if (req.is_multipart_form_data()) {
+    ReplyError(res, absl::InvalidArgumentError(
+                        "Content-Type: multipart/form-data is not read here; send the request "
+                        "as application/json or application/octet-stream"));
+    res.status = 415;
+    CloseAfterReply(res);
+    return false;
+  }
+  const uint64_t declared =
+      std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10);
+  bool too_big = declared > static_cast<uint64_t>(max_body_);
+  const int64_t factor =
+      req.has_header("Inference-Header-Content-Length") ? kBinaryCharge : kJsonCharge;
+  absl::Status busy;
+  if (budget_ != nullptr && !too_big) {
+    const int64_t asked = static_cast<int64_t>(declared) * factor;
+    absl::StatusOr<std::shared_ptr<Admission>> taken = budget_->Take(asked);
+    if (!taken.ok()) {
+      ReplyError(res, Busy(*budget_, asked));
+      CloseAfterReply(res);  // Unread: the rest must not be read as a request.
+      return false;
+    }
+    *charge = *std::move(taken);
+  }
+  const bool read = reader([&](const char* data, size_t n) {
+    if (body->size() + n > static_cast<size_t>(max_body_)) {
+      too_big = true;
+      return false;
+    }
+    // A chunked or compressed body grows its charge as it is read.
+    const int64_t need = static_cast<int64_t>(body->size() + n) * factor;
+    if (*charge != nullptr && need > (*charge)->bytes()) {
+      busy = (*charge)->AtLeast(need);
+      if (!busy.ok()) {
+        busy = Busy(*budget_, need);
+        return false;
+      }
+    }
+    body->append(data, n);
+    return true;
+  });
+  if (too_big) {
+    ReplyError(res, absl::ResourceExhaustedError(
+                        absl::StrCat("request body: larger than the server's limit of ", max_body_,
+                                     " bytes (--max_message_bytes)")));
+    res.status = 413;
+    CloseAfterReply(res);
+    return false;
+  }
+  if (!busy.ok()) {
+    ReplyError(res, busy);
+    CloseAfterReply(res);
+    return false;
+  }
+  if (!read) {
+    ReplyError(res, absl::InvalidArgumentError("request body: could not be read whole"));
+    CloseAfterReply(res);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace attention::server
