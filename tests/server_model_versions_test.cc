@@ -913,6 +913,8 @@ TEST(ModelVersionsTest, RepeatedSwapsDoNotGrowMemory) {
             << "\n";
   EXPECT_LE(last, first + first / 10);
   server->Drain();
+  server.reset();
+  fs::remove_all(repo);  // 64 MiB of weights.
 }
 
 }  // namespace
