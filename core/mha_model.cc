@@ -3,7 +3,6 @@
 #include <cmath>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -40,12 +39,19 @@ absl::StatusOr<Tensor> TakeTensor(const SafeTensors& st, const std::string& name
   return t->ConvertTo(DType::kFloat32);
 }
 
+// The whole file, read straight into a string of its size (a stringstream
+// would copy a 1 GiB weights file twice more and grow by reallocation).
 absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
+  const std::streamoff size = in.tellg();
+  if (size < 0) return absl::DataLossError(absl::StrCat("cannot size '", path, "'"));
+  std::string out(static_cast<size_t>(size), '\0');
+  in.seekg(0);
+  if (!in.read(out.data(), size)) {
+    return absl::DataLossError(absl::StrCat("cannot read '", path, "' (", size, " bytes)"));
+  }
+  return out;
 }
 
 // Splits rows [row0, row0 + rows) of a (R, C) float32 tensor into a new one.

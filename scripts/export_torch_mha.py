@@ -16,15 +16,33 @@ From Python (Debian's /usr/bin/python3 with python3-torch):
 From the command line:
 
     /usr/bin/python3 scripts/export_torch_mha.py --embed_dim 512 --num_heads 8 --out models/my_mha
-    /usr/bin/python3 scripts/export_torch_mha.py --embed_dim 512 --num_heads 8 \\
+    /usr/bin/python3 scripts/export_torch_mha.py --num_heads 8 \\
         --state_dict trained.pt --out models/my_mha          # a saved state_dict of the layer
     build/bin/attention-server --model_repository models
+
+From a checkpoint of a whole model (a state_dict, a {"state_dict"/"model"/"model_state_dict":
+...} wrapper, or a module saved whole with torch.save), pick the layer by its key prefix; without
+--prefix the attention layers found are listed. --repository/--model write the next version
+folder of a served model (written under a temporary name, then renamed into place, so a server
+with --model_control=poll picks it up complete):
+
+    /usr/bin/python3 scripts/export_torch_mha.py --state_dict encoder.pt      # lists the layers
+    /usr/bin/python3 scripts/export_torch_mha.py --state_dict encoder.pt --num_heads 8 \\
+        --prefix encoder.layers.3.self_attn. --repository models --model encoder   # models/encoder/N/
+
+embed_dim, kdim, vdim, bias and add_bias_kv are read from the weights; num_heads is not in a
+state_dict (a saved module carries it). Errors say what was found and what is missing, without
+a traceback.
 """
 import argparse
+import importlib.util
 import json
 import os
+import re
+import shutil
 import struct
 import sys
+import tempfile
 
 import torch
 
@@ -98,34 +116,283 @@ def export_mha(module, out_dir, dtype="float32", compute_dtype="float32", extra_
     return config
 
 
+# The tensors of one nn.MultiheadAttention, by their state_dict names.
+_PACKED = ("in_proj_weight",)
+_SEPARATE = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
+_OPTIONAL = ("in_proj_bias", "bias_k", "bias_v", "out_proj.bias")
+
+
+class ExportError(Exception):
+    """A checkpoint or a destination this script cannot use; the message says why."""
+
+
+def _describe(keys, state):
+    return ", ".join(f"{k} {list(state[k].shape)}" for k in keys) if keys else "none"
+
+
+def find_attention_layers(state):
+    """{prefix: [keys]} of every attention layer in a state_dict (prefix '' for a bare layer).
+
+    A layer is recognised by its out_proj.weight next to in_proj_weight or q_proj_weight.
+    """
+    layers = {}
+    for key in state:
+        for anchor in ("in_proj_weight", "q_proj_weight"):
+            if key.endswith(anchor) and (key == anchor or key[-len(anchor) - 1] == "."):
+                prefix = key[:-len(anchor)]
+                if prefix + "out_proj.weight" in state:
+                    layers[prefix] = sorted(k for k in state if k.startswith(prefix) and
+                                            _is_layer_key(k[len(prefix):]))
+    return dict(sorted(layers.items()))
+
+
+def _is_layer_key(name):
+    return name in _PACKED + _SEPARATE + _OPTIONAL + ("out_proj.weight",)
+
+
+def _listing(layers, state):
+    lines = []
+    for prefix, keys in layers.items():
+        weight = prefix + "out_proj.weight"
+        lines.append(f"  --prefix '{prefix}'  (embed_dim {state[weight].shape[0]}; "
+                     f"{len(keys)} tensors: {', '.join(k[len(prefix):] for k in keys)})")
+    return "\n".join(lines) if lines else "  (none: no key ends in in_proj_weight or " \
+                                          "q_proj_weight beside an out_proj.weight)"
+
+
+def layer_state_dict(state, prefix):
+    """The tensors of the layer under `prefix`, renamed to a bare layer's names."""
+    layers = find_attention_layers(state)
+    if prefix is None:
+        if "" in layers:
+            prefix = ""
+        else:
+            raise ExportError(
+                f"the checkpoint holds {len(state)} tensors but is not one attention layer; "
+                f"choose a layer with --prefix. Attention layers found:\n{_listing(layers, state)}")
+    if prefix and not prefix.endswith("."):
+        prefix += "."
+    found = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    layer = {k: v for k, v in found.items() if _is_layer_key(k)}
+    if not layer:
+        raise ExportError(
+            f"--prefix '{prefix}' matches no attention tensor ({len(found)} keys start with it). "
+            f"Attention layers found:\n{_listing(layers, state)}")
+    missing = []
+    if "in_proj_weight" not in layer:
+        if any(k in layer for k in _SEPARATE):
+            missing += [prefix + k for k in _SEPARATE if k not in layer]
+        else:
+            missing.append(f"{prefix}in_proj_weight (or {prefix}q_proj_weight, k_proj_weight and "
+                           f"v_proj_weight)")
+    if "out_proj.weight" not in layer:
+        missing.append(prefix + "out_proj.weight")
+    for pair in (("in_proj_bias", "out_proj.bias"), ("bias_k", "bias_v")):  # Both or neither.
+        if any(k in layer for k in pair):
+            missing += [prefix + k for k in pair if k not in layer]
+    if missing:
+        raise ExportError(
+            f"--prefix '{prefix}': missing {', '.join(missing)}; found "
+            f"{_describe(sorted(prefix + k for k in layer), {prefix + k: v for k, v in layer.items()})}")
+    return layer
+
+
+def config_from_weights(layer):
+    """embed_dim, kdim, vdim, bias, add_bias_kv read from a bare layer's tensors."""
+    e = layer["out_proj.weight"].shape[0]
+    if "in_proj_weight" in layer:
+        kdim = vdim = e
+    else:
+        kdim = layer["k_proj_weight"].shape[1]
+        vdim = layer["v_proj_weight"].shape[1]
+    return {"embed_dim": e, "kdim": kdim, "vdim": vdim, "bias": "in_proj_bias" in layer,
+            "add_bias_kv": "bias_k" in layer}
+
+
+def module_from_state(layer, num_heads, add_zero_attn=False):
+    """An nn.MultiheadAttention holding `layer` (a bare layer's tensors)."""
+    c = config_from_weights(layer)
+    if num_heads is None:
+        raise ExportError(f"--num_heads is required: a state_dict does not record it "
+                          f"(embed_dim {c['embed_dim']} read from out_proj.weight)")
+    if c["embed_dim"] % num_heads:
+        raise ExportError(f"--num_heads {num_heads} does not divide embed_dim {c['embed_dim']}")
+    module = torch.nn.MultiheadAttention(c["embed_dim"], num_heads, bias=c["bias"],
+                                         add_bias_kv=c["add_bias_kv"],
+                                         add_zero_attn=add_zero_attn, kdim=c["kdim"],
+                                         vdim=c["vdim"], batch_first=True)
+    expected = set(module.state_dict())
+    missing = sorted(expected - set(layer))
+    unexpected = sorted(set(layer) - expected)
+    if missing or unexpected:
+        raise ExportError(f"the layer's tensors do not make a MultiheadAttention: missing "
+                          f"{', '.join(missing) or 'none'}; unexpected "
+                          f"{', '.join(unexpected) or 'none'}; found {_describe(sorted(layer), layer)}")
+    for name, t in layer.items():
+        want = module.state_dict()[name].shape
+        if t.shape != want:
+            raise ExportError(f"{name}: shape {list(t.shape)}, expected {list(want)} for embed_dim "
+                              f"{c['embed_dim']}, kdim {c['kdim']}, vdim {c['vdim']}")
+    module.load_state_dict({k: v.to(torch.float32) for k, v in layer.items()})
+    return module.eval()
+
+
+def module_layer(module, prefix):
+    """The nn.MultiheadAttention under `prefix` of a whole saved module."""
+    if isinstance(module, torch.nn.MultiheadAttention) and not prefix:
+        return module
+    layers = {name: m for name, m in module.named_modules()
+              if isinstance(m, torch.nn.MultiheadAttention)}
+    listing = "\n".join(f"  --prefix '{n}.'  (embed_dim {m.embed_dim}, {m.num_heads} heads)"
+                        for n, m in layers.items()) or "  (none)"
+    if prefix is None:
+        raise ExportError(f"the saved {type(module).__name__} is not one attention layer; choose "
+                          f"one with --prefix. nn.MultiheadAttention layers found:\n{listing}")
+    name = prefix[:-1] if prefix.endswith(".") else prefix
+    if name not in layers:
+        raise ExportError(f"--prefix '{prefix}' names no nn.MultiheadAttention in the saved "
+                          f"{type(module).__name__}. Layers found:\n{listing}")
+    return layers[name]
+
+
+def load_checkpoint(path, imports=()):
+    """torch.load of `path` on the CPU: a module, or a dict of tensors (unwrapped)."""
+    for file in imports:  # Classes of whole saved modules, also under __main__.
+        spec = importlib.util.spec_from_file_location(
+            os.path.splitext(os.path.basename(file))[0], file)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        main = sys.modules["__main__"]
+        for k, v in vars(mod).items():
+            if not k.startswith("__") and not hasattr(main, k):
+                setattr(main, k, v)
+    try:
+        obj = torch.load(path, map_location="cpu")
+    except FileNotFoundError:
+        raise ExportError(f"{path}: no such file")
+    except (AttributeError, ModuleNotFoundError) as e:
+        raise ExportError(f"{path}: a module saved whole needs its class to load ({e}); pass the "
+                          f"file defining it with --import, or save model.state_dict() instead")
+    except Exception as e:  # pickle and zip errors: not a torch.save file
+        raise ExportError(f"{path}: not a torch.save() file ({type(e).__name__}: {e})")
+    if isinstance(obj, torch.nn.Module):
+        return obj
+    if isinstance(obj, dict):
+        for wrapper in ("state_dict", "model_state_dict", "model"):
+            inner = obj.get(wrapper)
+            if isinstance(inner, torch.nn.Module):
+                return inner
+            if isinstance(inner, dict) and any(torch.is_tensor(v) for v in inner.values()):
+                obj = inner
+                break
+        tensors = {k: v for k, v in obj.items() if torch.is_tensor(v)}
+        if tensors:
+            return tensors
+    raise ExportError(f"{path}: holds a {type(obj).__name__}, neither a module nor a state_dict "
+                      f"of tensors")
+
+
+def next_version_dir(repository, model):
+    """(model folder, next version number) of `model` in `repository`."""
+    model_dir = os.path.join(repository, model)
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", model) or model.endswith(
+            (".tmp", ".part", ".partial")):
+        raise ExportError(f"--model '{model}': expected a folder name the server serves "
+                          f"(letters, digits, _ . -; not hidden, not ending in .tmp)")
+    if os.path.exists(os.path.join(model_dir, "model.safetensors")):
+        raise ExportError(f"{model_dir} holds a flat model (model.safetensors directly): move it "
+                          f"into {model_dir}/1/ to add versions")
+    versions = [int(n) for n in (os.listdir(model_dir) if os.path.isdir(model_dir) else [])
+                if re.fullmatch(r"[1-9][0-9]*", n)]
+    return model_dir, max(versions, default=0) + 1
+
+
+def export_version(module, repository, model, version=None, **kwargs):
+    """Writes `module` as a new version folder of `model` in `repository`; returns its path.
+
+    The folder is written under a hidden temporary name in the model folder and renamed into
+    place, so a server polling the repository never sees it incomplete. version=None: the next
+    number after the highest existing one.
+    """
+    model_dir, number = next_version_dir(repository, model)
+    if version is not None:
+        number = version
+    final = os.path.join(model_dir, str(number))
+    if os.path.exists(final):
+        raise ExportError(f"{final} exists: versions are immutable, write a new version number")
+    os.makedirs(model_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{number}.", suffix=".tmp", dir=model_dir)
+    try:
+        config = export_mha(module, tmp, force=True, **kwargs)
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final, config
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--embed_dim", type=int, required=True)
-    p.add_argument("--num_heads", type=int, required=True)
+    p.add_argument("--embed_dim", type=int, help="new layers; with --state_dict, read from it")
+    p.add_argument("--num_heads", type=int, help="required unless a saved module carries it")
     p.add_argument("--kdim", type=int, default=None)
     p.add_argument("--vdim", type=int, default=None)
     p.add_argument("--no_bias", action="store_true")
     p.add_argument("--add_bias_kv", action="store_true")
     p.add_argument("--add_zero_attn", action="store_true")
     p.add_argument("--seed", type=int, default=0, help="initialisation seed (no --state_dict)")
-    p.add_argument("--state_dict", help="a torch.save()d state_dict of the layer to export")
+    p.add_argument("--state_dict", metavar="FILE",
+                   help="a torch.save()d state_dict, checkpoint or whole module to export from")
+    p.add_argument("--prefix", help="the layer's key prefix in --state_dict, e.g. "
+                                    "encoder.layers.3.self_attn. (omit to list the layers)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE.py",
+                   help="a Python file defining the classes of a module saved whole")
     p.add_argument("--dtype", default="float32", choices=sorted(_BY_NAME))
     p.add_argument("--compute_dtype", default="float32", choices=["float32", "bfloat16", "int8"])
-    p.add_argument("--out", required=True, help="model directory to write")
-    p.add_argument("--force", action="store_true", help="overwrite a non-empty directory")
+    p.add_argument("--out", help="model directory to write")
+    p.add_argument("--repository", help="a model repository: write --model's next version folder")
+    p.add_argument("--model", help="with --repository: the model's folder name")
+    p.add_argument("--version", type=int, help="with --repository: this version number")
+    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out directory")
     args = p.parse_args()
-    torch.manual_seed(args.seed)
-    module = torch.nn.MultiheadAttention(args.embed_dim, args.num_heads, bias=not args.no_bias,
-                                         add_bias_kv=args.add_bias_kv,
-                                         add_zero_attn=args.add_zero_attn, kdim=args.kdim,
-                                         vdim=args.vdim, batch_first=True)
-    if args.state_dict:
-        module.load_state_dict(torch.load(args.state_dict, map_location="cpu"))
+    if bool(args.out) == bool(args.repository):
+        p.error("give either --out DIR or --repository DIR --model NAME")
+    if args.repository and not args.model:
+        p.error("--repository needs --model NAME")
     try:
-        config = export_mha(module, args.out, args.dtype, args.compute_dtype, force=args.force)
-    except (FileExistsError, ValueError) as e:
+        if args.state_dict:
+            loaded = load_checkpoint(args.state_dict, args.imports)
+            if isinstance(loaded, torch.nn.Module):
+                module = module_layer(loaded, args.prefix).eval()
+            else:
+                layer = layer_state_dict(loaded, args.prefix)
+                module = module_from_state(layer, args.num_heads, args.add_zero_attn)
+            if args.embed_dim is not None and args.embed_dim != module.embed_dim:
+                raise ExportError(f"--embed_dim {args.embed_dim}, but the layer's is "
+                                  f"{module.embed_dim}")
+            if args.num_heads is not None and args.num_heads != module.num_heads:
+                raise ExportError(f"--num_heads {args.num_heads}, but the saved layer has "
+                                  f"{module.num_heads}")
+        else:
+            if args.embed_dim is None or args.num_heads is None:
+                raise ExportError("a new layer needs --embed_dim and --num_heads (or export one "
+                                  "with --state_dict)")
+            torch.manual_seed(args.seed)
+            module = torch.nn.MultiheadAttention(
+                args.embed_dim, args.num_heads, bias=not args.no_bias,
+                add_bias_kv=args.add_bias_kv, add_zero_attn=args.add_zero_attn, kdim=args.kdim,
+                vdim=args.vdim, batch_first=True)
+        if args.repository:
+            out, config = export_version(module, args.repository, args.model, args.version,
+                                         dtype=args.dtype, compute_dtype=args.compute_dtype)
+        else:
+            out = args.out
+            config = export_mha(module, out, args.dtype, args.compute_dtype, force=args.force)
+    except (ExportError, FileExistsError, ValueError, TypeError, OSError) as e:
         sys.exit(f"export_torch_mha: {e}")
-    print(f"wrote {args.out}: {json.dumps(config)}")
+    print(f"wrote {out}: {json.dumps(config)}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,14 @@
 // ModelRepository::LoadVersion: one version from its folder to ready to
 // serve (the rest of the class is in model_repository.cc).
 #include <omp.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -20,6 +25,22 @@ BatchingOptions Resolve(BatchingOptions b, const ServingConfig& c) {
   if (c.max_queue_delay_us) b.max_queue_delay_us = *c.max_queue_delay_us;
   if (c.max_queue_size) b.max_queue_size = *c.max_queue_size;
   return b;
+}
+
+// Runs `work` on a thread of its own at a lower CPU priority (nice +10,
+// best effort), and waits for it: a version loading beside serving takes the
+// cores that serving leaves, rather than half of them. The threads it starts
+// (OpenMP's, for the warm-up) inherit the priority; the batcher's thread,
+// started later from the caller's, does not (an unprivileged process could
+// not raise it back).
+absl::Status InBackground(const std::function<absl::Status()>& work) {
+  absl::Status status;
+  std::thread thread([&] {
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+    status = work();
+  });
+  thread.join();
+  return status;
 }
 
 int64_t WeightsBytes(const std::string& dir) {
@@ -62,26 +83,32 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
   reaper_->Own();
   std::shared_ptr<ServedModel> served(
       raw, [reaper = reaper_](ServedModel* m) { reaper->Retire(m, m->bytes, [m] { delete m; }); });
-  absl::StatusOr<std::shared_ptr<const MhaModel>> model =
-      dir.empty() ? absl::StatusOr<std::shared_ptr<const MhaModel>>(MhaModel::Demo())
-                  : MhaModel::LoadFromDirectory(dir);
-  if (!model.ok()) return fail(model.status(), "failure");
-  served->model = *model;
-  absl::StatusOr<std::unique_ptr<MhaEngine>> engine = MhaEngine::Create(served->model);
-  if (!engine.ok()) return fail(engine.status(), "failure");
-  served->engine = *std::move(engine);
-  if (options_.warmup) {
+  absl::Time read, prepared;
+  const absl::Status made = InBackground([&]() -> absl::Status {
+    absl::StatusOr<std::shared_ptr<const MhaModel>> model =
+        dir.empty() ? absl::StatusOr<std::shared_ptr<const MhaModel>>(MhaModel::Demo())
+                    : MhaModel::LoadFromDirectory(dir);
+    if (!model.ok()) return model.status();
+    served->model = *model;
+    read = absl::Now();
+    absl::StatusOr<std::unique_ptr<MhaEngine>> engine = MhaEngine::Create(served->model);
+    if (!engine.ok()) return engine.status();
+    served->engine = *std::move(engine);
+    prepared = absl::Now();
+    if (!options_.warmup) return absl::OkStatus();
     // Batches run with one thread or all of them (see DynamicBatcher):
     // primitives are made per thread count.
     for (int threads : {1, options_.compute_threads}) {
       omp_set_num_threads(threads);
       const absl::Status warm = WarmUp(*served->engine);
       if (!warm.ok()) {
-        return fail(absl::InternalError(absl::StrCat(name, ": warm-up: ", warm.message())),
-                    "failure");
+        return absl::InternalError(absl::StrCat(name, ": warm-up: ", warm.message()));
       }
     }
-  }
+    return absl::OkStatus();
+  });
+  if (!made.ok()) return fail(made, "failure");
+  const absl::Time warm = absl::Now();
   served->metrics = metrics_->AddModel(name);
   absl::StatusOr<std::unique_ptr<DynamicBatcher>> batcher = DynamicBatcher::Create(
       served->engine.get(), Resolve(options_.batching, served->model->serving()), served->metrics,
@@ -99,7 +126,9 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
             << b.max_batch_size << ", max_batch_tokens " << b.max_batch_tokens
             << ", max_queue_delay_us " << b.max_queue_delay_us << ", max_queue_size "
             << b.max_queue_size << (options_.warmup ? "; warmed up" : "") << " in " << seconds
-            << " s\n";
+            << " s (read " << absl::ToDoubleSeconds(read - start) << " s, engine "
+            << absl::ToDoubleSeconds(prepared - read) << " s, warm-up "
+            << absl::ToDoubleSeconds(warm - prepared) << " s)\n";
   return served;
 }
 

@@ -50,6 +50,9 @@ struct RequestOutcome {
   int64_t compute_us = 0;                    // The batch's compute time.
   int batch_requests = 0;                    // Requests in the executed batch.
   int64_t session_length = 0;                // Session work: the session's length after it.
+  // Sequence steps: the version of the sequence's session, which computed it
+  // (the request may have resolved another); 0: the version it was admitted to.
+  int64_t model_version = 0;
 };
 
 struct Session;

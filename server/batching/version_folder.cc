@@ -18,7 +18,17 @@ namespace {
 constexpr char kConfig[] = "config.json";
 constexpr char kWeights[] = "model.safetensors";
 
-bool Hidden(const fs::path& p) { return p.filename().string().rfind('.', 0) == 0; }
+// Hidden (".x", and so a projected volume's "..data" and "..2026_..." swap
+// folders) or temporary ("x.tmp", "x.part", "x.partial", "x~"): being written.
+bool Ignored(const fs::path& p) {
+  const std::string name = p.filename().string();
+  if (name.empty() || name[0] == '.' || name.back() == '~') return true;
+  for (const char* suffix : {".tmp", ".part", ".partial"}) {
+    const size_t n = std::strlen(suffix);
+    if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0) return true;
+  }
+  return false;
+}
 
 // A positive decimal version number, or 0.
 int64_t VersionOf(const std::string& name) {
@@ -89,7 +99,7 @@ absl::StatusOr<ModelLayout> ScanModel(const std::string& model_dir) {
   ModelLayout layout;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(model_dir, ec)) {
-    if (Hidden(entry.path()) || !entry.is_directory(ec)) continue;
+    if (Ignored(entry.path()) || !entry.is_directory(ec)) continue;
     const int64_t v = VersionOf(entry.path().filename().string());
     if (v > 0) layout.versions[v] = entry.path().string();
   }
@@ -123,7 +133,7 @@ absl::StatusOr<std::map<std::string, std::string>> ScanRepository(const std::str
   }
   std::map<std::string, std::string> models;
   for (const auto& entry : fs::directory_iterator(repository, ec)) {
-    if (Hidden(entry.path()) || !entry.is_directory(ec)) continue;
+    if (Ignored(entry.path()) || !entry.is_directory(ec)) continue;
     if (ScanModel(entry.path().string()).status().code() == absl::StatusCode::kNotFound) continue;
     models[entry.path().filename().string()] = entry.path().string();
   }

@@ -11,9 +11,12 @@
 //   {"version_policy": "all"}
 //   {"version_policy": {"specific": [1, 3]}}
 //
-// Entries whose names start with ".." (a Kubernetes projected volume's
-// "..data" swap) or "." are ignored, and so is any folder whose name is not
-// a positive decimal number.
+// Entries whose names start with "." (and so a Kubernetes projected
+// volume's "..data" symlink and the "..<timestamp>" folders it swaps
+// between) or end with ".tmp", ".part", ".partial" or "~" (being written:
+// rename into place when complete) are ignored, and so is any version folder
+// whose name is not a positive decimal number. Symlinked folders are
+// followed.
 //
 // Plain functions over the file system; thread-compatible.
 #ifndef ATTENTION_SERVER_BATCHING_VERSION_FOLDER_H_
@@ -57,8 +60,9 @@ struct ModelLayout {
 // holds neither layout; InvalidArgument naming the file for a bad policy.
 absl::StatusOr<ModelLayout> ScanModel(const std::string& model_dir);
 
-// The model folders of `repository` (name -> path): every folder not
-// starting with '.' that holds config.json or a numbered version folder.
+// The model folders of `repository` (name -> path): every folder (or
+// symlink to one) not ignored as above that holds config.json or a numbered
+// version folder.
 absl::StatusOr<std::map<std::string, std::string>> ScanRepository(const std::string& repository);
 
 // Of `available` (loadable versions, ascending), those `policy` serves.

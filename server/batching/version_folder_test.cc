@@ -89,6 +89,57 @@ TEST(VersionFolderTest, CompleteOnlyWhenSizesAgreeWithTheHeader) {
   EXPECT_EQ(CheckComplete(dir).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A Kubernetes projected volume (ConfigMap, Secret, downward API): the
+// files live in a "..<timestamp>" folder, "..data" links to it, and each
+// top-level name links through "..data"; an update writes a new timestamped
+// folder and renames a new "..data" link over the old one.
+TEST(VersionFolderTest, IgnoresProjectedVolumeSwapsAndTemporaryNames) {
+  const std::string repo = Dir("projected");
+  auto write_version = [](const std::string& dir) {
+    fs::create_directories(dir);
+    Write(dir + "/config.json", "{}");
+  };
+  write_version(repo + "/..2026_11_24_13_00_00.1/m/1");
+  fs::create_directory_symlink("..2026_11_24_13_00_00.1", repo + "/..data");
+  fs::create_directory_symlink("..data/m", repo + "/m");
+  // Temporary and hidden names, each otherwise a model.
+  for (const char* name : {"new.tmp", "copy.part", "copy.partial", "edit~", ".hidden"}) {
+    fs::create_directories(repo + "/" + name);
+    Write(repo + "/" + name + "/config.json", "{}");
+  }
+  auto models = ScanRepository(repo);
+  ASSERT_TRUE(models.ok()) << models.status();
+  ASSERT_EQ(models->size(), 1u);
+  EXPECT_EQ(models->begin()->first, "m");
+  auto layout = ScanModel(repo + "/m");
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_FALSE(layout->flat);
+  EXPECT_EQ(layout->versions.size(), 1u);
+
+  // Versions being written under temporary names are not versions yet.
+  write_version(repo + "/m/2.tmp");
+  write_version(repo + "/m/..3");
+  write_version(repo + "/m/4~");
+  layout = ScanModel(repo + "/m");
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->versions.size(), 1u);
+
+  // The kubelet's swap: a new timestamped folder, "..data" renamed over.
+  write_version(repo + "/..2026_11_24_13_05_00.2/m/1");
+  write_version(repo + "/..2026_11_24_13_05_00.2/m/2");
+  fs::create_directory_symlink("..2026_11_24_13_05_00.2", repo + "/..data_tmp");
+  fs::rename(repo + "/..data_tmp", repo + "/..data");
+  fs::remove_all(repo + "/..2026_11_24_13_00_00.1");
+  models = ScanRepository(repo);
+  ASSERT_TRUE(models.ok()) << models.status();
+  EXPECT_EQ(models->size(), 1u);
+  layout = ScanModel(repo + "/m");
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  ASSERT_EQ(layout->versions.size(), 2u);
+  EXPECT_EQ(layout->versions.rbegin()->first, 2);
+  EXPECT_EQ(layout->versions.rbegin()->second, repo + "/m/2");
+}
+
 TEST(VersionFolderTest, ParsesModelControl) {
   EXPECT_EQ(*ParseModelControl("poll"), ModelControl::kPoll);
   EXPECT_EQ(*ParseModelControl("explicit"), ModelControl::kExplicit);

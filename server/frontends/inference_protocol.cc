@@ -72,6 +72,11 @@ absl::StatusOr<int64_t> InferenceProtocol::ParseVersion(const std::string& versi
   return number;
 }
 
+void InferenceProtocol::Relabel(const RequestOutcome& outcome,
+                                inference::ModelInferResponse* response) {
+  if (outcome.model_version > 0) response->set_model_version(std::to_string(outcome.model_version));
+}
+
 void InferenceProtocol::Label(const inference::ModelInferRequest& request, const ServedModel* model,
                               inference::ModelInferResponse* response) {
   // The stateful alias is echoed as asked.
@@ -236,6 +241,7 @@ void InferenceProtocol::Infer(CallRef call, const inference::ModelInferRequest& 
     const int64_t max_bytes = requests_->options().max_response_bytes;
     std::vector<OipOutput> outputs = decoded->outputs;
     auto done = [response, answer, outputs, max_bytes](RequestOutcome outcome) {
+      Relabel(outcome, response);
       absl::Status result = outcome.status;
       if (result.ok()) result = EncodeModelInfer(outcome, outputs, max_bytes, response);
       answer(result);

@@ -100,6 +100,9 @@ class InferenceProtocol {
   // Completes a response with the request's model, version and id.
   static void Label(const inference::ModelInferRequest& request, const ServedModel* model,
                     inference::ModelInferResponse* response);
+  // Corrects the version for a sequence step, computed on its session's
+  // version (RequestOutcome::model_version) rather than the one resolved.
+  static void Relabel(const RequestOutcome& outcome, inference::ModelInferResponse* response);
 
   RequestPath* requests() const { return requests_; }
   SequenceSessions* sequences() const { return sequences_; }

@@ -158,6 +158,7 @@ InferenceServiceImpl::ModelStreamInfer(grpc::CallbackServerContext* context) {
                   absl::Status result = outcome.status;
                   inference::ModelInferResponse* infer = response.mutable_infer_response();
                   InferenceProtocol::Label(*request, served, infer);
+                  InferenceProtocol::Relabel(outcome, infer);
                   if (result.ok()) result = EncodeModelInfer(outcome, outputs, max_bytes, infer);
                   reply(std::move(response), result);
                 });

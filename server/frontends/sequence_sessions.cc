@@ -194,6 +194,10 @@ absl::StatusOr<std::shared_ptr<SequenceSessions::Step>> SequenceSessions::Prepar
   if (step.tokens.rank() == 2) out->tokens = step.tokens.dim(0);
   if (!out->start) {
     ASSIGN_OR_RETURN(out->session, Find(out->key));
+    // A later step runs on the version its sequence started on (a newer one
+    // may serve by now): validated against that one.
+    session_model = out->session->model;
+    out->model = session_model->served;
     held_keys = SessionPath::HeldKeys(out->session, out->tokens, &out->queued);
   }
   RETURN_IF_ERROR(sessions_->PrepareStep(step, *session_model, /*cross=*/false, held_keys,
@@ -233,8 +237,10 @@ absl::Status SequenceSessions::Commit(const std::shared_ptr<Step>& step, Admissi
   sessions_->Attach(session, std::move(step->queued), admission, step->request_bytes, &prepared);
   const bool batched = step->batched, start = step->start, end = step->end;
   const std::string session_id = session->id;
-  prepared.pending->done = [this, batched, start, end, key, session_id,
+  const int64_t version = session->model->served->version;
+  prepared.pending->done = [this, batched, start, end, key, session_id, version,
                             done = std::move(done)](RequestOutcome outcome) mutable {
+    outcome.model_version = version;
     if (batched) {  // Shaped like the stateless call's results.
       outcome.output.shape.insert(outcome.output.shape.begin(), 1);
       if (outcome.attn_weights) {

@@ -40,6 +40,7 @@ void DescribeSession(const SessionSnapshot& s, v1::SessionInfo* info) {
   info->set_last_used_unix_ms(UnixMillis(s.last_used));
   info->set_ttl_s(absl::ToInt64Seconds(s.ttl));
   info->set_max_tokens(s.max_tokens);
+  info->set_model_version(s.model_version);
 }
 
 SessionServiceImpl::SessionServiceImpl(SessionPath* sessions)
@@ -198,7 +199,7 @@ absl::Status SessionServiceImpl::PrepareAppend(const v1::AppendRequest& request,
                                 call, prepared);
 }
 
-absl::Status SessionServiceImpl::EncodeAppend(RequestOutcome& outcome,
+absl::Status SessionServiceImpl::EncodeAppend(RequestOutcome& outcome, int64_t model_version,
                                               v1::AppendResponse* response) const {
   OutputTensor& out = outcome.output;
   wire::EncodeTensorBytes(out.dtype, out.shape, std::move(out.bytes), response->mutable_output());
@@ -210,6 +211,7 @@ absl::Status SessionServiceImpl::EncodeAppend(RequestOutcome& outcome,
   response->set_queue_us(outcome.queue_us);
   response->set_compute_us(outcome.compute_us);
   response->set_batch_requests(outcome.batch_requests);
+  response->set_model_version(model_version);
   return CheckMessageLimit(response, requests_->options().max_response_bytes);
 }
 
@@ -237,7 +239,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext
     prepared.pending->done = [this, reactor, response, received, model, call,
                               held = *held](RequestOutcome outcome) mutable {
       absl::Status result = outcome.status;
-      if (result.ok()) result = EncodeAppend(outcome, response);
+      if (result.ok()) result = EncodeAppend(outcome, model->version, response);
       reactor->Hold(std::move(held));  // Until the response is sent.
       requests_->Answered(model, *call, result, received);
       reactor->Finish(wire::ToGrpcStatus(result));
@@ -270,10 +272,11 @@ grpc::ServerBidiReactor<v1::AppendRequest, v1::AppendResponse>* SessionServiceIm
                                                                  Admission* admission) {
           sessions_->Attach(prepared->session, std::move(prepared->queued), admission,
                             request_bytes, prepared.get());
-          prepared->pending->done = [this, reply, session_id](RequestOutcome outcome) {
+          const int64_t version = prepared->model->version;
+          prepared->pending->done = [this, reply, session_id, version](RequestOutcome outcome) {
             v1::AppendResponse response;
             absl::Status result = outcome.status;
-            if (result.ok()) result = EncodeAppend(outcome, &response);
+            if (result.ok()) result = EncodeAppend(outcome, version, &response);
             response.set_session_id(session_id);
             reply(std::move(response), result);
           };

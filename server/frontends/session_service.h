@@ -66,9 +66,10 @@ class SessionServiceImpl final : public v1::SessionService::CallbackService {
   grpc::ServerUnaryReactor* OnSession(
       grpc::CallbackServerContext* context, Method method, const std::string& id,
       absl::FunctionRef<absl::Status(SessionManager&, const std::shared_ptr<Session>&)> act);
-  // Fills `response` from a computed append; RESOURCE_EXHAUSTED if it would
-  // exceed the response size limit.
-  absl::Status EncodeAppend(RequestOutcome& outcome, v1::AppendResponse* response) const;
+  // Fills `response` from a computed append (on `model_version`, the
+  // session's); RESOURCE_EXHAUSTED if it would exceed the response size limit.
+  absl::Status EncodeAppend(RequestOutcome& outcome, int64_t model_version,
+                            v1::AppendResponse* response) const;
   SessionPath* const sessions_;
   RequestPath* const requests_;
 };

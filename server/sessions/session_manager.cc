@@ -359,6 +359,7 @@ SessionSnapshot SessionManager::Snapshot(Session& session) const {
   SessionSnapshot s;
   s.id = session.id;
   s.model = session.model->served->name;
+  s.model_version = session.model->served->version;
   s.cross = session.cross;
   s.max_tokens = session.model->max_session_tokens;
   s.created = session.created;

@@ -98,6 +98,7 @@ struct SessionModel {
 struct SessionSnapshot {
   std::string id;
   std::string model;
+  int64_t model_version = 0;  // The version it was created on.
   bool cross = false;
   int64_t length = 0, keys = 0, bytes = 0, max_tokens = 0;
   absl::Time created, last_used;

@@ -51,7 +51,8 @@ def main():
     for kind in ("Deployment", "Service", "HorizontalPodAutoscaler", "PodMonitor",
                  "NetworkPolicy"):
         check(kind in docs, f"missing a {kind}")
-    dep = docs["Deployment"]
+    dep = next((d for d in every if d["kind"] == "Deployment" and
+                d["metadata"]["name"] == "attention-server"), docs["Deployment"])
     labels = dep["spec"]["selector"]["matchLabels"]
     pod = dep["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -117,16 +118,54 @@ def main():
     # one batch weights buffer (512 MiB), the sessions' caches
     # (--session_memory_bytes, a quarter of the limit by default), and the
     # process (model, runtime).
+    # And the model versions resident at once (--max_model_bytes) when models
+    # come from a repository.
     queue = int(flags.get("max_queue_size", 1024))
     message = int(flags.get("max_message_bytes", 64 << 20))
     limit = memory_bytes(res.get("limits", {}).get("memory", "0"))
     sessions = int(flags.get("session_memory_bytes", limit // 4))
-    admitted = 3 * queue * message + (512 << 20) + (128 << 20) + sessions
+    models = int(flags.get("max_model_bytes", 0))
+    admitted = 3 * queue * message + (512 << 20) + (128 << 20) + sessions + models
     check(admitted <= 0.8 * limit,
           f"the server admits ~{admitted >> 20} MiB (max_queue_size {queue} x max_message_bytes "
-          f"{message} x 3 + 640 MiB + session memory {sessions >> 20} MiB), over 80% of the "
-          f"memory limit {limit >> 20} MiB: set --max_queue_size, --max_message_bytes and "
-          "--session_memory_bytes")
+          f"{message} x 3 + 640 MiB + session memory {sessions >> 20} MiB + max_model_bytes "
+          f"{models >> 20} MiB), over 80% of the memory limit {limit >> 20} MiB: set "
+          "--max_queue_size, --max_message_bytes, --session_memory_bytes and --max_model_bytes")
+    # The model repository: a claim every replica mounts whole and read-only,
+    # polled, with the versions' memory bounded; and something that writes it.
+    if "model_repository" in flags:
+        repo = flags["model_repository"].rstrip("/")
+        mount = [m for m in container.get("volumeMounts", []) if m["mountPath"].rstrip("/") ==
+                 repo]
+        claim = {}
+        if check(len(mount) == 1, f"--model_repository {repo} must be a volume mount"):
+            check("subPath" not in mount[0],
+                  "the model repository must not be a subPath mount (it never updates)")
+            check(mount[0].get("readOnly") is True, "the model repository must be mounted readOnly")
+            claim = volumes.get(mount[0]["name"], {}).get("persistentVolumeClaim", {})
+            check(bool(claim), "the model repository must come from a PersistentVolumeClaim "
+                               "(a ConfigMap holds at most 1 MiB)")
+        check(flags.get("model_control") == "poll",
+              "--model_control=poll: replicas pick up new versions written into the claim")
+        check(models > 0, "--max_model_bytes must bound the resident versions (old and new)")
+        claims = {d["metadata"]["name"]: d for d in every if d["kind"] == "PersistentVolumeClaim"}
+        pvc = claims.get(claim.get("claimName"))
+        if check(pvc is not None, f"no PersistentVolumeClaim {claim.get('claimName')!r} here"):
+            modes = pvc["spec"].get("accessModes", [])
+            check(bool({"ReadWriteMany", "ReadOnlyMany"} & set(modes)),
+                  f"the claim's accessModes {modes} must let replicas on several nodes mount it "
+                  "(ReadWriteMany)")
+        writers = [d for d in every if d["kind"] in ("Deployment", "Pod", "Job") and d is not dep
+                   and any(v.get("persistentVolumeClaim", {}).get("claimName") ==
+                           claim.get("claimName")
+                           for v in (d["spec"].get("template", d)["spec"].get("volumes", [])))]
+        check(len(writers) >= 1, "something must write new versions into the claim (an "
+                                 "uploader pod or a sync sidecar)")
+        for w in writers:
+            spec = w["spec"].get("template", w)["spec"]
+            check(spec.get("securityContext", {}).get("runAsUser") ==
+                  pod.get("securityContext", {}).get("runAsUser"),
+                  f"{w['metadata']['name']} must write as the server's uid (it reads the files)")
     check(flags.get("advertise_address", "").startswith("$(POD_IP):") and
           env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") ==
           "status.podIP",
