@@ -3,12 +3,13 @@
 // One model's queue and batcher, in the manner of Triton's dynamic batcher.
 // A batch is sent when it holds max_batch_size requests or max_batch_tokens
 // padded query tokens, or when its oldest request has waited
-// max_queue_delay_us; otherwise the batcher sleeps exactly until then (or
-// until a request arrives that completes a batch or expires sooner: one
-// wake-up per batch, not one per request). Requests of different lengths share a batch
-// unless padding would more than double the query tokens, or the key tokens,
-// computed; padded key tokens (items x longest key) are bounded by
-// max_batch_tokens too, and a request whose own keys exceed it runs alone.
+// max_queue_delay_us; otherwise the batcher sleeps exactly until then, or
+// until a request arrives that completes a batch or expires sooner (one
+// wake-up per batch, not one per request). Requests of different lengths
+// share a batch unless padding would more than double the query tokens, or
+// the key tokens, computed; padded key tokens (items x longest key) are
+// bounded by max_batch_tokens too, and a request whose own keys exceed it
+// runs alone.
 // The oldest request always goes first. Self-attention requests and requests
 // with their own key/value are batched separately, and session work (steps
 // of different sessions, packed without padding up to max_batch_tokens) only

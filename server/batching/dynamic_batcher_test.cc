@@ -221,9 +221,9 @@ TEST_F(DynamicBatcherTest, CancelledAndExpiredRequestsAreAnsweredWithoutCompute)
 }
 
 // The batcher sleeps until its oldest request's delay runs out and is woken
-// only by a request that completes a batch or expires sooner: with a delay
-// of ten minutes, both still happen at once.
-TEST_F(DynamicBatcherTest, AFullBatchGoesAtOnceWithoutAWakeUpPerRequest) {
+// only by a request that completes a batch or expires sooner (not by every
+// request): with a delay of ten minutes, both must still happen at once.
+TEST_F(DynamicBatcherTest, AFullBatchGoesAtOnceThoughTheDelayIsLong) {
   BatchingOptions options;
   options.max_batch_size = 4;
   options.max_queue_delay_us = int64_t{600} * 1000 * 1000;

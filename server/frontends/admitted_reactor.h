@@ -24,11 +24,11 @@ class AdmittedUnaryReactor : public grpc::ServerUnaryReactor, public AdmissionHo
   // Keeps `held` until the call is done.
   void Hold(std::shared_ptr<Admission> held) override { held_ = std::move(held); }
   void OnDone() override { delete this; }
-  // OnDone() only lets go of memory (and the admission, under a short
-  // lock): gRPC may run it on the thread that completed the call instead of
-  // handing it to its executor thread, a wake-up per call saved. (gRPC marks
-  // this hook as internal, for reactors whose reactions are trivial: this
-  // one's are.)
+  // OnDone() only frees memory and the admission (atomic counters), and
+  // OnCancel() is gRPC's empty default: gRPC may run them on the thread that
+  // completed the call instead of handing them to its executor thread, a
+  // wake-up per call saved. (gRPC marks this hook as internal, for reactors
+  // whose reactions are trivial: these are.)
   bool InternalInlineable() override { return true; }
 
  private:
