@@ -89,6 +89,7 @@ absl::Status DynamicBatcher::Enqueue(std::unique_ptr<PendingRequest> request) {
                        options_.max_batch_weights_bytes, " (its memory plan)"));
     }
   }
+  bool wake = false;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("server is shutting down");
@@ -100,9 +101,23 @@ absl::Status DynamicBatcher::Enqueue(std::unique_ptr<PendingRequest> request) {
     request->enqueued = absl::Now();
     queue_.push_back(std::move(request));
     metrics_->queue_depth->Set(static_cast<double>(queue_.size()));
+    wake = MustWake(*queue_.back());
   }
-  wake_.Signal();
+  if (wake) wake_.Signal();
   return absl::OkStatus();
+}
+
+bool DynamicBatcher::MustWake(const PendingRequest& added) const {
+  // Not asleep: the batcher looks at the queue before it sleeps again.
+  if (sleeping_until_ == absl::InfinitePast()) return false;
+  // Asleep on an empty queue, or until sooner than its timer would fire.
+  if (queue_.size() == 1 || added.deadline < sleeping_until_) return true;
+  // Asleep until the oldest request's delay runs out: only a batch that
+  // must go now is worth waking for (one wake-up per batch, not per request).
+  if (static_cast<int64_t>(queue_.size()) >= options_.max_batch_size) return true;
+  bool ready = false;
+  PickBatch(&ready);
+  return ready;
 }
 
 std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
@@ -215,7 +230,11 @@ void DynamicBatcher::Loop() {
     std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>> dropped;
     {
       absl::MutexLock lock(&mu_);
-      while (queue_.empty() && !exit_) wake_.Wait(&mu_);
+      while (queue_.empty() && !exit_) {
+        sleeping_until_ = absl::InfiniteFuture();
+        wake_.Wait(&mu_);
+      }
+      sleeping_until_ = absl::InfinitePast();
       if (queue_.empty()) return;  // Exiting with nothing left to compute.
       const absl::Time now = absl::Now();
       DropDead(now, &dropped);
@@ -235,7 +254,9 @@ void DynamicBatcher::Loop() {
           // deadline passes, or a request arrives.
           absl::Time wake_at = send_at;
           for (const auto& r : queue_) wake_at = std::min(wake_at, r->deadline);
+          sleeping_until_ = wake_at;
           wake_.WaitWithDeadline(&mu_, wake_at);
+          sleeping_until_ = absl::InfinitePast();
         }
       }
       metrics_->queue_depth->Set(static_cast<double>(queue_.size()));

@@ -3,11 +3,13 @@
 // One model's queue and batcher, in the manner of Triton's dynamic batcher.
 // A batch is sent when it holds max_batch_size requests or max_batch_tokens
 // padded query tokens, or when its oldest request has waited
-// max_queue_delay_us; otherwise the batcher sleeps exactly until then (or
-// until a request arrives). Requests of different lengths share a batch
-// unless padding would more than double the query tokens, or the key tokens,
-// computed; padded key tokens (items x longest key) are bounded by
-// max_batch_tokens too, and a request whose own keys exceed it runs alone.
+// max_queue_delay_us; otherwise the batcher sleeps exactly until then, or
+// until a request arrives that completes a batch or expires sooner (one
+// wake-up per batch, not one per request). Requests of different lengths
+// share a batch unless padding would more than double the query tokens, or
+// the key tokens, computed; padded key tokens (items x longest key) are
+// bounded by max_batch_tokens too, and a request whose own keys exceed it
+// runs alone.
 // The oldest request always goes first. Self-attention requests and requests
 // with their own key/value are batched separately, and session work (steps
 // of different sessions, packed without padding up to max_batch_tokens) only
@@ -35,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "core/mha_engine.h"
 #include "server/batching/batch_runner.h"
 #include "server/batching/pending_request.h"
@@ -115,6 +118,10 @@ class DynamicBatcher {
   // must go now (full, or nothing more can join it).
   std::vector<size_t> PickBatch(bool* ready) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<size_t> PickSessionBatch(bool* ready) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether Enqueue() of `added` (now the queue's last) must wake the
+  // batcher: it sleeps on an empty queue, or `added` expires before the
+  // batcher would wake, or a batch is ready to go.
+  bool MustWake(const PendingRequest& added) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes cancelled and expired requests into *dropped.
   void DropDead(absl::Time now,
                 std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>>* dropped)
@@ -140,6 +147,9 @@ class DynamicBatcher {
   std::deque<std::unique_ptr<PendingRequest>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool exit_ ABSL_GUARDED_BY(mu_) = false;
+  // While the batcher waits: when it wakes by itself (InfiniteFuture on an
+  // empty queue); InfinitePast while it is not waiting.
+  absl::Time sleeping_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread thread_;
 };
 

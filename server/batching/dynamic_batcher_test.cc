@@ -220,5 +220,47 @@ TEST_F(DynamicBatcherTest, CancelledAndExpiredRequestsAreAnsweredWithoutCompute)
   EXPECT_LE(Difference(*fine), 1e-6);
 }
 
+// The batcher sleeps until its oldest request's delay runs out and is woken
+// only by a request that completes a batch or expires sooner (not by every
+// request): with a delay of ten minutes, both must still happen at once.
+TEST_F(DynamicBatcherTest, AFullBatchGoesAtOnceThoughTheDelayIsLong) {
+  BatchingOptions options;
+  options.max_batch_size = 4;
+  options.max_queue_delay_us = int64_t{600} * 1000 * 1000;
+  auto batcher = Start(options);
+  ASSERT_NE(batcher, nullptr);
+  std::mt19937 rng(400);
+  std::vector<std::unique_ptr<Case>> cases;
+  for (int i = 0; i < 4; ++i) {
+    cases.push_back(MakeCase(rng, 1, 4));
+    ASSERT_TRUE(batcher->Enqueue(Request(cases.back().get())).ok());
+  }
+  for (const auto& c : cases) {
+    ASSERT_TRUE(c->answered.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    ASSERT_TRUE(c->outcome.status.ok()) << c->outcome.status;
+    EXPECT_EQ(c->outcome.batch_requests, 4);
+    EXPECT_LE(Difference(*c), 1e-6);
+  }
+}
+
+TEST_F(DynamicBatcherTest, ARequestExpiringBeforeTheBatcherWakesIsAnsweredAtItsDeadline) {
+  BatchingOptions options;
+  options.max_queue_delay_us = int64_t{600} * 1000 * 1000;
+  auto batcher = Start(options);
+  ASSERT_NE(batcher, nullptr);
+  std::mt19937 rng(500);
+  auto waiting = MakeCase(rng, 1, 4), expiring = MakeCase(rng, 1, 4);
+  ASSERT_TRUE(batcher->Enqueue(Request(waiting.get())).ok());
+  auto request = Request(expiring.get());
+  request->deadline = absl::Now() + absl::Milliseconds(20);
+  ASSERT_TRUE(batcher->Enqueue(std::move(request)).ok());
+  ASSERT_TRUE(expiring->answered.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_EQ(expiring->outcome.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(waiting->answered.HasBeenNotified());
+  batcher.reset();  // Computes the waiting request before its case goes.
+  ASSERT_TRUE(waiting->answered.HasBeenNotified());
+  EXPECT_TRUE(waiting->outcome.status.ok()) << waiting->outcome.status;
+}
+
 }  // namespace
 }  // namespace attention::server
