@@ -34,8 +34,12 @@ bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
     CloseAfterReply(res);
     return false;
   }
+  // A chunked body is read chunked, whatever Content-Length says (the
+  // front-end refuses the two together): charged as it grows.
   const uint64_t declared =
-      std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10);
+      req.has_header("Transfer-Encoding")
+          ? 0
+          : std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10);
   bool too_big = declared > static_cast<uint64_t>(max_body_);
   const int64_t factor =
       req.has_header("Inference-Header-Content-Length") ? kBinaryCharge : kJsonCharge;
@@ -50,7 +54,12 @@ bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
     }
     *charge = *std::move(taken);
   }
+  bool stopped = false;
   const bool read = reader([&](const char* data, size_t n) {
+    if (stopping_.load(std::memory_order_relaxed)) {
+      stopped = true;
+      return false;
+    }
     if (body->size() + n > static_cast<size_t>(max_body_)) {
       too_big = true;
       return false;
@@ -75,6 +84,11 @@ bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
     CloseAfterReply(res);
     return false;
   }
+  if (stopped) {
+    ReplyError(res, absl::UnavailableError("request body: the server is shutting down"));
+    CloseAfterReply(res);
+    return false;
+  }
   if (!busy.ok()) {
     ReplyError(res, busy);
     CloseAfterReply(res);
@@ -86,6 +100,10 @@ bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
     return false;
   }
   return true;
+}
+
+bool RestBodyReader::Drop(const httplib::Request& req, const httplib::ContentReader& reader) const {
+  return DropBody(req, reader, max_body_, &stopping_);
 }
 
 }  // namespace attention::server

@@ -9,14 +9,18 @@
 // body the budget cannot take is refused with 429 unread, and its
 // connection closed. This is REST's counterpart of gRPC's resource quota:
 // it bounds the memory of requests not yet admitted to the in-flight budget.
+// Once stopped (the front-end is shutting down), bodies being read are cut
+// off (503) at their next bytes: a client trickling one does not hold the
+// shutdown.
 //
-// Thread-safe (const). The budget, when given, must outlive the reader and
+// Thread-safe. The budget, when given, must outlive the reader and
 // every charge it hands out.
 #ifndef ATTENTION_SERVER_FRONTENDS_REST_BODY_READER_H_
 #define ATTENTION_SERVER_FRONTENDS_REST_BODY_READER_H_
 
 #include <httplib.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -40,10 +44,16 @@ class RestBodyReader {
   bool Read(const httplib::Request& req, httplib::Response& res,
             const httplib::ContentReader& reader, std::string* body,
             std::shared_ptr<Admission>* charge) const;
+  // Reads and drops a body no handler wants (DropBody); false when it was
+  // not read whole (then close the connection after the reply).
+  bool Drop(const httplib::Request& req, const httplib::ContentReader& reader) const;
+  // From now on, bodies being read or dropped are cut off.
+  void Stop() { stopping_.store(true); }
 
  private:
   const int64_t max_body_;
   InflightBudget* const budget_;
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace attention::server
