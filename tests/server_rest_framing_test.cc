@@ -8,6 +8,7 @@
 // and charged an unauthenticated caller's body before the token was checked.
 // A body trickled during the drain held the shutdown past --drain_timeout.
 // A HEAD's body was served as the next request (its reply did not close).
+// A binary body's JSON header was charged at the binary rate.
 // Raw sockets send what cpp-httplib's client will not.
 #include <arpa/inet.h>
 #include <httplib.h>
@@ -213,6 +214,23 @@ TEST_F(RestFramingTest, LoadAndUnloadCheckTheTokenBeforeReadingTheBody) {
   auto ready = client.Get("/v2/models/small/ready", {{"Authorization", "Bearer alice-secret"}});
   ASSERT_TRUE(ready);
   EXPECT_EQ(ready->status, 200) << ready->body;
+}
+
+// A body with Inference-Header-Content-Length was charged at the binary
+// rate (2x) whole, though its JSON header (all of it, when the header
+// length is the body's) is parsed as JSON (4x): 320 KiB of JSON, beyond the
+// 1 MiB budget at 4x, was taken at 2x. Headers alone: refused unread.
+TEST_F(RestFramingTest, ABinaryBodysJsonHeaderIsChargedAsJson) {
+  RawConnection c(Port());
+  ASSERT_TRUE(c.connected());
+  const int json = 320 << 10;
+  c.Send(absl::StrCat(
+      "POST /v2/models/small/infer HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer alice-secret\r\n"
+      "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: ",
+      json, "\r\nContent-Length: ", json + 64, "\r\n\r\n"));
+  const std::string stream = c.ReadToEnd();
+  EXPECT_THAT(Statuses(stream), ::testing::ElementsAre(429)) << stream.substr(0, 400);
+  EXPECT_THAT(stream, HasSubstr("--grpc_receive_quota_bytes"));
 }
 
 // The drain stops the REST port once its accepted requests are answered, and

@@ -1,6 +1,8 @@
 // File: server/frontends/rest_body_reader.cc
 #include "server/frontends/rest_body_reader.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -41,11 +43,21 @@ bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
           ? 0
           : std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10);
   bool too_big = declared > static_cast<uint64_t>(max_body_);
-  const int64_t factor =
-      req.has_header("Inference-Header-Content-Length") ? kBinaryCharge : kJsonCharge;
+  // A binary body's first Inference-Header-Content-Length bytes are its JSON
+  // header, parsed as JSON: charged as JSON, the tensors after it as binary.
+  const uint64_t json_bytes =
+      req.has_header("Inference-Header-Content-Length")
+          ? std::strtoull(req.get_header_value("Inference-Header-Content-Length").c_str(), nullptr,
+                          10)
+          : UINT64_MAX;
+  auto charge_of = [json_bytes](uint64_t bytes) {
+    const uint64_t json = std::min(bytes, json_bytes);
+    return static_cast<int64_t>(json) * kJsonCharge +
+           static_cast<int64_t>(bytes - json) * kBinaryCharge;
+  };
   absl::Status busy;
   if (budget_ != nullptr && !too_big) {
-    const int64_t asked = static_cast<int64_t>(declared) * factor;
+    const int64_t asked = charge_of(declared);
     absl::StatusOr<std::shared_ptr<Admission>> taken = budget_->Take(asked);
     if (!taken.ok()) {
       ReplyError(res, Busy(*budget_, asked));
@@ -65,7 +77,7 @@ bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
       return false;
     }
     // A chunked or compressed body grows its charge as it is read.
-    const int64_t need = static_cast<int64_t>(body->size() + n) * factor;
+    const int64_t need = charge_of(body->size() + n);
     if (*charge != nullptr && need > (*charge)->bytes()) {
       busy = (*charge)->AtLeast(need);
       if (!busy.ok()) {

@@ -5,7 +5,8 @@
 // or compressed) and within the receive budget: bodies being read and parsed
 // are charged before they are read (by their Content-Length) and as they
 // grow, at kJsonCharge times their bytes for JSON (parsing takes about four
-// times a body's size) and kBinaryCharge for a body with binary tensors. A
+// times a body's size) and kBinaryCharge for the binary tensors after a
+// body's JSON header (Inference-Header-Content-Length bytes, charged as JSON). A
 // body the budget cannot take is refused with 429 unread, and its
 // connection closed. This is REST's counterpart of gRPC's resource quota:
 // it bounds the memory of requests not yet admitted to the in-flight budget.
