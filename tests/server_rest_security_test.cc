@@ -4,12 +4,16 @@
 // certificate files.
 #include <httplib.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -188,6 +192,78 @@ TEST_F(RestSecurityTest, ARotatedCertificateIsServedOnTheRestPortWithoutRestart)
   }
   EXPECT_TRUE(rotated) << "the new certificate was not served on the REST port";
   EXPECT_FALSE(live_with_ca("ca1.pem")) << "the old certificate is still served";
+}
+
+// Handshakes from several clients at once while the pair rotates (back and
+// forth between two CAs' certificates), with mutual TLS: OpenSSL's
+// certificate callback runs on every connection's thread and hands each the
+// pair in force while the file is re-read; every handshake of a client that
+// trusts both CAs succeeds, and its client certificate is still checked.
+TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
+  testing::TestCertificates certs(Dir() + "/ccerts");
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  const std::string dir = Dir() + "/crotation";
+  std::filesystem::create_directories(dir);
+  auto place = [&](const std::string& from, const std::string& to) {
+    std::filesystem::copy_file(certs.Path(from), dir + "/" + to + ".new",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
+  };
+  {
+    std::ofstream both(dir + "/both-cas.pem");
+    for (const char* ca : {"ca1.pem", "ca2.pem"}) both << std::ifstream(certs.Path(ca)).rdbuf();
+  }
+  place("server-ca1.pem", "tls.crt");
+  place("server-ca1.key", "tls.key");
+  auto server = Start([&](ServerOptions& o) {
+    o.tls.cert_file = dir + "/tls.crt";
+    o.tls.key_file = dir + "/tls.key";
+    o.tls.client_ca_file = certs.Path("ca1.pem");
+    o.tls.reload_interval_s = 1;
+    o.http_threads = 8;
+  });
+  ASSERT_NE(server, nullptr);
+  const int port = server->http_port();
+  auto live = [&](const std::string& ca, bool with_cert) {
+    auto client = with_cert ? std::make_unique<httplib::SSLClient>("localhost", port,
+                                                                   certs.Path("client-ca1.pem"),
+                                                                   certs.Path("client-ca1.key"))
+                            : std::make_unique<httplib::SSLClient>("localhost", port);
+    client->set_ca_cert_path(ca.c_str());
+    client->enable_server_certificate_verification(true);
+    client->set_keep_alive(false);  // A handshake for every request.
+    auto res = client->Get("/v2/health/live");
+    return res && res->status == 200;
+  };
+  std::atomic<bool> done{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&] {
+      while (!done.load()) (live(dir + "/both-cas.pem", true) ? ok : failed)++;
+    });
+  }
+  // ca1 -> ca2 -> ca1 -> ca2, each seen by a client that trusts only it.
+  int seen = 0;
+  for (const char* ca : {"ca2", "ca1", "ca2"}) {
+    place(absl::StrCat("server-", ca, ".pem"), "tls.crt");
+    place(absl::StrCat("server-", ca, ".key"), "tls.key");
+    const absl::Time bound = absl::Now() + absl::Seconds(30);
+    bool rotated = false;
+    while (!(rotated = live(certs.Path(absl::StrCat(ca, ".pem")), true)) && absl::Now() < bound) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_TRUE(rotated) << ca << " was not served";
+    seen += rotated;
+  }
+  done = true;
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(seen, 3);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(failed.load(), 0) << "handshakes failed during rotation (of " << ok.load() << " ok)";
+  // After the rotations the client certificate is still required.
+  EXPECT_FALSE(live(dir + "/both-cas.pem", false));
+  EXPECT_TRUE(live(dir + "/both-cas.pem", true));
 }
 
 }  // namespace

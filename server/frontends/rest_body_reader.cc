@@ -1,6 +1,8 @@
 // File: server/frontends/rest_body_reader.cc
 #include "server/frontends/rest_body_reader.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -34,27 +36,44 @@ bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
     CloseAfterReply(res);
     return false;
   }
+  // A chunked body is read chunked, whatever Content-Length says (the
+  // front-end refuses the two together): charged as it grows.
   const uint64_t declared =
-      std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10);
+      req.has_header("Transfer-Encoding")
+          ? 0
+          : std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10);
   bool too_big = declared > static_cast<uint64_t>(max_body_);
-  const int64_t factor =
-      req.has_header("Inference-Header-Content-Length") ? kBinaryCharge : kJsonCharge;
+  // A binary body's first Inference-Header-Content-Length bytes are its JSON
+  // header, parsed as JSON: charged as JSON, the tensors after it as binary.
+  const uint64_t json_bytes =
+      req.has_header("Inference-Header-Content-Length")
+          ? std::strtoull(req.get_header_value("Inference-Header-Content-Length").c_str(), nullptr,
+                          10)
+          : UINT64_MAX;
+  auto charge_of = [json_bytes](uint64_t bytes) {
+    const uint64_t json = std::min(bytes, json_bytes);
+    return static_cast<int64_t>(json) * kJsonCharge +
+           static_cast<int64_t>(bytes - json) * kBinaryCharge;
+  };
   absl::Status busy;
   if (budget_ != nullptr && !too_big) {
-    const int64_t asked = static_cast<int64_t>(declared) * factor;
+    const int64_t asked = charge_of(declared);
     absl::StatusOr<std::shared_ptr<Admission>> taken = budget_->Take(asked);
-    if (!taken.ok()) {
-      // Read and dropped (nothing kept), so that the client, still sending,
-      // reads the 429, and the connection stays in step.
-      const bool whole = DropBody(req, reader, max_body_);
-      ReplyError(res, Busy(*budget_, asked));
-      if (!whole) CloseAfterReply(res);
-      return false;
+    if (taken.ok()) {
+      *charge = *std::move(taken);
+    } else {
+      // Read and dropped below (nothing kept), so that the client, still
+      // sending, reads the 429, and the connection stays in step.
+      busy = Busy(*budget_, asked);
     }
-    *charge = *std::move(taken);
   }
   uint64_t seen = 0;
+  bool stopped = false;
   const bool read = reader([&](const char* data, size_t n) {
+    if (stopping_.load(std::memory_order_relaxed)) {
+      stopped = true;
+      return false;
+    }
     seen += n;
     if (seen > static_cast<uint64_t>(max_body_)) {
       too_big = true;
@@ -62,7 +81,7 @@ bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
     }
     if (!busy.ok()) return true;  // Refused: the rest is read and dropped.
     // A chunked or compressed body grows its charge as it is read.
-    const int64_t need = static_cast<int64_t>(seen) * factor;
+    const int64_t need = charge_of(seen);
     if (*charge != nullptr && need > (*charge)->bytes()) {
       if (!(*charge)->AtLeast(need).ok()) {
         busy = Busy(*budget_, need);
@@ -82,6 +101,11 @@ bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
     CloseAfterReply(res);
     return false;
   }
+  if (stopped) {
+    ReplyError(res, absl::UnavailableError("request body: the server is shutting down"));
+    CloseAfterReply(res);
+    return false;
+  }
   if (!busy.ok()) {
     ReplyError(res, busy);
     if (!read) CloseAfterReply(res);
@@ -93,6 +117,10 @@ bool RestBodyReader::Read(const httplib::Request& req, httplib::Response& res,
     return false;
   }
   return true;
+}
+
+bool RestBodyReader::Drop(const httplib::Request& req, const httplib::ContentReader& reader) const {
+  return DropBody(req, reader, max_body_, &stopping_);
 }
 
 }  // namespace attention::server

@@ -5,19 +5,24 @@
 // or compressed) and within the receive budget: bodies being read and parsed
 // are charged before they are read (by their Content-Length) and as they
 // grow, at kJsonCharge times their bytes for JSON (parsing takes about four
-// times a body's size) and kBinaryCharge for a body with binary tensors. A
+// times a body's size) and kBinaryCharge for the binary tensors after a
+// body's JSON header (Inference-Header-Content-Length bytes, charged as JSON). A
 // body the budget cannot take is refused with 429; what is left of it is
 // read and dropped (nothing kept), so the client reads the answer and the
 // connection stays in step. This is REST's counterpart of gRPC's resource quota:
 // it bounds the memory of requests not yet admitted to the in-flight budget.
+// Once stopped (the front-end is shutting down), bodies being read are cut
+// off (503) at their next bytes: a client trickling one does not hold the
+// shutdown.
 //
-// Thread-safe (const). The budget, when given, must outlive the reader and
+// Thread-safe. The budget, when given, must outlive the reader and
 // every charge it hands out.
 #ifndef ATTENTION_SERVER_FRONTENDS_REST_BODY_READER_H_
 #define ATTENTION_SERVER_FRONTENDS_REST_BODY_READER_H_
 
 #include <httplib.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,10 +46,16 @@ class RestBodyReader {
   bool Read(const httplib::Request& req, httplib::Response& res,
             const httplib::ContentReader& reader, std::string* body,
             std::shared_ptr<Admission>* charge) const;
+  // Reads and drops a body no handler wants (DropBody); false when it was
+  // not read whole (then close the connection after the reply).
+  bool Drop(const httplib::Request& req, const httplib::ContentReader& reader) const;
+  // From now on, bodies being read or dropped are cut off.
+  void Stop() { stopping_.store(true); }
 
  private:
   const int64_t max_body_;
   InflightBudget* const budget_;
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace attention::server

@@ -90,10 +90,10 @@ absl::StatusOr<std::unique_ptr<RestFrontend>> RestFrontend::Start(InferenceProto
   // Fairness: while connections wait for a thread, a keep-alive connection
   // is closed after its reply (the client reconnects, and queues behind
   // them), so no client waits for as long as others keep sending.
-  f->server_->set_post_routing_handler([load](const httplib::Request&, httplib::Response& res) {
+  f->server_->set_post_routing_handler([load](const httplib::Request& req, httplib::Response& res) {
     if (load->waiting.load(std::memory_order_relaxed) > 0 &&
         res.get_header_value("Connection") != "close") {
-      CloseAfterReply(res);
+      CloseAfterReplyTo(req, res);
     }
   });
   f->server_->set_keep_alive_max_count(100000);
@@ -137,6 +137,7 @@ RestFrontend::~RestFrontend() { Stop(); }
 
 void RestFrontend::Stop() {
   if (!listener_.joinable()) return;
+  body_reader_->Stop();  // Bodies still being read (a client trickling one) are cut off.
   server_->stop();
   listener_.join();  // listen_after_bind() returns once its pool has finished.
 }
@@ -201,12 +202,11 @@ void RestFrontend::Route() {
     if (!status.ok()) return ReplyError(res, status);
     ReplyJson(res, ProtoToJson(response).dump());
   });
-  s.Post("/v2/repository/index", [p, read_body, max_body](const httplib::Request& req,
-                                                          httplib::Response& res,
-                                                          const httplib::ContentReader& reader) {
+  s.Post("/v2/repository/index", [p, read_body](const httplib::Request& req, httplib::Response& res,
+                                                const httplib::ContentReader& reader) {
     if (const auto caller = p->requests()->Authenticate(*CallOfRequest(req, Method::kModelInfer));
         !caller.ok()) {
-      const bool whole = DropBody(req, reader, max_body);
+      const bool whole = read_body->Drop(req, reader);
       ReplyError(res, caller.status());
       if (!whole) CloseAfterReply(res);
       return;
@@ -235,12 +235,19 @@ void RestFrontend::Route() {
     s.Post(absl::StrCat("/v2/repository/models/([^/]+)/", load ? "load" : "unload"),  // Triton's
            [p, read_body, load](const httplib::Request& req, httplib::Response& res,
                                 const httplib::ContentReader& reader) {
+             // The token first, as for the index: a body is charged when read.
+             const CallRef call = CallOfRequest(req, Method::kModelInfer);
+             if (const auto caller = p->requests()->Authenticate(*call); !caller.ok()) {
+               const bool whole = read_body->Drop(req, reader);
+               ReplyError(res, caller.status());
+               if (!whole) CloseAfterReply(res);
+               return;
+             }
              std::string body;
              std::shared_ptr<Admission> charge;
              if (!read_body->Read(req, res, reader, &body, &charge)) return;
              const absl::Status outcome = p->RepositoryControlAndWait(
-                 *CallOfRequest(req, Method::kModelInfer), Group(req, 1),
-                 RepositoryControlParameters(body), load);
+                 *call, Group(req, 1), RepositoryControlParameters(body), load);
              outcome.ok() ? ReplyJson(res, "{}") : ReplyError(res, outcome);
            });
   }
@@ -250,7 +257,7 @@ void RestFrontend::Route() {
     const CallRef call = CallOfRequest(req, Method::kRestModelInfer);
     // The token first: parsing a body costs ~15 times its size in memory.
     if (const auto caller = p->requests()->Authenticate(*call); !caller.ok()) {
-      const bool whole = DropBody(req, reader, max_body);
+      const bool whole = read_body->Drop(req, reader);
       p->requests()->Received();
       p->requests()->Answered(nullptr, *call, caller.status(), absl::Now());
       ReplyError(res, caller.status());
@@ -311,9 +318,9 @@ void RestFrontend::Route() {
     }
   });
   // Any other POST: its body read and dropped, then refused.
-  s.Post(".*", [max_body](const httplib::Request& req, httplib::Response& res,
-                          const httplib::ContentReader& reader) {
-    const bool whole = DropBody(req, reader, max_body);
+  s.Post(".*", [read_body](const httplib::Request& req, httplib::Response& res,
+                           const httplib::ContentReader& reader) {
+    const bool whole = read_body->Drop(req, reader);
     ReplyError(res,
                absl::NotFoundError(absl::StrCat("no endpoint POST ", req.path.substr(0, 200))));
     if (!whole) CloseAfterReply(res);
@@ -327,6 +334,12 @@ void RestFrontend::Route() {
     if (!te.empty() && !absl::EqualsIgnoreCase(te, "chunked")) {
       ReplyError(res, absl::UnimplementedError(absl::StrCat(
                           "Transfer-Encoding: expected chunked, got '", te.substr(0, 64), "'")));
+    } else if (!te.empty() && req.has_header("Content-Length")) {
+      // RFC 9112 6.1: a proxy may have framed it by its Content-Length; the
+      // connection must be closed after the reply.
+      ReplyError(res, absl::InvalidArgumentError(absl::StrCat(
+                          "Content-Length: expected none with Transfer-Encoding: chunked, got '",
+                          req.get_header_value("Content-Length").substr(0, 32), "'")));
     } else if (req.method != "POST" && !get) {
       ReplyError(res, absl::InvalidArgumentError(absl::StrCat("method ", req.method.substr(0, 16),
                                                               ": expected GET or POST")));
@@ -337,7 +350,7 @@ void RestFrontend::Route() {
     } else {
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    CloseAfterReply(res);
+    CloseAfterReplyTo(req, res);
     return httplib::Server::HandlerResponse::Handled;
   });
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {

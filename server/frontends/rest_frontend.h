@@ -82,7 +82,8 @@ class RestFrontend {
   RestFrontend(const RestFrontend&) = delete;
   RestFrontend& operator=(const RestFrontend&) = delete;
 
-  // Stops accepting, and returns once every handler has returned.
+  // Stops accepting, cuts off bodies still being read, and returns once every
+  // handler has returned.
   void Stop();
   int port() const { return port_; }
   bool tls() const { return tls_; }

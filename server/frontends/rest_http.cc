@@ -51,29 +51,50 @@ bool HasBody(const httplib::Request& req) {
 // whose body was not read whole: what is left of it must not be read as the
 // next request (request smuggling). httplib 0.11 closes a connection whose
 // content provider fails, so the reply is written by one that then fails.
-// (A reply to HEAD has no body: that connection stays open.)
+// The provider has no length of its own: httplib hands a provider with one
+// the offsets of the request's Range (unchecked against its length: the
+// string was read past its end), and asserts that length is not 0. The
+// Content-Length is set here; after routing, httplib has set the body's
+// (once it applied a Range to it). (A reply to HEAD has no body: that
+// connection stays open.)
 void CloseAfterReply(httplib::Response& res) {
   auto body = std::make_shared<std::string>(std::move(res.body));
   res.body.clear();
   const std::string type = res.get_header_value("Content-Type");
   res.headers.erase("Content-Type");
   res.set_header("Connection", "close");
-  res.set_content_provider(
-      body->size(), type, [body](size_t offset, size_t length, httplib::DataSink& sink) {
-        sink.write(body->data() + offset, std::min(length, body->size() - offset));
-        return false;
-      });
+  if (!res.has_header("Content-Length"))
+    res.set_header("Content-Length", std::to_string(body->size()));
+  res.set_content_provider(type, [body](size_t offset, httplib::DataSink& sink) {
+    if (offset < body->size()) sink.write(body->data() + offset, body->size() - offset);
+    return false;
+  });
+  if (type.empty()) res.headers.erase("Content-Type");
+}
+
+void CloseAfterReplyTo(const httplib::Request& req, httplib::Response& res) {
+  if (req.method != "HEAD") return CloseAfterReply(res);
+  if (!res.has_header("Content-Length")) {
+    res.set_header("Content-Length", std::to_string(res.body.size()));
+  }
+  res.body.clear();
+  CloseAfterReply(res);
+  // httplib's Request in process_request is not const: HEAD's reply would
+  // skip the provider (httplib 0.11 checks the method after the handlers).
+  const_cast<httplib::Request&>(req).method = "GET";
 }
 
 // Reads and drops a body (up to `max_body` bytes) that no handler wants, so
 // that the connection stays in step; false when it was not read whole.
-bool DropBody(const httplib::Request& req, const httplib::ContentReader& reader, int64_t max_body) {
+bool DropBody(const httplib::Request& req, const httplib::ContentReader& reader, int64_t max_body,
+              const std::atomic<bool>* stopping) {
   if (!HasBody(req)) return true;
   if (req.is_multipart_form_data()) return false;  // httplib's form reader: not for us.
   uint64_t seen = 0;
   return reader([&](const char*, size_t n) {
     seen += n;
-    return seen <= static_cast<uint64_t>(max_body);
+    return seen <= static_cast<uint64_t>(max_body) &&
+           (stopping == nullptr || !stopping->load(std::memory_order_relaxed));
   });
 }
 

@@ -10,6 +10,7 @@
 
 #include <httplib.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -31,11 +32,21 @@ std::string Group(const httplib::Request& req, size_t i);
 bool HasBody(const httplib::Request& req);
 // Makes httplib close the connection once `res` is written: for a request
 // whose body was not read whole (what is left of it must not be read as the
-// next request), or to free the connection's thread for a waiting one.
+// next request), or to free the connection's thread for a waiting one. The
+// reply is written whole (a request's Range is not applied to it), with its
+// Content-Length. (A reply to HEAD has no body: that connection stays open.)
 void CloseAfterReply(httplib::Response& res);
+// CloseAfterReply for a reply that may be HEAD's: httplib writes no body for
+// HEAD, so the provider that closes the connection would not run (and a body
+// sent with the HEAD was read as the next request). HEAD's reply is written
+// as GET's with no body (its headers, Content-Length included, as HEAD's):
+// `req` is httplib's own request object, whose method is changed.
+void CloseAfterReplyTo(const httplib::Request& req, httplib::Response& res);
 // Reads and drops a body (up to `max_body` bytes) that no handler wants, so
-// that the connection stays in step; false when it was not read whole.
-bool DropBody(const httplib::Request& req, const httplib::ContentReader& reader, int64_t max_body);
+// that the connection stays in step; false when it was not read whole (or
+// `stopping`, when given, became true while it was read).
+bool DropBody(const httplib::Request& req, const httplib::ContentReader& reader, int64_t max_body,
+              const std::atomic<bool>* stopping = nullptr);
 
 }  // namespace attention::server
 
