@@ -297,7 +297,9 @@ absl::Status RunChunk(const AttentionProblem& p, int64_t item0, int64_t block,
 
 absl::Status RunAttention(const AttentionProblem& p, const KernelOptions& options,
                           PrimitiveCache& cache) {
-  if (p.weights == nullptr && options.allow_fused && FusedAttentionAvailable()) {
+  if (p.weights == nullptr && options.allow_fused && FusedAttentionAvailable() &&
+      FusedAttentionFits(p.q.n * p.q.h, p.q.d, p.masks != nullptr ? p.masks->keys() : p.k.t,
+                         p.k.t)) {
     return RunFusedAttention(p);
   }
   const int64_t n = p.q.n, heads = p.q.h, queries = p.q.t, keys = p.k.t;

@@ -260,6 +260,18 @@ bool CpuHasAvx512() {
 
 }  // namespace
 
+int64_t FusedKeyPanelBytes(int64_t planes, int64_t depth, int64_t main_keys, int64_t total_keys) {
+  const int64_t panels = (main_keys + kPanel - 1) / kPanel + (total_keys > main_keys ? 1 : 0);
+  return planes * depth * panels * kPanel * static_cast<int64_t>(sizeof(float));
+}
+
+bool FusedAttentionFits(int64_t planes, int64_t depth, int64_t main_keys, int64_t total_keys) {
+  const int64_t panels = FusedKeyPanelBytes(planes, depth, main_keys, total_keys);
+  const int64_t dense =
+      planes * depth * RoundUp16(total_keys) * static_cast<int64_t>(sizeof(float));
+  return panels <= 2 * dense || panels <= (int64_t{8} << 20);
+}
+
 bool FusedAttentionAvailable() {
   static const bool available = [] {
     const char* env = std::getenv("ATTENTION_FUSED_ATTENTION");

@@ -34,6 +34,19 @@ namespace attention {
 // environment does not set ATTENTION_FUSED_ATTENTION=0.
 bool FusedAttentionAvailable();
 
+// Bytes of the fused kernel's packed K^T for `planes` (items x heads) of
+// `depth` features over `main_keys` keys and `total_keys` with the appended
+// ones: panels of avx512::kPanel keys, zero-padded (float32; bfloat16 takes
+// half).
+int64_t FusedKeyPanelBytes(int64_t planes, int64_t depth, int64_t main_keys, int64_t total_keys);
+
+// Whether the fused kernel's padding is worth it: its K^T panels take at
+// most twice a K^T padded to 16 keys, or 8 MiB in all. Many items over a
+// few keys each (8000 queries over 1 key: 524 MB of panels for 2 MB of
+// keys) go to the primitive path instead. RunAttention and the engine's
+// working-memory estimate both ask it.
+bool FusedAttentionFits(int64_t planes, int64_t depth, int64_t main_keys, int64_t total_keys);
+
 // "fused-avx512" or "onednn-primitives": the path RunAttention takes for a
 // call without weights, for logs and benchmarks.
 const char* AttentionPathName();

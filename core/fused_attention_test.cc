@@ -256,4 +256,15 @@ TEST(FusedAttentionTest, SeveralThreadsAtOnce) {
 }
 
 }  // namespace
+// The fused kernel's 64-key panels are not taken where their padding would
+// dominate: 8000 items over 1 key (524 MB of panels for 2 MB of keys) go to
+// the primitive path; the demo shape and long sequences stay fused.
+TEST(FusedAttentionTest, PaddingDecidesTheFit) {
+  EXPECT_EQ(FusedKeyPanelBytes(8000 * 8, 32, 1, 1), int64_t{8000} * 8 * 32 * 64 * 4);
+  EXPECT_FALSE(FusedAttentionFits(8000 * 8, 32, 1, 1));
+  EXPECT_TRUE(FusedAttentionFits(8, 32, 32, 32));      // 1x32x256, H=8: 64 KiB.
+  EXPECT_TRUE(FusedAttentionFits(8, 32, 4096, 4096));  // Long: no padding to speak of.
+  EXPECT_TRUE(FusedAttentionFits(8 * 16, 32, 100, 101));  // 3 panels for 101 keys: < 2x.
+}
+
 }  // namespace attention

@@ -76,12 +76,13 @@ int64_t MhaEngine::WorkingBytes(int64_t n, int64_t l, int64_t keys, bool self_at
   bytes += 2 * n * total_keys * e * esize;  // K and V with the appended keys.
   bytes += n * l * e * esize;               // Context.
   const int64_t f32 = static_cast<int64_t>(sizeof(float));
-  if (!need_weights && options_.kernel.allow_fused && FusedAttentionAvailable()) {
-    // The fused kernel's K^T in panels of 64 keys (the main keys', then one
-    // of the appended keys) and V padded to whole vectors (fused_attention.cc).
-    const int64_t panels = (keys + 63) / 64 + (total_keys > keys ? 1 : 0);
+  if (!need_weights && options_.kernel.allow_fused && FusedAttentionAvailable() &&
+      FusedAttentionFits(n * heads, d, keys, total_keys)) {
+    // The fused kernel's K^T in panels (the main keys', then one of the
+    // appended keys) and V padded to whole vectors (fused_attention.cc).
     const int64_t ldq = (d + 15) / 16 * 16;
-    bytes += n * heads * d * panels * 64 * f32 + n * heads * (total_keys + 1) * ldq * f32;
+    bytes += FusedKeyPanelBytes(n * heads, d, keys, total_keys) +
+             n * heads * (total_keys + 1) * ldq * f32;
   } else {
     // The primitive path's blocks of scores, masks and bfloat16
     // probabilities, sized as RunAttention sizes them.
