@@ -262,8 +262,8 @@ TEST(FusedAttentionTest, SeveralThreadsAtOnce) {
 TEST(FusedAttentionTest, PaddingDecidesTheFit) {
   EXPECT_EQ(FusedKeyPanelBytes(8000 * 8, 32, 1, 1), int64_t{8000} * 8 * 32 * 64 * 4);
   EXPECT_FALSE(FusedAttentionFits(8000 * 8, 32, 1, 1));
-  EXPECT_TRUE(FusedAttentionFits(8, 32, 32, 32));      // 1x32x256, H=8: 64 KiB.
-  EXPECT_TRUE(FusedAttentionFits(8, 32, 4096, 4096));  // Long: no padding to speak of.
+  EXPECT_TRUE(FusedAttentionFits(8, 32, 32, 32));         // 1x32x256, H=8: 64 KiB.
+  EXPECT_TRUE(FusedAttentionFits(8, 32, 4096, 4096));     // Long: no padding to speak of.
   EXPECT_TRUE(FusedAttentionFits(8 * 16, 32, 100, 101));  // 3 panels for 101 keys: < 2x.
 }
 
