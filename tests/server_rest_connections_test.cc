@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
+#include "tests/small_server_options.h"
 #include "tests/test_util.h"
 
 namespace attention {
@@ -29,18 +30,8 @@ using ::attention::server::AttentionServer;
 using ::attention::server::ServerOptions;
 
 TEST(RestConnectionsTest, AConnectionBeyondTheThreadsIsServedWhileOthersKeepSending) {
-  const std::string dir = ::testing::TempDir() + "/rest_connections_" + std::to_string(getpid());
-  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1), dir + "/small");
-  ServerOptions o;
-  o.host = "127.0.0.1";
-  o.port = 0;
-  o.metrics_port = 0;
-  o.http_port = 0;
+  ServerOptions o = testing::SmallServerOptions("rest_connections");
   o.http_threads = 2;
-  o.drain_grace = absl::ZeroDuration();
-  o.repository.path = dir;
-  o.repository.compute_threads = 1;
-  o.repository.warmup = false;
   auto server = AttentionServer::Listen(o);
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_TRUE((*server)->LoadModels().ok());
@@ -110,19 +101,9 @@ TEST(RestConnectionsTest, AConnectionBeyondTheThreadsIsServedWhileOthersKeepSend
 // Content-Length or chunked, and a body's charge is given back once it is
 // answered.
 TEST(RestConnectionsTest, BodiesBeyondTheReceiveBudgetAreRefusedAndDropped) {
-  const std::string dir = ::testing::TempDir() + "/rest_receive_" + std::to_string(getpid());
-  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1), dir + "/small");
-  ServerOptions o;
-  o.host = "127.0.0.1";
-  o.port = 0;
-  o.metrics_port = 0;
-  o.http_port = 0;
-  o.drain_grace = absl::ZeroDuration();
+  ServerOptions o = testing::SmallServerOptions("rest_receive");
   o.max_message_bytes = 4 << 20;
   o.grpc_receive_quota_bytes = 1 << 20;  // REST's budget too: 256 KiB of JSON at 4x.
-  o.repository.path = dir;
-  o.repository.compute_threads = 1;
-  o.repository.warmup = false;
   auto server = AttentionServer::Listen(o);
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_TRUE((*server)->LoadModels().ok());

@@ -32,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
 #include "server/security/token_authenticator.h"
+#include "tests/small_server_options.h"
 #include "tests/test_util.h"
 
 namespace attention {
@@ -238,18 +239,8 @@ TEST_F(RestFramingTest, ABinaryBodysJsonHeaderIsChargedAsJson) {
 // client trickles (a byte at a time, each within the read timeout) held the
 // shutdown until the whole body had come, past --drain_timeout.
 TEST(RestDrainTest, ABodyTrickledDuringTheDrainDoesNotHoldTheShutdown) {
-  const std::string dir = ::testing::TempDir() + "/rest_drain_" + std::to_string(getpid());
-  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1), dir + "/small");
-  ServerOptions o;
-  o.host = "127.0.0.1";
-  o.port = 0;
-  o.metrics_port = 0;
-  o.http_port = 0;
-  o.drain_grace = absl::ZeroDuration();
+  ServerOptions o = testing::SmallServerOptions("rest_drain");
   o.drain_timeout = absl::Seconds(2);
-  o.repository.path = dir;
-  o.repository.compute_threads = 1;
-  o.repository.warmup = false;
   auto server = AttentionServer::Listen(o);
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_TRUE((*server)->LoadModels().ok());
@@ -280,7 +271,7 @@ TEST(RestDrainTest, ABodyTrickledDuringTheDrainDoesNotHoldTheShutdown) {
   }
   drain.join();
   EXPECT_LT(sent, kBody) << "the drain waited for the whole trickled body";
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(o.repository.path);
 }
 
 // A HEAD with a body is refused and its connection to be closed; httplib
