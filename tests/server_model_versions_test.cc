@@ -395,7 +395,14 @@ TEST(ModelVersionsTest, RepeatedSwapsDoNotGrowMemory) {
     ASSERT_TRUE(Eventually([&] { return server->repository()->resident_bytes() == one; }));
     if (v == 2) first = ResidentBytes();
   }
-  const int64_t last = ResidentBytes();
+  // The old version's pages go back to the system when the allocator
+  // trimmer runs, off the request path; beside other tests it can lag the
+  // last swap (seen once: 10.2% over, then flat). A leak never settles.
+  int64_t last = ResidentBytes();
+  Eventually([&] {
+    last = ResidentBytes();
+    return last <= first + first / 10;
+  });
   std::cout << "RSS after the first swap " << first << " bytes, after " << kSwaps << ": " << last
             << "\n";
   EXPECT_LE(last, first + first / 10);
