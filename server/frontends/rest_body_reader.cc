@@ -123,4 +123,12 @@ bool RestBodyReader::Drop(const httplib::Request& req, const httplib::ContentRea
   return DropBody(req, reader, max_body_, &stopping_);
 }
 
+void RestBodyReader::Refuse(const httplib::Request& req, httplib::Response& res,
+                            const httplib::ContentReader& reader,
+                            const absl::Status& status) const {
+  const bool whole = Drop(req, reader);
+  ReplyError(res, status);
+  if (!whole) CloseAfterReply(res);
+}
+
 }  // namespace attention::server

@@ -49,6 +49,11 @@ class RestBodyReader {
   // Reads and drops a body no handler wants (DropBody); false when it was
   // not read whole (then close the connection after the reply).
   bool Drop(const httplib::Request& req, const httplib::ContentReader& reader) const;
+  // Refuses the request with `status` without parsing its body: the body is
+  // read and dropped (Drop), and the connection closed after the reply if it
+  // was not read whole.
+  void Refuse(const httplib::Request& req, httplib::Response& res,
+              const httplib::ContentReader& reader, const absl::Status& status) const;
   // From now on, bodies being read or dropped are cut off.
   void Stop() { stopping_.store(true); }
 
