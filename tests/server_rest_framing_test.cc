@@ -10,10 +10,7 @@
 // A HEAD's body was served as the next request (its reply did not close).
 // A binary body's JSON header was charged at the binary rate.
 // Raw sockets send what cpp-httplib's client will not.
-#include <arpa/inet.h>
 #include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -32,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
 #include "server/security/token_authenticator.h"
+#include "tests/raw_http_connection.h"
 #include "tests/small_server_options.h"
 #include "tests/test_util.h"
 
@@ -40,58 +38,10 @@ namespace {
 
 using ::attention::server::AttentionServer;
 using ::attention::server::ServerOptions;
+using ::attention::testing::HttpStatuses;
+using ::attention::testing::kLastHttpRequest;
+using ::attention::testing::RawHttpConnection;
 using ::testing::HasSubstr;
-
-// A loopback connection to the REST port that sends bytes as given.
-class RawConnection {
- public:
-  explicit RawConnection(int port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const timeval timeout{20, 0};  // A bound for a broken server, not a timing goal.
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  }
-  ~RawConnection() { close(fd_); }
-  bool connected() const { return connected_; }
-  bool Send(const std::string& bytes) {
-    for (size_t sent = 0; sent < bytes.size();) {
-      const ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      sent += static_cast<size_t>(n);
-    }
-    return true;
-  }
-  // One byte; false once the connection is closed.
-  bool ReadByte(char* c) { return recv(fd_, c, 1, 0) == 1; }
-  // Everything the server writes until it closes the connection.
-  std::string ReadToEnd() {
-    std::string out;
-    char buf[16384];
-    for (ssize_t n; (n = recv(fd_, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
-    return out;
-  }
-
- private:
-  const int fd_;
-  bool connected_ = false;
-};
-
-// The status codes of the HTTP responses in `stream`, in order.
-std::vector<int> Statuses(const std::string& stream) {
-  std::vector<int> out;
-  for (size_t at = stream.find("HTTP/1.1 "); at != std::string::npos;
-       at = stream.find("HTTP/1.1 ", at + 1)) {
-    out.push_back(std::atoi(stream.c_str() + at + 9));
-  }
-  return out;
-}
-
-constexpr char kLastRequest[] =
-    "GET /v2/health/live HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
 
 // One server with tokens, a 4 MiB message limit and a 1 MiB receive budget
 // (REST's: 256 KiB of JSON at 4x).
@@ -144,13 +94,13 @@ std::string* RestFramingTest::dir_ = nullptr;
 // request's Range, which it read the reply's string at without a bound: the
 // bytes after the ~40-byte error body (the server's heap) went to the client.
 TEST_F(RestFramingTest, ARangeOnAClosingReplyIsNotReadPastTheReply) {
-  RawConnection c(Port());
+  RawHttpConnection c(Port());
   ASSERT_TRUE(c.connected());
   c.Send(
       "GET /v2 HTTP/1.1\r\nHost: a\r\nRange: bytes=300-1323\r\nContent-Length: 1\r\n"
       "\r\nx");
   const std::string stream = c.ReadToEnd();
-  EXPECT_THAT(Statuses(stream), ::testing::ElementsAre(400)) << stream.substr(0, 300);
+  EXPECT_THAT(HttpStatuses(stream), ::testing::ElementsAre(400)) << stream.substr(0, 300);
   const size_t head = stream.find("\r\n\r\n");
   ASSERT_NE(head, std::string::npos);
   const std::string body = stream.substr(head + 4);
@@ -166,7 +116,7 @@ TEST_F(RestFramingTest, ARangeOnAClosingReplyIsNotReadPastTheReply) {
 // RFC 9112 6.1: such a request may be refused, and its connection MUST be
 // closed (a proxy that framed it by Content-Length desyncs from the server).
 TEST_F(RestFramingTest, TransferEncodingWithContentLengthIsRefusedUnreadAndClosed) {
-  RawConnection c(Port());
+  RawHttpConnection c(Port());
   ASSERT_TRUE(c.connected());
   // Headers only: a server that reads the body waits for it (httplib's 5 s
   // read timeout), then answers 413.
@@ -175,18 +125,18 @@ TEST_F(RestFramingTest, TransferEncodingWithContentLengthIsRefusedUnreadAndClose
       "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
       "Content-Length: 1000000000000\r\n\r\n");
   const std::string stream = c.ReadToEnd();
-  EXPECT_THAT(Statuses(stream), ::testing::ElementsAre(400)) << stream.substr(0, 400);
+  EXPECT_THAT(HttpStatuses(stream), ::testing::ElementsAre(400)) << stream.substr(0, 400);
   EXPECT_THAT(stream, HasSubstr("Content-Length"));
 
   // A small Content-Length with a whole chunked body: was answered, and the
   // connection kept (the next request answered too).
-  RawConnection d(Port());
+  RawHttpConnection d(Port());
   ASSERT_TRUE(d.connected());
   d.Send(absl::StrCat(
       "POST /v2/repository/index HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer alice-secret\r\n"
       "Transfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
-      kLastRequest));
-  const std::vector<int> statuses = Statuses(d.ReadToEnd());
+      kLastHttpRequest));
+  const std::vector<int> statuses = HttpStatuses(d.ReadToEnd());
   // The server may reset (unread bytes) before the client reads the 400.
   EXPECT_LE(statuses.size(), 1u) << ::testing::PrintToString(statuses);
   if (!statuses.empty()) {
@@ -222,7 +172,7 @@ TEST_F(RestFramingTest, LoadAndUnloadCheckTheTokenBeforeReadingTheBody) {
 // length is the body's) is parsed as JSON (4x): 320 KiB of JSON, beyond the
 // 1 MiB budget at 4x, was taken at 2x. Headers alone: refused unread.
 TEST_F(RestFramingTest, ABinaryBodysJsonHeaderIsChargedAsJson) {
-  RawConnection c(Port());
+  RawHttpConnection c(Port());
   ASSERT_TRUE(c.connected());
   const int json = 320 << 10;
   c.Send(absl::StrCat(
@@ -230,7 +180,7 @@ TEST_F(RestFramingTest, ABinaryBodysJsonHeaderIsChargedAsJson) {
       "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: ",
       json, "\r\nContent-Length: ", json + 64, "\r\n\r\n"));
   const std::string stream = c.ReadToEnd();
-  EXPECT_THAT(Statuses(stream), ::testing::ElementsAre(429)) << stream.substr(0, 400);
+  EXPECT_THAT(HttpStatuses(stream), ::testing::ElementsAre(429)) << stream.substr(0, 400);
   EXPECT_THAT(stream, HasSubstr("--grpc_receive_quota_bytes"));
 }
 
@@ -244,7 +194,7 @@ TEST(RestDrainTest, ABodyTrickledDuringTheDrainDoesNotHoldTheShutdown) {
   auto server = AttentionServer::Listen(o);
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_TRUE((*server)->LoadModels().ok());
-  RawConnection c((*server)->http_port());
+  RawHttpConnection c((*server)->http_port());
   ASSERT_TRUE(c.connected());
   constexpr int kBody = 160;
   // 100 Continue: the server has read the headers and goes on to the handler.
@@ -281,7 +231,7 @@ TEST(RestDrainTest, ABodyTrickledDuringTheDrainDoesNotHoldTheShutdown) {
 TEST_F(RestFramingTest, AHeadsBodyIsNotServedAsTheNextRequest) {
   const std::string inner =
       "GET /v2/models/stats HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer alice-secret\r\n\r\n";
-  RawConnection c(Port());
+  RawHttpConnection c(Port());
   ASSERT_TRUE(c.connected());
   c.Send(absl::StrCat("HEAD /v2/health/live HTTP/1.1\r\nHost: a\r\nContent-Length: ", inner.size(),
                       "\r\n\r\n"));
@@ -289,10 +239,10 @@ TEST_F(RestFramingTest, AHeadsBodyIsNotServedAsTheNextRequest) {
   char ch;
   while (stream.find("\r\n\r\n") == std::string::npos && c.ReadByte(&ch)) stream.push_back(ch);
   c.Send(inner);  // Fails once the server has closed.
-  c.Send(kLastRequest);
+  c.Send(kLastHttpRequest);
   stream += c.ReadToEnd();
   EXPECT_EQ(stream.find("model_stats"), std::string::npos) << "the body was served: " << stream;
-  EXPECT_THAT(Statuses(stream), ::testing::ElementsAre(400)) << stream;
+  EXPECT_THAT(HttpStatuses(stream), ::testing::ElementsAre(400)) << stream;
 }
 
 }  // namespace

@@ -6,11 +6,8 @@
 // an empty body (RFC 9112 6.3), not "until the client closes"; a JSON
 // response stays within --max_message_bytes; a sequence started over gRPC
 // continues over REST. Raw sockets send what cpp-httplib's client will not.
-#include <arpa/inet.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -28,83 +25,17 @@
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "server/security/token_authenticator.h"
+#include "tests/raw_http_connection.h"
 #include "tests/server_fixture.h"
 
 namespace attention {
 namespace {
 
+using ::attention::testing::HttpStatuses;
+using ::attention::testing::kLastHttpRequest;
+using ::attention::testing::RawHttpConnection;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
-
-// A loopback connection to the REST port that sends bytes as given.
-class RawConnection {
- public:
-  explicit RawConnection(int port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const timeval timeout{20, 0};  // A bound for a broken server, not a timing goal.
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  }
-  ~RawConnection() { close(fd_); }
-  bool connected() const { return connected_; }
-  // False once the server has closed (or reset) the connection.
-  bool Send(const std::string& bytes) {
-    for (size_t sent = 0; sent < bytes.size();) {
-      const ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      sent += static_cast<size_t>(n);
-    }
-    return true;
-  }
-  // Reads until what was read holds `marker` (the server is then past it).
-  std::string ReadUntil(const std::string& marker) {
-    std::string out;
-    char c;
-    while (out.find(marker) == std::string::npos && recv(fd_, &c, 1, 0) == 1) out.push_back(c);
-    return out;
-  }
-  // One response: its head, then Content-Length bytes.
-  std::string ReadResponse() {
-    std::string out = ReadUntil("\r\n\r\n");
-    const size_t at = out.find("Content-Length: ");
-    size_t left = at == std::string::npos ? 0 : std::strtoul(out.c_str() + at + 16, nullptr, 10);
-    char buf[4096];
-    for (ssize_t n; left > 0 && (n = recv(fd_, buf, std::min(left, sizeof(buf)), 0)) > 0;) {
-      out.append(buf, n);
-      left -= static_cast<size_t>(n);
-    }
-    return out;
-  }
-  // Everything the server writes until it closes the connection.
-  std::string ReadToEnd() {
-    std::string out;
-    char buf[16384];
-    for (ssize_t n; (n = recv(fd_, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
-    return out;
-  }
-
- private:
-  const int fd_;
-  bool connected_ = false;
-};
-
-// The status codes of the HTTP responses in `stream`, in order.
-std::vector<int> Statuses(const std::string& stream) {
-  std::vector<int> out;
-  for (size_t at = stream.find("HTTP/1.1 "); at != std::string::npos;
-       at = stream.find("HTTP/1.1 ", at + 1)) {
-    out.push_back(std::atoi(stream.c_str() + at + 9));
-  }
-  return out;
-}
-
-// The last request on a raw connection: answered 200, then the server closes.
-constexpr char kLastRequest[] =
-    "GET /v2/health/live HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
 
 json Input(const std::string& name, const Shape& shape, const float* data) {
   int64_t n = 1;
@@ -146,13 +77,13 @@ TEST_F(RestReviewTest, BodiesOfMethodsWithoutAHandlerAreNotBufferedWithoutBound)
   rusage before{};
   getrusage(RUSAGE_SELF, &before);
   for (const char* method : {"PUT", "PATCH"}) {
-    RawConnection c(Port());
+    RawHttpConnection c(Port());
     ASSERT_TRUE(c.connected());
     c.Send(absl::StrCat(method,
                         " /v2/models/small/infer HTTP/1.1\r\nHost: a\r\nContent-Encoding: gzip\r\n"
                         "Content-Length: ",
                         gz.size(), "\r\nConnection: close\r\n\r\n", gz));
-    const std::vector<int> statuses = Statuses(c.ReadToEnd());
+    const std::vector<int> statuses = HttpStatuses(c.ReadToEnd());
     ASSERT_EQ(statuses.size(), 1u) << method;
     EXPECT_GE(statuses[0], 400) << method;
   }
@@ -171,16 +102,16 @@ TEST_F(RestReviewTest, AnUnreadBodyIsNotServedAsTheNextRequest) {
   for (const char* target :
        {"POST /v2/repository/models/small/load", "POST /v2/nothing", "GET /v2/health/ready"}) {
     SCOPED_TRACE(target);
-    RawConnection c(Port());
+    RawHttpConnection c(Port());
     ASSERT_TRUE(c.connected());
     c.Send(absl::StrCat(target, " HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n",
                         "Content-Length: ", inner.size(), "\r\n\r\n"));
     std::string stream = c.ReadUntil("100 Continue\r\n\r\n");
     c.Send(inner);
     stream += c.ReadResponse();
-    c.Send(kLastRequest);  // Fails when the server has closed.
+    c.Send(kLastHttpRequest);  // Fails when the server has closed.
     stream += c.ReadToEnd();
-    const std::vector<int> statuses = Statuses(stream);
+    const std::vector<int> statuses = HttpStatuses(stream);
     EXPECT_EQ(stream.find("model_stats"), std::string::npos)
         << "the body was served: " << ::testing::PrintToString(statuses);
     EXPECT_LE(statuses.size(), 3u);  // 100, the answer, the last request's.
@@ -194,11 +125,11 @@ TEST_F(RestReviewTest, ABodyCutOffAtTheLimitClosesTheConnection) {
       "POST /v2/models/small/infer HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
   for (int i = 0; i < 18; ++i)
     absl::StrAppend(&request, "10000\r\n", std::string(65536, ' '), "\r\n");
-  absl::StrAppend(&request, "0\r\n\r\n", kLastRequest);
-  RawConnection c(Port());
+  absl::StrAppend(&request, "0\r\n\r\n", kLastHttpRequest);
+  RawHttpConnection c(Port());
   ASSERT_TRUE(c.connected());
   c.Send(request);  // May fail part way: the server closes.
-  const std::vector<int> statuses = Statuses(c.ReadToEnd());
+  const std::vector<int> statuses = HttpStatuses(c.ReadToEnd());
   EXPECT_LE(statuses.size(), 1u) << ::testing::PrintToString(statuses);
   if (!statuses.empty()) {
     EXPECT_EQ(statuses[0], 413);
@@ -218,11 +149,11 @@ TEST_F(RestReviewTest, APostWithoutContentLengthHasAnEmptyBody) {
   // RFC 9112 6.3: no Content-Length and no Transfer-Encoding is a body of 0
   // bytes. httplib read "until the client closes": the next request was read
   // as this one's body, and after its read timeout (5 s) the answer was 400.
-  RawConnection c(Port());
+  RawHttpConnection c(Port());
   ASSERT_TRUE(c.connected());
   c.Send("POST /v2/repository/index HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
   const std::string stream = c.ReadToEnd();
-  EXPECT_THAT(Statuses(stream), ::testing::ElementsAre(200));
+  EXPECT_THAT(HttpStatuses(stream), ::testing::ElementsAre(200));
   EXPECT_THAT(stream, HasSubstr("\"READY\""));
 }
 
