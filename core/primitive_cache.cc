@@ -13,6 +13,11 @@ const dnnl::engine& CpuEngine() {
   return *engine;
 }
 
+dnnl::stream& ThreadStream() {
+  thread_local dnnl::stream stream(CpuEngine());
+  return stream;
+}
+
 void AppendMdKey(const dnnl::memory::desc& md, std::string* key) {
   const dnnl_memory_desc_t& d = md.data;
   absl::StrAppend(key, "{", static_cast<int>(d.data_type), ":");
@@ -73,8 +78,7 @@ absl::Status Execute(const CachedPrimitive& prim, std::unordered_map<int, dnnl::
       scratchpad = std::make_unique<Workspace>(Workspace::kScratchpad, prim.scratchpad.get_size());
       args.emplace(DNNL_ARG_SCRATCHPAD, Wrap(prim.scratchpad, scratchpad->data()));
     }
-    // Streams are cheap but not free, and not thread-safe: one per thread.
-    thread_local dnnl::stream stream(CpuEngine());
+    dnnl::stream& stream = ThreadStream();
     prim.primitive.execute(stream, args);
     stream.wait();
     return absl::OkStatus();

@@ -29,6 +29,10 @@ namespace attention {
 // The CPU engine every primitive of this process uses.
 const dnnl::engine& CpuEngine();
 
+// The calling thread's stream on CpuEngine() (streams are cheap but not free,
+// and not thread-safe: one per thread).
+dnnl::stream& ThreadStream();
+
 // Appends a compact description of `md` (dims, data type, strides) to `key`.
 void AppendMdKey(const dnnl::memory::desc& md, std::string* key);
 
