@@ -156,19 +156,23 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
   const float* kt = static_cast<const float*>(t.kt) + panel * t.k_rows * kPanel;
   float* s = w.s.data();
   const int64_t ldp = kKeyTile / 2 + 1;  // bfloat16 mode: words of probability pairs per row.
-  // No mask touches the tile: scores and probabilities in one pass.
+  // No mask touches the tile but maybe the causal one: scores and
+  // probabilities in one pass, the causal mask applied in registers. (It
+  // also hides keys from the tile's padded query rows, which need only
+  // finite values: each sees its first key.)
   const bool own_rows = !appended && t.r0 < item.valid_queries;
-  const bool unmasked = t.key_row == nullptr && !(own_rows && item.attn_mask != nullptr) &&
-                        !(own_rows && item.is_causal && c0 + keys - 1 > t.r0);
+  const bool unmasked = t.key_row == nullptr && !(own_rows && item.attn_mask != nullptr);
+  const int64_t diagonal =
+      own_rows && item.is_causal && c0 + keys - 1 > t.r0 ? t.r0 - c0 : fused_internal::kNoDiagonal;
   if (unmasked) {
     const TileRows rows{w.m.data(),           w.sums.data(),
                         w.o.data(),           ldq,
                         t.bf16 ? nullptr : s, t.bf16 ? w.pw.data() : nullptr,
                         t.bf16 ? ldp : lds,   /*exact=*/!t.bf16};
     if (t.bf16) {
-      ScoresExp(w.qw.data(), depth_pairs, kt2, depth_pairs, t.rows, keys, rows);
+      ScoresExp(w.qw.data(), depth_pairs, kt2, depth_pairs, t.rows, keys, rows, diagonal);
     } else {
-      ScoresExp(w.q.data(), ldq, kt, depth, t.rows, keys, rows);
+      ScoresExp(w.q.data(), ldq, kt, depth, t.rows, keys, rows, diagonal);
     }
   } else {
     if (t.bf16) {

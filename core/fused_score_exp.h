@@ -1,7 +1,8 @@
 // File: core/fused_score_exp.h
 //
 // Internal to the fused attention kernel (fused_attention.cc): for a tile of
-// keys that no mask touches, the scores, the softmax's exponentials and the
+// keys that no mask touches but maybe the causal one (applied in registers),
+// the scores, the softmax's exponentials and the
 // rows' sums in one pass, while the scores are still in registers (no score
 // matrix written and read back, no separate maximum).
 //
@@ -29,6 +30,9 @@
 #include "core/fused_softmax.h"
 
 namespace attention::fused_internal {
+
+// ScoresExp's `diagonal` when no causal mask applies.
+constexpr int64_t kNoDiagonal = std::numeric_limits<int64_t>::max();
 
 // Row r's block of 16 NV scores from column c of the tile, held as x = s -
 // m_old (acc, `shift` = -m_old, or 0 for a row with no reference yet), has
@@ -72,7 +76,7 @@ inline void RebaseRow(__m512 (&acc)[NV], __mmask16 last, const TileRows& st, int
 // and added to the rows' sums.
 template <int R, int NV, typename T>
 inline void ScoreExpBlock(const T* q, int64_t ldq, const T* panel, int64_t depth, __mmask16 last,
-                          const TileRows& st, int64_t r0, int64_t c) {
+                          const TileRows& st, int64_t r0, int64_t c, int64_t diagonal) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   __m512 acc[R][NV];
   float shift[R];
@@ -96,6 +100,19 @@ inline void ScoreExpBlock(const T* q, int64_t ldq, const T* panel, int64_t depth
       const avx512::Vec<T> b = avx512::Broadcast(q + r * ldq + d);
 #pragma GCC unroll 16
       for (int v = 0; v < NV; ++v) acc[r][v] = avx512::MulAdd(acc[r][v], k[v], b);
+    }
+  }
+  if (diagonal != kNoDiagonal) {
+    // The causal mask: -inf added to the keys after the row's own (a NaN
+    // score stays NaN, as PyTorch's additive mask keeps it).
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        const int64_t visible = diagonal + r0 + r + 1 - (c + 16 * v);
+        const __mmask16 hidden = static_cast<__mmask16>(~avx512::TailMask(visible));
+        acc[r][v] = _mm512_mask_add_ps(acc[r][v], hidden, acc[r][v], _mm512_set1_ps(kNegInf));
+      }
     }
   }
   // The block's largest x (a NaN lane keeps the others': max returns its
@@ -140,32 +157,36 @@ inline void ScoreExpBlock(const T* q, int64_t ldq, const T* panel, int64_t depth
 
 template <int R, typename T>
 inline void ScoreExpPanel(int64_t nv, const T* q, int64_t ldq, const T* panel, int64_t depth,
-                          __mmask16 last, const TileRows& st, int64_t r0, int64_t c) {
+                          __mmask16 last, const TileRows& st, int64_t r0, int64_t c,
+                          int64_t diagonal) {
   switch (nv) {
     case 4:
-      return ScoreExpBlock<R, 4>(q, ldq, panel, depth, last, st, r0, c);
+      return ScoreExpBlock<R, 4>(q, ldq, panel, depth, last, st, r0, c, diagonal);
     case 3:
-      return ScoreExpBlock<R, 3>(q, ldq, panel, depth, last, st, r0, c);
+      return ScoreExpBlock<R, 3>(q, ldq, panel, depth, last, st, r0, c, diagonal);
     case 2:
-      return ScoreExpBlock<R, 2>(q, ldq, panel, depth, last, st, r0, c);
+      return ScoreExpBlock<R, 2>(q, ldq, panel, depth, last, st, r0, c, diagonal);
     default:
-      return ScoreExpBlock<R, 1>(q, ldq, panel, depth, last, st, r0, c);
+      return ScoreExpBlock<R, 1>(q, ldq, panel, depth, last, st, r0, c, diagonal);
   }
 }
 
-// Probabilities of `rows` queries against `keys` keys of an unmasked tile
-// (kt: the keys' panels), panel by panel (see avx512::Scores).
+// Probabilities of `rows` queries against `keys` keys of a tile that no
+// mask touches but, given a `diagonal` other than kNoDiagonal, the causal one:
+// tile row r sees the tile's keys j <= r + diagonal. kt: the keys' panels,
+// taken panel by panel (see avx512::Scores).
 template <typename T>
 inline void ScoresExp(const T* q, int64_t ldq, const T* kt, int64_t depth, int64_t rows,
-                      int64_t keys, const TileRows& st) {
+                      int64_t keys, const TileRows& st, int64_t diagonal = kNoDiagonal) {
   for (int64_t c = 0; c < keys; c += avx512::kPanel) {
     const T* panel = kt + c / avx512::kPanel * depth * avx512::kPanel;
     const int64_t nv = std::min<int64_t>(4, (keys - c + 15) / 16);
     const __mmask16 last = avx512::TailMask(keys - c - 16 * (nv - 1));
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4)
-      ScoreExpPanel<4>(nv, q + r * ldq, ldq, panel, depth, last, st, r, c);
-    for (; r < rows; ++r) ScoreExpPanel<1>(nv, q + r * ldq, ldq, panel, depth, last, st, r, c);
+      ScoreExpPanel<4>(nv, q + r * ldq, ldq, panel, depth, last, st, r, c, diagonal);
+    for (; r < rows; ++r)
+      ScoreExpPanel<1>(nv, q + r * ldq, ldq, panel, depth, last, st, r, c, diagonal);
   }
 }
 
