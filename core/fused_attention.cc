@@ -231,13 +231,23 @@ void RunTask(const Task& t) {
   // Under is_causal the mask touches only the keys from the tile's first row
   // on: those get tiles of their own, the ones before run unmasked.
   const int64_t unmasked_end = item.is_causal ? std::min(end, t.r0) : end;
+  // The output rows' lines fetched during the last key tile (a tile's worth
+  // of compute hides their misses; StoreRow then hits).
+  const int64_t out_bytes = depth * static_cast<int64_t>(DTypeSize(p.out.dtype));
+  const auto tile = [&](int64_t c0, int64_t count, bool appended) {
+    if (p.k.t > keys ? appended : c0 + count >= end) {
+      for (int64_t r = 0; r < t.rows; ++r)
+        fused_internal::PrefetchBytes(Element(p.out, t.n, t.h, t.r0 + r), out_bytes, true);
+    }
+    KeyTile(t, c0, count, appended, w);
+  };
   for (int64_t c0 = 0; c0 < unmasked_end; c0 += kKeyTile) {
-    KeyTile(t, c0, std::min(kKeyTile, unmasked_end - c0), /*appended=*/false, w);
+    tile(c0, std::min(kKeyTile, unmasked_end - c0), /*appended=*/false);
   }
   for (int64_t c0 = unmasked_end; c0 < end; c0 += kKeyTile) {
-    KeyTile(t, c0, std::min(kKeyTile, end - c0), /*appended=*/false, w);
+    tile(c0, std::min(kKeyTile, end - c0), /*appended=*/false);
   }
-  if (p.k.t > keys) KeyTile(t, keys, p.k.t - keys, /*appended=*/true, w);
+  if (p.k.t > keys) tile(keys, p.k.t - keys, /*appended=*/true);
 
   // out = O / l; a row with every key masked (l == 0) gets zeros (O is
   // 0 * V), a row with a NaN score (l NaN) NaN.
