@@ -2,9 +2,9 @@
 //
 // Internal to the fused attention kernel (fused_attention.cc): for a tile of
 // keys that no mask touches but maybe the causal one (applied in registers),
-// the scores, the softmax's exponentials and the
-// rows' sums in one pass, while the scores are still in registers (no score
-// matrix written and read back, no separate maximum).
+// the scores, the softmax's exponentials and the rows' sums in one pass,
+// while the scores are still in registers (no score matrix written and read
+// back, no separate maximum).
 //
 // The probabilities are 2^(s - m[r]) against a per-row reference m[r] that
 // need not be the running maximum: it only moves (up, by a whole number k,
@@ -71,9 +71,10 @@ inline void RebaseRow(__m512 (&acc)[NV], __mmask16 last, const TileRows& st, int
 
 // Scores for R rows and NV vectors of keys of one panel (as
 // avx512::ScoreBlock), accumulated onto -m[r] so that they come out already
-// shifted by the rows' references; the references moved where needed (one
-// test for the whole block in the common case that none moves), then the
-// probabilities 2^x written as float32 or bfloat16 pairs
+// shifted by the rows' references; the causal mask added if `diagonal` says
+// so (see ScoresExp); the references moved where needed (float32: one test
+// for the whole block in the common case that none moves; bfloat16: a test
+// per row); then the probabilities 2^x written as float32 or bfloat16 pairs
 // and added to the rows' sums.
 template <int R, int NV, typename T>
 inline void ScoreExpBlock(const T* q, int64_t ldq, const T* panel, int64_t depth, __mmask16 last,
