@@ -156,19 +156,23 @@ void KeyTile(const Task& t, int64_t c0, int64_t keys, bool appended, Scratch& w)
   const float* kt = static_cast<const float*>(t.kt) + panel * t.k_rows * kPanel;
   float* s = w.s.data();
   const int64_t ldp = kKeyTile / 2 + 1;  // bfloat16 mode: words of probability pairs per row.
-  // No mask touches the tile: scores and probabilities in one pass.
+  // No mask touches the tile but maybe the causal one: scores and
+  // probabilities in one pass, the causal mask applied in registers. (It
+  // also hides keys from the tile's padded query rows, which need only
+  // finite values: each sees its first key.)
   const bool own_rows = !appended && t.r0 < item.valid_queries;
-  const bool unmasked = t.key_row == nullptr && !(own_rows && item.attn_mask != nullptr) &&
-                        !(own_rows && item.is_causal && c0 + keys - 1 > t.r0);
+  const bool unmasked = t.key_row == nullptr && !(own_rows && item.attn_mask != nullptr);
+  const int64_t diagonal =
+      own_rows && item.is_causal && c0 + keys - 1 > t.r0 ? t.r0 - c0 : fused_internal::kNoDiagonal;
   if (unmasked) {
     const TileRows rows{w.m.data(),           w.sums.data(),
                         w.o.data(),           ldq,
                         t.bf16 ? nullptr : s, t.bf16 ? w.pw.data() : nullptr,
                         t.bf16 ? ldp : lds,   /*exact=*/!t.bf16};
     if (t.bf16) {
-      ScoresExp(w.qw.data(), depth_pairs, kt2, depth_pairs, t.rows, keys, rows);
+      ScoresExp(w.qw.data(), depth_pairs, kt2, depth_pairs, t.rows, keys, rows, diagonal);
     } else {
-      ScoresExp(w.q.data(), ldq, kt, depth, t.rows, keys, rows);
+      ScoresExp(w.q.data(), ldq, kt, depth, t.rows, keys, rows, diagonal);
     }
   } else {
     if (t.bf16) {
@@ -227,13 +231,23 @@ void RunTask(const Task& t) {
   // Under is_causal the mask touches only the keys from the tile's first row
   // on: those get tiles of their own, the ones before run unmasked.
   const int64_t unmasked_end = item.is_causal ? std::min(end, t.r0) : end;
+  // The output rows' lines fetched during the last key tile (a tile's worth
+  // of compute hides their misses; StoreRow then hits).
+  const int64_t out_bytes = depth * static_cast<int64_t>(DTypeSize(p.out.dtype));
+  const auto tile = [&](int64_t c0, int64_t count, bool appended) {
+    if (p.k.t > keys ? appended : c0 + count >= end) {
+      for (int64_t r = 0; r < t.rows; ++r)
+        fused_internal::PrefetchBytes(Element(p.out, t.n, t.h, t.r0 + r), out_bytes, true);
+    }
+    KeyTile(t, c0, count, appended, w);
+  };
   for (int64_t c0 = 0; c0 < unmasked_end; c0 += kKeyTile) {
-    KeyTile(t, c0, std::min(kKeyTile, unmasked_end - c0), /*appended=*/false, w);
+    tile(c0, std::min(kKeyTile, unmasked_end - c0), /*appended=*/false);
   }
   for (int64_t c0 = unmasked_end; c0 < end; c0 += kKeyTile) {
-    KeyTile(t, c0, std::min(kKeyTile, end - c0), /*appended=*/false, w);
+    tile(c0, std::min(kKeyTile, end - c0), /*appended=*/false);
   }
-  if (p.k.t > keys) KeyTile(t, keys, p.k.t - keys, /*appended=*/true, w);
+  if (p.k.t > keys) tile(keys, p.k.t - keys, /*appended=*/true);
 
   // out = O / l; a row with every key masked (l == 0) gets zeros (O is
   // 0 * V), a row with a NaN score (l NaN) NaN.

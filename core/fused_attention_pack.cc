@@ -12,6 +12,9 @@ namespace {
 
 using avx512::kPanel;
 
+// Rows of V fetched ahead of the one packed.
+constexpr int64_t kAhead = 8;
+
 // r[i][j] <- r[j][i] for 16 vectors of 16 32-bit lanes.
 void Transpose16(__m512i r[16]) {
   __m512i t[16];
@@ -62,10 +65,14 @@ __m512i KeyWords(const AttentionProblem& p, int64_t item, int64_t h, int64_t j, 
 void PackKeys(const AttentionProblem& p, int64_t item, int64_t h, int64_t begin, int64_t end,
               int64_t first_panel, int64_t words, bool pairs, uint32_t* kt) {
   const int64_t panels = (end - begin + kPanel - 1) / kPanel;
+  const int64_t key_bytes = p.q.d * static_cast<int64_t>(DTypeSize(p.k.dtype));
   for (int64_t panel = 0; panel < panels; ++panel) {
     uint32_t* dst = kt + (first_panel + panel) * words * kPanel;
     for (int64_t c0 = 0; c0 < kPanel; c0 += 16) {
       const int64_t j0 = begin + panel * kPanel + c0;
+      for (int64_t i = 16; i < 32 && j0 + i < end; ++i) {  // The next 16 keys' rows.
+        PrefetchBytes(Element(p.k, item, h, j0 + i), key_bytes, false);
+      }
       for (int64_t w0 = 0; w0 < words; w0 += 16) {
         __m512i r[16];
         for (int64_t i = 0; i < 16; ++i) {
@@ -89,7 +96,9 @@ void PackFloat32(const AttentionProblem& p, int64_t item, int64_t h, int64_t mai
   uint32_t* words = reinterpret_cast<uint32_t*>(kt);
   PackKeys(p, item, h, 0, main_keys, 0, depth, /*pairs=*/false, words);
   PackKeys(p, item, h, main_keys, keys, main_panels, depth, /*pairs=*/false, words);
+  const int64_t v_bytes = depth * static_cast<int64_t>(DTypeSize(p.v.dtype));
   for (int64_t j = 0; j < keys; ++j) {
+    if (j + kAhead < keys) PrefetchBytes(Element(p.v, item, h, j + kAhead), v_bytes, false);
     LoadRow(p.v.dtype, Element(p.v, item, h, j), depth, 1.0f, v + j * ldq);
     std::fill(v + j * ldq + depth, v + (j + 1) * ldq, 0.0f);
   }

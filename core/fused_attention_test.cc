@@ -131,6 +131,44 @@ TEST(FusedAttentionTest, HeadDepthsAppendedKeysAndOddLengths) {
   }
 }
 
+// is_causal with no other mask: the tiles the causal mask cuts (the diagonal
+// ones) run through the fused score kernel with the mask applied in
+// registers. Lengths around the 64-row task and 4-row block sizes (remainder
+// rows, a partial last vector of keys), cross-attention both ways, and
+// bfloat16.
+TEST(FusedAttentionTest, CausalTilesInTheScoreKernel) {
+  if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here: the primitive path runs";
+  uint32_t seed = 300;
+  for (int64_t queries : {1, 5, 63, 64, 65, 130, 257}) {
+    for (int64_t depth : {32, 64}) {
+      FusedCase c;
+      c.depth = depth;
+      c.heads = 2;
+      c.batch = 1;
+      c.queries = queries;
+      c.cross = false;
+      c.causal = true;
+      Check(c, seed++);
+    }
+  }
+  for (auto [queries, keys] : {std::pair<int64_t, int64_t>{70, 300}, {300, 70}, {129, 131}}) {
+    FusedCase c;
+    c.queries = queries;
+    c.keys = keys;
+    c.cross = true;
+    c.causal = true;
+    Check(c, seed++);
+  }
+  for (int64_t queries : {65, 200}) {
+    FusedCase c;
+    c.bf16 = true;
+    c.queries = queries;
+    c.cross = false;
+    c.causal = true;
+    Check(c, seed++);
+  }
+}
+
 TEST(FusedAttentionTest, BFloat16MatchesThePrimitivePath) {
   if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here: the primitive path runs";
   FusedCase c;
