@@ -1,5 +1,7 @@
 #include "server/frontends/async_infer_queue.h"
 
+#include <pthread.h>
+
 #include <utility>
 
 namespace attention::server {
@@ -14,7 +16,10 @@ void AsyncInferQueue::Start() {
   started_ = true;
   // Before the thread starts, this thread is the queue's.
   for (int i = 0; i < kPostedCalls; ++i) AsyncInferCall::Post(this);
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "infer-cq");  // For profiles and /proc.
+    Loop();
+  });
 }
 
 void AsyncInferQueue::Stop() {
