@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
 #include "server/batching/batch_runner.h"
+#include "server/batching/outcome_flush.h"
 
 namespace attention::server {
 namespace {

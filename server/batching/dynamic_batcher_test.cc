@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "core/mha_engine.h"
 #include "gtest/gtest.h"
+#include "server/batching/outcome_flush.h"
 #include "server/batching/pending_request.h"
 #include "server/metrics/metrics.h"
 #include "tests/test_util.h"

@@ -19,7 +19,6 @@
 #include "core/mha_engine.h"
 #include "core/session_engine.h"
 #include "core/tensor.h"
-#include "server/batching/outcome_flush.h"
 
 namespace attention::server {
 
@@ -58,6 +57,7 @@ struct RequestOutcome {
 
 struct Session;
 class Admission;
+class OutcomeFlush;  // server/batching/outcome_flush.h
 
 // A session's step, queued and batched like a request: an append, or a cross
 // session's creation (projecting its fixed keys and values).

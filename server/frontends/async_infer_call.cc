@@ -3,24 +3,21 @@
 #include <utility>
 
 #include "proto/codec/status_codes.h"
-#include "server/frontends/async_infer_queue.h"
-#include "server/frontends/attention_service.h"
 #include "server/frontends/grpc_call.h"
 #include "server/requests/request_path.h"
 
 namespace attention::server {
 
-AsyncInferCall::AsyncInferCall(AsyncInferQueue* queue) : queue_(queue) { queue_->Added(); }
+AsyncInferCall::AsyncInferCall(AsyncInferDriver* queue) : queue_(queue) { queue_->Added(); }
 
 AsyncInferCall::~AsyncInferCall() { queue_->Removed(); }
 
-void AsyncInferCall::Post(AsyncInferQueue* queue) {
+void AsyncInferCall::Post(AsyncInferDriver* queue) {
   auto* call = new AsyncInferCall(queue);
   // Before the call starts, as gRPC requires: kDone comes once it is over
   // (answered, or cancelled by the client, its deadline or the shutdown).
   call->context_.AsyncNotifyWhenDone(&call->done_);
-  queue->service()->RequestInfer(&call->context_, &call->request_, &call->responder_, queue->cq(),
-                                 queue->cq(), &call->arrived_);
+  queue->RequestCall(&call->context_, &call->request_, &call->responder_, &call->arrived_);
 }
 
 void AsyncInferCall::Handle(Tag* tag, bool ok) {
@@ -56,7 +53,7 @@ void AsyncInferCall::Start() {
                  [this] { return cancelled_.load(std::memory_order_relaxed); });
   response_.set_request_id(request_.request_id());
   RequestPath::Prepared prepared;
-  absl::Status status = queue_->service()->Prepare(request_, nullptr, *call_, &prepared);
+  absl::Status status = queue_->Prepare(request_, *call_, &prepared);
   model_ = prepared.model;
   if (status.ok()) {
     prepared.pending->flush = queue_;
@@ -72,7 +69,7 @@ void AsyncInferCall::Start() {
 void AsyncInferCall::OnOutcome(RequestOutcome outcome) {
   absl::Status result = outcome.status;
   if (result.ok()) {
-    result = EncodeOutcome(outcome, queue_->path()->options().max_response_bytes, &response_);
+    result = queue_->Encode(outcome, &response_);
     response_.set_model_version(model_->version);
   }
   status_ = std::move(result);

@@ -1,7 +1,7 @@
 // File: server/frontends/async_infer_call.h
 //
 // One attention.v1 Infer call on gRPC's async API, driven by its
-// AsyncInferQueue: posted to gRPC (waiting for a call), then received,
+// AsyncInferQueue (through AsyncInferDriver): posted to gRPC (waiting for a call), then received,
 // decoded and submitted through the request path exactly as every unary
 // front-end does (readiness, token, model, validation, admission, the
 // batcher), answered, and freed once gRPC is done with it. It holds the
@@ -25,12 +25,12 @@
 #include "absl/time/time.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "server/batching/pending_request.h"
+#include "server/frontends/async_infer_driver.h"
 #include "server/requests/call_context.h"
 #include "server/requests/inflight_budget.h"
 
 namespace attention::server {
 
-class AsyncInferQueue;
 struct ServedModel;
 
 class AsyncInferCall final : public AdmissionHolder {
@@ -43,7 +43,7 @@ class AsyncInferCall final : public AdmissionHolder {
   };
 
   // Posts a new call to gRPC on `queue`'s completion queue.
-  static void Post(AsyncInferQueue* queue);
+  static void Post(AsyncInferDriver* queue);
 
   // On the queue's thread: gRPC delivered `tag` (an event of this call) with
   // `ok`. May delete the call.
@@ -61,7 +61,7 @@ class AsyncInferCall final : public AdmissionHolder {
   AsyncInferCall& operator=(const AsyncInferCall&) = delete;
 
  private:
-  explicit AsyncInferCall(AsyncInferQueue* queue);
+  explicit AsyncInferCall(AsyncInferDriver* queue);
   ~AsyncInferCall() override;
 
   // The call arrived: decode, check and submit it, or answer at once.
@@ -71,7 +71,7 @@ class AsyncInferCall final : public AdmissionHolder {
   // Deletes the call once gRPC has nothing more to deliver for it.
   void MaybeDelete();
 
-  AsyncInferQueue* const queue_;
+  AsyncInferDriver* const queue_;
   grpc::ServerContext context_;
   v1::InferRequest request_;
   v1::InferResponse response_;

@@ -4,6 +4,9 @@
 
 #include <utility>
 
+#include "server/frontends/async_infer_call.h"
+#include "server/frontends/attention_service.h"
+
 namespace attention::server {
 
 AsyncInferQueue::AsyncInferQueue(AttentionServiceImpl* service, RequestPath* path,
@@ -43,6 +46,21 @@ void AsyncInferQueue::Stop() {
   }
   Wake(/*always=*/true);
   thread_.join();
+}
+
+void AsyncInferQueue::RequestCall(grpc::ServerContext* context, v1::InferRequest* request,
+                                  grpc::ServerAsyncResponseWriter<v1::InferResponse>* responder,
+                                  void* tag) {
+  service_->RequestInfer(context, request, responder, cq_.get(), cq_.get(), tag);
+}
+
+absl::Status AsyncInferQueue::Prepare(const v1::InferRequest& request, const CallContext& call,
+                                      RequestPath::Prepared* prepared) {
+  return service_->Prepare(request, nullptr, call, prepared);
+}
+
+absl::Status AsyncInferQueue::Encode(RequestOutcome& outcome, v1::InferResponse* response) {
+  return EncodeOutcome(outcome, path_->options().max_response_bytes, response);
 }
 
 void AsyncInferQueue::Complete(AsyncInferCall* call) {

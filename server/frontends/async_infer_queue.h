@@ -32,14 +32,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "server/batching/outcome_flush.h"
-#include "server/frontends/async_infer_call.h"
+#include "server/frontends/async_infer_driver.h"
 
 namespace attention::server {
 
 class AttentionServiceImpl;
 class RequestPath;
 
-class AsyncInferQueue final : public OutcomeFlush {
+class AsyncInferQueue final : public AsyncInferDriver {
  public:
   // Calls posted to gRPC at any time, waiting for clients' calls.
   static constexpr int kPostedCalls = 32;
@@ -59,21 +59,17 @@ class AsyncInferQueue final : public OutcomeFlush {
   // After the server's Shutdown() (or if it never started): see above.
   void Stop();
 
-  // From a batcher thread: `call`'s answer is ready; it is sent after the
-  // next Flush().
-  void Complete(AsyncInferCall* call);
+  // AsyncInferDriver.
+  void RequestCall(grpc::ServerContext* context, v1::InferRequest* request,
+                   grpc::ServerAsyncResponseWriter<v1::InferResponse>* responder,
+                   void* tag) override;
+  absl::Status Prepare(const v1::InferRequest& request, const CallContext& call,
+                       RequestPath::Prepared* prepared) override;
+  absl::Status Encode(RequestOutcome& outcome, v1::InferResponse* response) override;
+  void Complete(AsyncInferCall* call) override;
+  RequestPath* path() const override { return path_; }
   // OutcomeFlush: wakes the thread to send the answers completed so far.
   void Flush() override;
-
-  AttentionServiceImpl* service() const { return service_; }
-  RequestPath* path() const { return path_; }
-  grpc::ServerCompletionQueue* cq() const { return cq_.get(); }
-
-  // The queue's thread only: whether new calls may still be posted, and the
-  // count of live calls (posted, or received and not yet freed).
-  bool posting() const { return !stopping_; }
-  void Added() { ++live_; }
-  void Removed() { --live_; }
 
  private:
   void Loop();
@@ -100,10 +96,8 @@ class AsyncInferQueue final : public OutcomeFlush {
   bool started_ = false;                       // Start()/Stop() only (one thread).
   bool stopped_ = false;
 
-  // The queue's thread only.
-  bool stopping_ = false;
+  // The queue's thread only (and stopping_, live_ of AsyncInferDriver).
   bool shut_down_ = false;
-  int64_t live_ = 0;
 
   std::thread thread_;
 };
