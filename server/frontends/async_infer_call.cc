@@ -63,6 +63,7 @@ void AsyncInferCall::Start() {
     if (status.ok()) return;  // The batcher answers (OnOutcome).
   }
   status_ = std::move(status);
+  FreeRequest();
   Finish();
 }
 
@@ -73,6 +74,9 @@ void AsyncInferCall::OnOutcome(RequestOutcome outcome) {
     response_.set_model_version(model_->version);
   }
   status_ = std::move(result);
+  // Computed: its tensors are needed no more (the batch copied them), so
+  // they go now rather than when gRPC is done with the call.
+  FreeRequest();
   queue_->Complete(this);
 }
 
@@ -84,7 +88,11 @@ void AsyncInferCall::Finish() {
   } else {
     responder_.FinishWithError(wire::ToGrpcStatus(status_), &finished_);
   }
+  // gRPC serialized it: the message's bytes go now, not when the call ends.
+  v1::InferResponse().Swap(&response_);
 }
+
+void AsyncInferCall::FreeRequest() { v1::InferRequest().Swap(&request_); }
 
 void AsyncInferCall::MaybeDelete() {
   if (started_ && sent_ && finish_seen_ && done_seen_) delete this;

@@ -68,6 +68,8 @@ class AsyncInferCall final : public AdmissionHolder {
   void Start();
   // From the batcher thread: the computed (or dropped) outcome.
   void OnOutcome(RequestOutcome outcome);
+  // Frees the request's bytes (Clear() would keep their capacity).
+  void FreeRequest();
   // Deletes the call once gRPC has nothing more to deliver for it.
   void MaybeDelete();
 
