@@ -154,10 +154,14 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (const auto& [name, service] : services) builder.RegisterService(service);
+  // Infer's completion queue, driven by one thread (AsyncInferQueue).
+  s->infer_queue_ = std::make_unique<AsyncInferQueue>(s->service_.get(), s->requests_.get(),
+                                                      builder.AddCompletionQueue());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
   }
+  s->infer_queue_->Start();
   s->SetHealth(false);
   std::cerr << "listening on port " << s->port_ << " (" << DescribeTransport(options.tls)
             << "; health NOT_SERVING until models are ready)\n";
@@ -263,6 +267,9 @@ bool AttentionServer::Drain() {
   if (rest_ != nullptr) rest_->Stop();  // Its handlers have all answered.
   server_->Shutdown(absl::ToChronoTime(absl::Now() + left));
   server_->Wait();
+  // Infer's calls still open were cancelled by the shutdown: their batchers
+  // drop them, the queue answers them, then its completion queue drains.
+  infer_queue_->Stop();
   // gRPC may still be running a call's OnDone, which drops the call's hold on
   // the in-flight budget, on one of its threads: the budget (and the metrics
   // it updates) must stay until every hold is gone.

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/batching/model_repository.h"
+#include "server/frontends/async_infer_queue.h"
 #include "server/frontends/attention_service.h"
 #include "server/frontends/health_service.h"
 #include "server/frontends/inference_protocol.h"
@@ -141,6 +142,10 @@ class AttentionServer {
   std::unique_ptr<ReflectionServiceV1> reflection_v1_;
   std::unique_ptr<ReflectionServiceV1Alpha> reflection_v1alpha_;
   std::unique_ptr<TlsIdentityWatcher> tls_identity_;  // Null for plaintext; outlives server_.
+  // Infer on the async API. Outlives server_ (its completion queue) and the
+  // repository (batchers name it as their requests' OutcomeFlush); stopped
+  // by Drain.
+  std::unique_ptr<AsyncInferQueue> infer_queue_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<RestFrontend> rest_;  // Null when the REST port is off.
   // Destroyed in dependency order (Drain, else members in reverse): the

@@ -10,8 +10,25 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
 #include "server/batching/batch_runner.h"
+#include "server/batching/outcome_flush.h"
 
 namespace attention::server {
+namespace {
+
+// Calls Flush() once on each distinct OutcomeFlush that `requests` name
+// (their `done` already called). A batch rarely names more than one or two.
+template <typename Requests, typename Get>
+void FlushOutcomes(const Requests& requests, Get get) {
+  std::vector<OutcomeFlush*> flushed;
+  for (const auto& r : requests) {
+    OutcomeFlush* f = get(r)->flush;
+    if (f == nullptr || std::find(flushed.begin(), flushed.end(), f) != flushed.end()) continue;
+    flushed.push_back(f);
+    f->Flush();
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(const MhaEngine* engine,
                                                                        BatchingOptions options,
@@ -267,6 +284,7 @@ void DynamicBatcher::Loop() {
       outcome.queue_us = absl::ToInt64Microseconds(absl::Now() - request->enqueued);
       request->done(std::move(outcome));
     }
+    FlushOutcomes(dropped, [](const auto& d) { return d.first.get(); });
     if (!batch.empty()) Execute(std::move(batch));
   }
 }
@@ -338,6 +356,7 @@ void DynamicBatcher::Execute(std::vector<std::unique_ptr<PendingRequest>> batch)
     metrics_->stats->Queued(start - batch[i]->enqueued);
     batch[i]->done(std::move(outcomes[i]));
   }
+  FlushOutcomes(batch, [](const auto& r) { return r.get(); });
 }
 
 double DynamicBatcher::EstimateFlops(

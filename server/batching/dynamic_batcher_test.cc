@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "core/mha_engine.h"
 #include "gtest/gtest.h"
+#include "server/batching/outcome_flush.h"
 #include "server/batching/pending_request.h"
 #include "server/metrics/metrics.h"
 #include "tests/test_util.h"
@@ -260,6 +261,67 @@ TEST_F(DynamicBatcherTest, ARequestExpiringBeforeTheBatcherWakesIsAnsweredAtItsD
   batcher.reset();  // Computes the waiting request before its case goes.
   ASSERT_TRUE(waiting->answered.HasBeenNotified());
   EXPECT_TRUE(waiting->outcome.status.ok()) << waiting->outcome.status;
+}
+
+// Counts its Flush() calls and the answers given before each.
+class CountingFlush final : public OutcomeFlush {
+ public:
+  explicit CountingFlush(const std::atomic<int>* answers) : answers_(answers) {}
+  void Flush() override {
+    absl::MutexLock lock(&mu_);
+    seen_.push_back(answers_->load());
+  }
+  std::vector<int> seen() {
+    absl::MutexLock lock(&mu_);
+    return seen_;
+  }
+
+ private:
+  const std::atomic<int>* const answers_;
+  absl::Mutex mu_;
+  std::vector<int> seen_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(DynamicBatcherTest, EachOutcomeFlushIsToldOnceAfterItsBatchIsAnswered) {
+  BatchingOptions options;
+  options.max_batch_size = 8;
+  options.max_queue_delay_us = 1000000;  // Only a full batch goes.
+  auto batcher = Start(options);
+  ASSERT_NE(batcher, nullptr);
+  std::atomic<int> answers{0};
+  CountingFlush a(&answers), b(&answers);
+  std::mt19937 rng(5);
+  std::vector<std::unique_ptr<Case>> cases;
+  for (int i = 0; i < 8; ++i) {
+    cases.push_back(MakeCase(rng, 1, 3));
+    auto request = Request(cases.back().get());
+    auto done = std::move(request->done);
+    request->done = [done, &answers](RequestOutcome outcome) {
+      done(std::move(outcome));
+      ++answers;
+    };
+    request->flush = i < 4 ? &a : (i < 6 ? &b : nullptr);  // Two share none.
+    ASSERT_TRUE(batcher->Enqueue(std::move(request)).ok());
+  }
+  for (auto& c : cases) c->answered.WaitForNotification();
+  for (int i = 0; i < 2000 && (a.seen().empty() || b.seen().empty()); ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  // One batch of 8: each receiver told once, after all 8 answers.
+  EXPECT_EQ(a.seen(), std::vector<int>{8});
+  EXPECT_EQ(b.seen(), std::vector<int>{8});
+  for (auto& c : cases) EXPECT_EQ(c->outcome.batch_requests, 8);
+
+  // A dropped request's receiver is told too, after its answer.
+  auto cancelled = MakeCase(rng, 1, 3);
+  auto request = Request(cancelled.get());
+  request->is_cancelled = [] { return true; };
+  request->flush = &a;
+  ASSERT_TRUE(batcher->Enqueue(std::move(request)).ok());
+  cancelled->answered.WaitForNotification();
+  for (int i = 0; i < 2000 && a.seen().size() < 2; ++i) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(a.seen().size(), 2u);
+  EXPECT_EQ(cancelled->outcome.status.code(), absl::StatusCode::kCancelled);
 }
 
 }  // namespace

@@ -57,6 +57,7 @@ struct RequestOutcome {
 
 struct Session;
 class Admission;
+class OutcomeFlush;  // server/batching/outcome_flush.h
 
 // A session's step, queued and batched like a request: an append, or a cross
 // session's creation (projecting its fixed keys and values).
@@ -96,6 +97,9 @@ struct PendingRequest {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> is_cancelled;  // Optional; polled while queued.
   std::function<void(RequestOutcome)> done;
+  // Optional, not owned: told once after the `done` calls of the batch (or
+  // of the dropped requests) this request went with (see OutcomeFlush).
+  OutcomeFlush* flush = nullptr;
   // Set for session work, which is batched only with session work; `inputs`
   // then carries need_weights, average_attn_weights and output_dtype, and
   // `call` the token count (batch 1, queries T).

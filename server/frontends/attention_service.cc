@@ -6,7 +6,6 @@
 #include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
 #include "proto/codec/tensor_codec.h"
-#include "server/frontends/admitted_reactor.h"
 #include "server/frontends/grpc_call.h"
 #include "server/frontends/message_limit.h"
 #include "server/frontends/stream_reactor.h"
@@ -89,38 +88,6 @@ absl::Status AttentionServiceImpl::Prepare(const v1::InferRequest& request,
   }
   return path_->Finalize(std::move(pending), request.request_id().size(), std::move(keep_alive),
                          call, prepared);
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::Infer(grpc::CallbackServerContext* context,
-                                                      const v1::InferRequest* request,
-                                                      v1::InferResponse* response) {
-  auto* reactor = new AdmittedUnaryReactor();
-  const absl::Time received = absl::Now();
-  path_->Received();
-  CallRef call = CallOf(context, Method::kInfer);
-  response->set_request_id(request->request_id());
-  Prepared prepared;
-  absl::Status status = Prepare(*request, nullptr, *call, &prepared);
-  if (status.ok()) {
-    const ServedModel* model = prepared.model;
-    status = path_->Submit(
-        prepared, static_cast<int64_t>(request->ByteSizeLong()),
-        [this, reactor, response, received, model, call](RequestOutcome outcome) {
-          absl::Status result = outcome.status;
-          if (result.ok()) {
-            result = EncodeOutcome(outcome, path_->options().max_response_bytes, response);
-            response->set_model_version(model->version);
-          }
-          path_->Answered(model, *call, result, received);
-          reactor->Finish(wire::ToGrpcStatus(result));
-        },
-        reactor);
-  }
-  if (!status.ok()) {
-    path_->Answered(prepared.model, *call, status, received);
-    reactor->Finish(wire::ToGrpcStatus(status));
-  }
-  return reactor;
 }
 
 grpc::ServerBidiReactor<v1::InferRequest, v1::InferResponse>* AttentionServiceImpl::InferStream(

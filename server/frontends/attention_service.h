@@ -1,11 +1,12 @@
 // File: server/frontends/attention_service.h
 //
-// The attention.v1.AttentionService front-end on gRPC's callback API: Infer,
-// InferStream, ListModels, GetModel, LoadModel and UnloadModel. It only translates: a handler
-// decodes its message into a PendingRequest and hands it to the request
-// path (admission, the batcher); the batch's completion, on the model's
-// batcher thread, encodes the response and finishes the call. No reaction
-// blocks.
+// The attention.v1.AttentionService front-end: InferStream, ListModels,
+// GetModel, LoadModel and UnloadModel on gRPC's callback API, and Infer, the
+// hot path, on its async API (driven by an AsyncInferQueue, which calls
+// Prepare). It only translates: a handler decodes its message into a
+// PendingRequest and hands it to the request path (admission, the batcher);
+// the batch's completion, on the model's batcher thread, encodes the
+// response. No reaction blocks.
 //
 // Thread-safe. The request path must outlive the service.
 #ifndef ATTENTION_SERVER_FRONTENDS_ATTENTION_SERVICE_H_
@@ -20,13 +21,20 @@
 
 namespace attention::server {
 
-class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
+// Infer async, the rest callback. (Marking a callback method async keeps
+// its callback handler, which gRPC then serves instead: the async one must
+// be marked on the plain Service, below the callback ones.)
+using AttentionServiceBase = v1::AttentionService::WithCallbackMethod_InferStream<
+    v1::AttentionService::WithCallbackMethod_ListModels<
+        v1::AttentionService::WithCallbackMethod_GetModel<
+            v1::AttentionService::WithCallbackMethod_LoadModel<
+                v1::AttentionService::WithCallbackMethod_UnloadModel<
+                    v1::AttentionService::WithAsyncMethod_Infer<v1::AttentionService::Service>>>>>>;
+
+class AttentionServiceImpl final : public AttentionServiceBase {
  public:
   explicit AttentionServiceImpl(RequestPath* path) : path_(path) {}
 
-  grpc::ServerUnaryReactor* Infer(grpc::CallbackServerContext* context,
-                                  const v1::InferRequest* request,
-                                  v1::InferResponse* response) override;
   grpc::ServerBidiReactor<v1::InferRequest, v1::InferResponse>* InferStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
