@@ -38,7 +38,12 @@ inline void PrefetchBytes(const void* p, int64_t bytes, bool write) {
   // The last line when `p` is not line-aligned.
   if (((reinterpret_cast<uintptr_t>(c) ^ reinterpret_cast<uintptr_t>(last)) & ~uintptr_t{63}) !=
       0) {
-    __builtin_prefetch(last, write ? 1 : 0, 3);
+    // (Constant arguments: clang rejects `write ? 1 : 0` there.)
+    if (write) {
+      __builtin_prefetch(last, 1, 3);
+    } else {
+      __builtin_prefetch(last, 0, 3);
+    }
   }
 }
 
