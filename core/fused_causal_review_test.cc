@@ -238,5 +238,33 @@ TEST(FusedCausalReviewTest, BFloat16ScoreSwings) {
   }
 }
 
+// Known divergence, not introduced by the causal change (the fused kernel
+// did the same before it, with or without is_causal): a row whose every
+// visible score is -inf because of an infinite input (not a mask) gets
+// zeros from the fused kernel (its "nothing attendable" rule) but NaN from
+// the primitive path and from PyTorch 1.13's softmax. Disabled until the
+// rule is decided; run with --gtest_also_run_disabled_tests.
+TEST(FusedCausalReviewTest, DISABLED_RowOfMinusInfScoresFromInputsIsNaN) {
+  if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here";
+  for (bool causal : {false, true}) {
+    const int64_t h = 1, l = 2, s = 1, d = 16;
+    std::mt19937 rng(1);
+    Tensor q = RandomTensor({1, h, l, d}, rng), k = RandomTensor({1, h, s, d}, rng),
+           v = RandomTensor({1, h, s, d}, rng);
+    q.mutable_as<float>()[0] = -1.0f;  // Row 0's one score: -inf.
+    k.mutable_as<float>()[0] = kInf;
+    SdpaInputs in;
+    in.q = q.view();
+    in.k = k.view();
+    in.v = v.view();
+    in.is_causal = causal;
+    Paths out = RunBoth(in);
+    ASSERT_EQ(out.fused.num_elements(), h * l * d);
+    EXPECT_TRUE(std::isnan(out.plain.as<float>()[0])) << "primitive path, causal " << causal;
+    EXPECT_TRUE(std::isnan(out.fused.as<float>()[0]))
+        << "fused path gives " << out.fused.as<float>()[0] << ", causal " << causal;
+  }
+}
+
 }  // namespace
 }  // namespace attention
