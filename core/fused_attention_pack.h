@@ -26,13 +26,16 @@ inline const char* Element(const HeadsView& t, int64_t n, int64_t h, int64_t row
 // about to be written). Rows of one head lie a whole model row apart: too
 // far for the hardware's stride prefetch to run ahead of the tiles.
 inline void PrefetchBytes(const void* p, int64_t bytes, bool write) {
+  if (bytes <= 0) return;
   const char* c = static_cast<const char*>(p);
   const char* last = c + bytes - 1;
-  for (const char* line = c; line <= last; line += 64) {
+  // Stepped by offset: a pointer stepped past one beyond the row's end would
+  // be undefined behaviour even though nothing is read there.
+  for (int64_t offset = 0; offset < bytes; offset += 64) {
     if (write) {
-      __builtin_prefetch(line, 1, 3);
+      __builtin_prefetch(c + offset, 1, 3);
     } else {
-      __builtin_prefetch(line, 0, 3);
+      __builtin_prefetch(c + offset, 0, 3);
     }
   }
   // The last line when `p` is not line-aligned.

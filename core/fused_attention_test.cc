@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "core/mha_engine.h"
@@ -166,6 +167,33 @@ TEST(FusedAttentionTest, CausalTilesInTheScoreKernel) {
     c.cross = false;
     c.causal = true;
     Check(c, seed++);
+  }
+}
+
+// is_causal with bias_kv and add_zero_attn and no other mask: the diagonal
+// tiles run through the fused score kernel while the appended keys (never
+// causally hidden) follow in a tile of their own; self-attention and cross
+// with L != S both ways, float32 and bfloat16.
+TEST(FusedAttentionTest, CausalDiagonalTilesWithAppendedKeys) {
+  if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here: the primitive path runs";
+  uint32_t seed = 700;
+  for (bool bf16 : {false, true}) {
+    for (auto [queries, keys, cross] : {std::tuple<int64_t, int64_t, bool>{65, 65, false},
+                                        {130, 130, false},
+                                        {70, 3, true},
+                                        {5, 300, true}}) {
+      for (int appended : {1, 2, 3}) {  // bias_kv, zero_attn, both.
+        FusedCase c;
+        c.bf16 = bf16;
+        c.queries = queries;
+        c.keys = keys;
+        c.cross = cross;
+        c.causal = true;
+        c.bias_kv = appended & 1;
+        c.zero_attn = appended & 2;
+        Check(c, seed++);
+      }
+    }
   }
 }
 
