@@ -275,14 +275,14 @@ def pinned(args):
           "median wall) | overhead µs | server's compute µs | wake-ups (vol + invol) | errors |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {os.path.basename(os.path.normpath(r['build']))} | {r['shape']} | "
+        print(f"| {r['build']} | {r['shape']} | "
               f"{r['requests_per_s']:.0f} | {r['mean_batch']:.1f} | {r['server_cpu_us']:.1f} | "
               f"{r['compute_us']:.1f} ({r['compute_wall_us']:.1f}) | **{r['overhead_us']:.1f}** | "
               f"{r['server_compute_us']:.1f} | "
               f"{r['voluntary_switches']:.2f} + {r['involuntary_switches']:.2f} | {r['errors']} |")
     print("server CPU µs per request by thread name:")
     for r in rows:
-        print(f"  {os.path.basename(os.path.normpath(r['build']))} {r['shape']}: "
+        print(f"  {r['build']} {r['shape']}: "
               + ", ".join(f"{k} {v}" for k, v in sorted(r["thread_cpu_us"].items(),
                                                         key=lambda kv: -kv[1])))
     print(f"load average at end: {open('/proc/loadavg').read().split()[:3]}")
