@@ -83,7 +83,8 @@ TEST(BoundCallReviewTest, ShapesThreadCountsAndEvictionsOnOneThread) {
   for (size_t capacity : {size_t{2}, size_t{512}}) {
     for (int variant = 0; variant < 4; ++variant) {
       SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " variant " << variant);
-      auto model = MhaModel::Random(CrossSpec(variant != 1, variant & 1, variant & 2), 30 + variant);
+      auto model =
+          MhaModel::Random(CrossSpec(variant != 1, variant & 1, variant & 2), 30 + variant);
       ASSERT_TRUE(model.ok()) << model.status();
       EngineOptions options;
       options.primitive_cache_capacity = capacity;
