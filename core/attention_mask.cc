@@ -72,25 +72,39 @@ void MaskPlan::BuildRows(int64_t item0, int64_t n_items, int64_t row0, int64_t r
   const int64_t total = n_items * heads * rows;
 #pragma omp parallel for schedule(static) if (total * total_keys_ > (1 << 16))
   for (int64_t idx = 0; idx < total; ++idx) {
-    const int64_t n = item0 + idx / (heads * rows);
-    const int64_t h = idx / rows % heads;
-    const int64_t i = row0 + idx % rows;
-    const ItemMask& m = items_[n];
     float* row = dst + idx * total_keys_;
-    std::memcpy(row, key_rows_.data() + n * total_keys_, total_keys_ * sizeof(float));
-    if (i < m.valid_queries) {  // Padded query rows only need finite garbage.
-      if (m.attn_mask != nullptr) {
-        const int64_t plane = m.valid_queries * m.valid_keys;
-        const int64_t offset = (m.attn_mask_per_head ? h * plane : 0) + i * m.valid_keys;
-        const char* base = static_cast<const char*>(m.attn_mask) +
-                           offset * static_cast<int64_t>(DTypeSize(m.attn_mask_dtype));
-        AddMaskRow(m.attn_mask_dtype, base, m.valid_keys, row);
-      }
-      if (m.is_causal) {
-        for (int64_t j = i + 1; j < m.valid_keys; ++j) row[j] = kNegInf;
-      }
-    }
+    BuildRow(item0 + idx / (heads * rows), idx / rows % heads, row0 + idx % rows, row);
     fully_masked[idx] = AllMasked(row, total_keys_);
+  }
+}
+
+bool MaskPlan::RowFullyMasked(int64_t n, int64_t h, int64_t i) const {
+  switch (mode_) {
+    case MaskMode::kNone:
+      return false;
+    case MaskMode::kKeyOnly:
+      return item_fully_masked(n);
+    default: {
+      std::vector<float> row(static_cast<size_t>(total_keys_));
+      BuildRow(n, mode_ == MaskMode::kPerHead ? h : 0, i, row.data());
+      return AllMasked(row.data(), total_keys_);
+    }
+  }
+}
+
+void MaskPlan::BuildRow(int64_t n, int64_t h, int64_t i, float* row) const {
+  const ItemMask& m = items_[n];
+  std::memcpy(row, key_rows_.data() + n * total_keys_, total_keys_ * sizeof(float));
+  if (i >= m.valid_queries) return;  // Padded query rows only need finite garbage.
+  if (m.attn_mask != nullptr) {
+    const int64_t plane = m.valid_queries * m.valid_keys;
+    const int64_t offset = (m.attn_mask_per_head ? h * plane : 0) + i * m.valid_keys;
+    const char* base = static_cast<const char*>(m.attn_mask) +
+                       offset * static_cast<int64_t>(DTypeSize(m.attn_mask_dtype));
+    AddMaskRow(m.attn_mask_dtype, base, m.valid_keys, row);
+  }
+  if (m.is_causal) {
+    for (int64_t j = i + 1; j < m.valid_keys; ++j) row[j] = kNegInf;
   }
 }
 

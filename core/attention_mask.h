@@ -74,7 +74,16 @@ class MaskPlan {
   void BuildRows(int64_t item0, int64_t n_items, int64_t row0, int64_t rows, float* dst,
                  uint8_t* fully_masked) const;
 
+  // Whether the masks alone hide every key (appended ones included) from
+  // row `i` of item `n`, head `h`: the rule by which such a row's output is
+  // zeros rather than PyTorch's NaN. False in kNone mode. Builds the one row
+  // (O(S')): meant for the rare rows whose scores are all -inf.
+  bool RowFullyMasked(int64_t n, int64_t h, int64_t i) const;
+
  private:
+  // Row `i` of item `n`'s additive mask for mask head `h` (S' values).
+  void BuildRow(int64_t n, int64_t h, int64_t i, float* row) const;
+
   const std::vector<ItemMask>& items_;
   const int64_t keys_;
   const int64_t total_keys_;

@@ -249,11 +249,19 @@ void RunTask(const Task& t) {
   }
   if (p.k.t > keys) tile(keys, p.k.t - keys, /*appended=*/true);
 
-  // out = O / l; a row with every key masked (l == 0) gets zeros (O is
-  // 0 * V), a row with a NaN score (l NaN) NaN.
+  // out = O / l; a row with a NaN score (l NaN) gets NaN. Every score -inf
+  // (l == 0): zeros (O is 0 * V) when the masks hide every key, as on the
+  // primitive path; otherwise the -inf came from the inputs and the row is
+  // NaN, as in PyTorch. (Padded query rows stay finite.)
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   for (int64_t r = 0; r < t.rows; ++r) {
     const float l = SumLanes(w.sums.data() + 16 * r);
-    StoreRow(w.o.data() + r * ldq, depth, l == 0.0f ? 0.0f : 1.0f / l, p.out.dtype,
+    const int64_t i = t.r0 + r;
+    float scale = 1.0f / l;
+    if (l == 0.0f) {
+      scale = i >= item.valid_queries || p.masks->RowFullyMasked(t.n, t.h, i) ? 0.0f : kNaN;
+    }
+    StoreRow(w.o.data() + r * ldq, depth, scale, p.out.dtype,
              const_cast<char*>(Element(p.out, t.n, t.h, t.r0 + r)));
   }
 }

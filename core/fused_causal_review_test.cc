@@ -238,31 +238,58 @@ TEST(FusedCausalReviewTest, BFloat16ScoreSwings) {
   }
 }
 
-// Known divergence, not introduced by the causal change (the fused kernel
-// did the same before it, with or without is_causal): a row whose every
-// visible score is -inf because of an infinite input (not a mask) gets
-// zeros from the fused kernel (its "nothing attendable" rule) but NaN from
-// the primitive path and from PyTorch 1.13's softmax. Disabled until the
-// rule is decided; run with --gtest_also_run_disabled_tests.
-TEST(FusedCausalReviewTest, DISABLED_RowOfMinusInfScoresFromInputsIsNaN) {
+// A row whose every visible score is -inf because of an infinite input (not
+// a mask) is NaN on both paths, as in PyTorch 1.13's softmax; the fused
+// kernel used to give it zeros (the fully-masked rule). A row the masks hide
+// wholly keeps the zeros on both paths, infinite input or not: row 0 under a
+// bool attn_mask that hides its one key, and under a key padding mask. bf16
+// compute follows the same rule.
+TEST(FusedCausalReviewTest, RowOfMinusInfScoresFromInputsIsNaNAndAMaskedOneIsZero) {
   if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here";
-  for (bool causal : {false, true}) {
-    const int64_t h = 1, l = 2, s = 1, d = 16;
-    std::mt19937 rng(1);
-    Tensor q = RandomTensor({1, h, l, d}, rng), k = RandomTensor({1, h, s, d}, rng),
-           v = RandomTensor({1, h, s, d}, rng);
-    q.mutable_as<float>()[0] = -1.0f;  // Row 0's one score: -inf.
-    k.mutable_as<float>()[0] = kInf;
-    SdpaInputs in;
-    in.q = q.view();
-    in.k = k.view();
-    in.v = v.view();
-    in.is_causal = causal;
-    Paths out = RunBoth(in);
-    ASSERT_EQ(out.fused.num_elements(), h * l * d);
-    EXPECT_TRUE(std::isnan(out.plain.as<float>()[0])) << "primitive path, causal " << causal;
-    EXPECT_TRUE(std::isnan(out.fused.as<float>()[0]))
-        << "fused path gives " << out.fused.as<float>()[0] << ", causal " << causal;
+  const int64_t h = 1, l = 2, s = 1, d = 16;
+  for (DType compute : {DType::kFloat32, DType::kBFloat16}) {
+    for (int masked_by = 0; masked_by < 3; ++masked_by) {  // none, attn_mask, key padding
+      for (bool causal : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "bf16 " << (compute == DType::kBFloat16)
+                                          << " masked_by " << masked_by << " causal " << causal);
+        std::mt19937 rng(1);
+        Tensor q = RandomTensor({1, h, l, d}, rng), k = RandomTensor({1, h, s, d}, rng),
+               v = RandomTensor({1, h, s, d}, rng);
+        q.mutable_as<float>()[0] = -1.0f;  // Row 0's one score: -inf.
+        k.mutable_as<float>()[0] = kInf;
+        Tensor attn(DType::kBool, {l, s});  // Row 0 hidden, row 1 not.
+        attn.mutable_as<uint8_t>()[0] = 1;
+        Tensor kpm(DType::kBool, {1, s});  // Every key hidden.
+        kpm.mutable_as<uint8_t>()[0] = 1;
+        SdpaInputs in;
+        in.q = q.view();
+        in.k = k.view();
+        in.v = v.view();
+        in.is_causal = causal;
+        in.compute_dtype = compute;
+        if (masked_by == 1) in.attn_mask = attn.view();
+        if (masked_by == 2) in.key_padding_mask = kpm.view();
+        Paths out = RunBoth(in);
+        ASSERT_EQ(out.fused.num_elements(), h * l * d);
+        for (int64_t c = 0; c < d; ++c) {
+          const float plain = out.plain.as<float>()[c], fused = out.fused.as<float>()[c];
+          if (masked_by == 0) {
+            EXPECT_TRUE(std::isnan(plain)) << "primitive path, column " << c << ": " << plain;
+            EXPECT_TRUE(std::isnan(fused)) << "fused path, column " << c << ": " << fused;
+          } else {
+            EXPECT_EQ(plain, 0.0f) << "primitive path, column " << c;
+            EXPECT_EQ(fused, 0.0f) << "fused path, column " << c;
+          }
+        }
+        // Row 1 (its score is +inf, or hidden by the key padding mask):
+        // whatever the primitive path gives, the fused one gives too.
+        for (int64_t c = d; c < 2 * d; ++c) {
+          const float plain = out.plain.as<float>()[c], fused = out.fused.as<float>()[c];
+          EXPECT_TRUE((std::isnan(plain) && std::isnan(fused)) || plain == fused)
+              << "row 1 column " << c - d << ": primitive " << plain << ", fused " << fused;
+        }
+      }
+    }
   }
 }
 
