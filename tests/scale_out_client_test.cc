@@ -34,6 +34,20 @@ bool AwaitServed(const testing::ServerProcess& server, double count,
   return false;
 }
 
+// Waits (bounded, 60 s) until `a` or `b` has answered `count` requests OK
+// through `method`; returns that replica, or nullptr. (Round robin places a
+// stream for its whole life on a replica that was ready when it opened: a
+// client's first few streams may all land on either one.)
+testing::ServerProcess* AwaitServedByEither(testing::ServerProcess& a, testing::ServerProcess& b,
+                                            double count, const std::string& method) {
+  for (const absl::Time until = absl::Now() + absl::Seconds(60); absl::Now() < until;) {
+    if (OkCount(a, method) >= count) return &a;
+    if (OkCount(b, method) >= count) return &b;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return nullptr;
+}
+
 // The result of one `attention-client load` level.
 struct LoadResult {
   int exit_code = -1;
@@ -65,10 +79,10 @@ std::string Ipv4Targets(const testing::ServerProcess& a, const testing::ServerPr
   return absl::StrCat("ipv4:", a.target(), ",", b.target());
 }
 
-// Runs `attention-client load <flags>` over replicas a and b; once `a` has
-// answered `served` requests through `method` (or a minute has passed),
-// calls `disrupt(a)`, then waits for the load to end. `awaited` says whether
-// `a` served that many first.
+// Runs `attention-client load <flags>` over replicas a and b; once one of
+// them has answered `served` requests through `method` (or a minute has
+// passed), calls `disrupt` on it (on `a` after the minute), then waits for
+// the load to end. `awaited` says whether one served that many first.
 struct DisruptedLoad {
   LoadResult result;
   bool awaited = false;
@@ -82,8 +96,9 @@ DisruptedLoad LoadWhile(testing::ServerProcess& a, testing::ServerProcess& b,
   run.json = ::testing::TempDir() + "/scale_out_" + name + ".json";
   std::thread load(
       [&] { run.result = RunLoad(LoadCommand(Ipv4Targets(a, b), flags, run.json), run.json); });
-  run.awaited = AwaitServed(a, served, method);
-  disrupt(a);
+  testing::ServerProcess* busy = AwaitServedByEither(a, b, served, method);
+  run.awaited = busy != nullptr;
+  disrupt(busy != nullptr ? *busy : a);
   load.join();
   return run;
 }
