@@ -85,7 +85,11 @@ bool MaskPlan::RowFullyMasked(int64_t n, int64_t h, int64_t i) const {
     case MaskMode::kKeyOnly:
       return item_fully_masked(n);
     default: {
-      std::vector<float> row(static_cast<size_t>(total_keys_));
+      // Every key padded settles it without building the row (an item whose
+      // keys are all padded asks for each of its rows).
+      if (item_fully_masked(n)) return true;
+      thread_local std::vector<float> row;
+      row.resize(static_cast<size_t>(total_keys_));
       BuildRow(n, mode_ == MaskMode::kPerHead ? h : 0, i, row.data());
       return AllMasked(row.data(), total_keys_);
     }

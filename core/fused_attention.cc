@@ -227,7 +227,15 @@ void RunTask(const Task& t) {
   const ItemMask& item = *t.item;
   const int64_t keys = t.p->masks->keys();
   int64_t end = std::min(item.valid_keys, keys);
-  if (item.is_causal && !t.all_keys) end = std::min(end, t.r0 + t.rows);
+  // Under is_causal a NaN or infinite query row computes every key tile too:
+  // its scores on the keys after its own are NaN or +inf, which the additive
+  // causal mask leaves NaN, as in PyTorch (a row its masks hide wholly is
+  // then NaN, not zeros).
+  if (item.is_causal && !t.all_keys &&
+      !fused_internal::AnyNonFiniteRows(w.q.data(), std::min(t.rows, item.valid_queries - t.r0),
+                                        ldq, depth)) {
+    end = std::min(end, t.r0 + t.rows);
+  }
   // Under is_causal the mask touches only the keys from the tile's first row
   // on: those get tiles of their own, the ones before run unmasked.
   const int64_t unmasked_end = item.is_causal ? std::min(end, t.r0) : end;

@@ -143,4 +143,13 @@ bool AnyNonFinite(const uint32_t* words, int64_t count, bool pairs) {
   return bad != 0;
 }
 
+bool AnyNonFiniteRows(const float* rows, int64_t count, int64_t ld, int64_t width) {
+  for (int64_t r = 0; r < count; ++r) {
+    if (AnyNonFinite(reinterpret_cast<const uint32_t*>(rows + r * ld), width, /*pairs=*/false)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace attention::fused_internal

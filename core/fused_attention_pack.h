@@ -108,6 +108,10 @@ void PackBFloat16(const AttentionProblem& p, int64_t item, int64_t h, int64_t ma
 // or (`pairs`) either bfloat16 half of a word.
 bool AnyNonFinite(const uint32_t* words, int64_t count, bool pairs);
 
+// True when one of `count` float32 rows `ld` apart holds a NaN or infinity
+// in its first `width` values.
+bool AnyNonFiniteRows(const float* rows, int64_t count, int64_t ld, int64_t width);
+
 }  // namespace attention::fused_internal
 
 #endif  // ATTENTION_CORE_FUSED_ATTENTION_PACK_H_

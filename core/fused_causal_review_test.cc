@@ -293,5 +293,97 @@ TEST(FusedCausalReviewTest, RowOfMinusInfScoresFromInputsIsNaNAndAMaskedOneIsZer
   }
 }
 
+// A row whose first key block scores all -inf (an infinite key) and whose
+// later keys score finite but far below 0 (-200, under 2^-126 against a
+// reference of 0): the fused kernel used to fix the reference at 0 after the
+// -inf block, so the later probabilities underflowed to 0 and the row came
+// out zeros (then NaN). PyTorch and the primitive path give the mean of
+// those keys' values. Without masks and under is_causal (row 127, its -inf
+// block unmasked, the rest in the diagonal tile), float32 and bfloat16.
+TEST(FusedCausalReviewTest, FiniteScoresFarBelowAnAllMinusInfBlockAreKept) {
+  if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here";
+  for (DType compute : {DType::kFloat32, DType::kBFloat16}) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "bf16 " << (compute == DType::kBFloat16) << " causal " << causal);
+      const int64_t l = causal ? 128 : 1, s = 128, d = 16;
+      std::mt19937 rng(3);
+      Tensor q(DType::kFloat32, {1, 1, l, d}), k(DType::kFloat32, {1, 1, s, d});
+      Tensor v = RandomTensor({1, 1, s, d}, rng);
+      float* qp = q.mutable_as<float>();
+      for (int64_t i = 0; i < l; ++i) {
+        qp[i * d] = -1.0f;
+        qp[i * d + 1] = 1.0f;
+      }
+      float* kp = k.mutable_as<float>();
+      for (int64_t j = 0; j < s; ++j) {
+        if (j < 64) {
+          kp[j * d] = kInf;  // Score -inf.
+        } else {
+          kp[j * d + 1] = -200.0f;  // Score -200.
+        }
+      }
+      SdpaInputs in;
+      in.q = q.view();
+      in.k = k.view();
+      in.v = v.view();
+      in.scale = 1.0f;
+      in.is_causal = causal;
+      in.compute_dtype = compute;
+      Paths out = RunBoth(in);
+      ASSERT_EQ(out.fused.num_elements(), l * d);
+      // The last row sees keys 64..127 at -200 each: the mean of their values.
+      const int64_t row = l - 1;
+      for (int64_t c = 0; c < d; ++c) {
+        double mean = 0;
+        for (int64_t j = 64; j < s; ++j) mean += v.as<float>()[j * d + c] / 64.0;
+        const double tol = compute == DType::kBFloat16 ? 2e-2 : 1e-5;
+        EXPECT_NEAR(out.plain.as<float>()[row * d + c], mean, tol) << "primitive, column " << c;
+        EXPECT_NEAR(out.fused.as<float>()[row * d + c], mean, tol) << "fused, column " << c;
+      }
+    }
+  }
+}
+
+// is_causal, key 0 hidden by the key padding mask: row 0 is wholly masked.
+// Its query is +inf in feature 0, so its score is -inf on keys 0..63
+// (k[0] = -1) and +inf on key 64 (k[0] = 1), which the causal mask makes
+// +inf + -inf = NaN: PyTorch and the primitive path give NaN. The fused
+// kernel skipped the key tiles after row 0's own (they are all hidden) and
+// gave zeros; a non-finite query row now computes every key tile, as a
+// non-finite key or value already did.
+TEST(FusedCausalReviewTest, AnInfiniteQueryReachesTheCausallyHiddenKeysOfAMaskedRow) {
+  if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here";
+  const int64_t l = 65, s = 65, d = 16;
+  std::mt19937 rng(4);
+  Tensor q = RandomTensor({1, 1, l, d}, rng), k(DType::kFloat32, {1, 1, s, d});
+  Tensor v = RandomTensor({1, 1, s, d}, rng);
+  q.mutable_as<float>()[0] = kInf;
+  for (int64_t j = 0; j < s; ++j) k.mutable_as<float>()[j * d] = j < 64 ? -1.0f : 1.0f;
+  Tensor kpm(DType::kBool, {1, s});
+  kpm.mutable_as<uint8_t>()[0] = 1;
+  SdpaInputs in;
+  in.q = q.view();
+  in.k = k.view();
+  in.v = v.view();
+  in.key_padding_mask = kpm.view();
+  in.is_causal = true;
+  Paths out = RunBoth(in);
+  ASSERT_EQ(out.fused.num_elements(), l * d);
+  for (int64_t c = 0; c < d; ++c) {
+    EXPECT_TRUE(std::isnan(out.plain.as<float>()[c])) << "primitive, column " << c;
+    EXPECT_TRUE(std::isnan(out.fused.as<float>()[c])) << "fused, column " << c;
+  }
+  // The other rows: the two paths agree (float32 tolerance).
+  for (int64_t x = d; x < l * d; ++x) {
+    const float a = out.plain.as<float>()[x], b = out.fused.as<float>()[x];
+    if (std::isnan(a) || std::isnan(b)) {
+      EXPECT_TRUE(std::isnan(a) && std::isnan(b)) << "element " << x;
+    } else {
+      EXPECT_NEAR(a, b, 1e-5) << "element " << x;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attention

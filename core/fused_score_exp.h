@@ -61,6 +61,9 @@ inline void RebaseRow(__m512 (&acc)[NV], __mmask16 last, const TileRows& st, int
                     v + 1 < NV ? s : _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), last, s));
   }
   MoveReference(st, r, c, scores, 16 * NV);
+  // Still no reference (fresh, every score -inf or NaN): acc holds the
+  // scores themselves, whose 2^x are the 0s and NaNs wanted.
+  if (st.m[r] == kNegInf) return;
   // -m_new - shift: for a fresh row -m_new, else -(m_new - m_old), exact;
   // -inf when the reference became +inf (every x then -inf or NaN, as s -
   // m_new would be).

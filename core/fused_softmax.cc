@@ -137,8 +137,12 @@ void MoveReference(const TileRows& st, int64_t r, int64_t c, const float* scores
   const float old = st.m[r];
   if (old == kNegInf) {
     // Nothing accumulated yet (zero context and sum, or a NaN sum, which
-    // stays). Every score -inf or NaN: any finite reference does.
-    st.m[r] = top == kNegInf ? 0.0f : top;
+    // stays): the reference is the block's top. Every score -inf or NaN: the
+    // row stays without one (its probabilities are 0 or NaN), so that a later
+    // block's finite scores, however low, get theirs exactly (a finite
+    // reference set here could only move up: later scores more than 126
+    // below it would vanish).
+    st.m[r] = top;
     return;
   }
   // k >= 1 whole steps (+inf for an infinite score: everything else becomes 0).
