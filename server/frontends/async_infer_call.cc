@@ -82,6 +82,12 @@ void AsyncInferCall::OnOutcome(RequestOutcome outcome) {
 
 void AsyncInferCall::Finish() {
   queue_->path()->Answered(model_, *call_, status_, received_);
+  // Counted: the model version the call's lookup leased goes now, as it went
+  // with the batch on the callback path. A client slow to read its response
+  // holds the call (and its admission) open, but must not keep an unloaded
+  // version resident (nor refuse a reload under --max_model_bytes).
+  call_.reset();
+  model_ = nullptr;
   sent_ = true;
   if (status_.ok()) {
     responder_.Finish(response_, grpc::Status::OK, &finished_);

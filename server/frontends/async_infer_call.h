@@ -88,6 +88,8 @@ class AsyncInferCall final : public AdmissionHolder {
   // Written by the thread that produced the answer (the queue's, or a
   // batcher's before it hands the call back), read by the queue's.
   absl::Status status_;
+  // The model and the call's context (whose leases hold the model's
+  // version): until Finish() has counted the answer.
   const ServedModel* model_ = nullptr;
   CallRef call_;
   absl::Time received_;
