@@ -15,7 +15,7 @@
 #include "attention/v1/attention.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
-#include "tests/async_infer_review_util.h"
+#include "tests/async_infer_test_util.h"
 #include "tests/server_test_util.h"
 #include "tests/small_server_options.h"
 #include "tests/test_util.h"
@@ -26,7 +26,7 @@ namespace {
 using ::attention::server::AttentionServer;
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
-using namespace ::attention::async_review;  // NOLINT: the file's helpers.
+using namespace ::attention::async_infer_testing;  // NOLINT: the file's helpers.
 
 // A version unloaded once its call has been computed goes as soon as the
 // batch is done, as on the callback path (the version is held by the queued

@@ -23,7 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
-#include "tests/async_infer_review_util.h"
+#include "tests/async_infer_test_util.h"
 #include "tests/server_test_util.h"
 #include "tests/small_server_options.h"
 #include "tests/test_util.h"
@@ -35,7 +35,7 @@ using ::attention::server::AttentionServer;
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
 using ::testing::HasSubstr;
-using namespace ::attention::async_review;  // NOLINT: the file's helpers.
+using namespace ::attention::async_infer_testing;  // NOLINT: the file's helpers.
 
 // Raw bytes to Infer (not necessarily a valid InferRequest).
 grpc::Status RawInfer(grpc::GenericStub* stub, const std::string& bytes) {

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
+#include "tests/async_infer_test_util.h"
 #include "tests/server_test_util.h"
 #include "tests/small_server_options.h"
 #include "tests/test_util.h"
@@ -26,40 +27,18 @@
 namespace attention {
 namespace {
 
+using ::attention::async_infer_testing::PendingCall;
+using ::attention::async_infer_testing::StartServer;
 using ::attention::server::AttentionServer;
 using ::attention::testing::FromProto;
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
 using ::testing::HasSubstr;
 
-std::unique_ptr<AttentionServer> StartServer(server::ServerOptions options) {
-  auto listened = AttentionServer::Listen(options);
-  EXPECT_TRUE(listened.ok()) << listened.status();
-  if (!listened.ok()) return nullptr;
-  std::unique_ptr<AttentionServer> server = *std::move(listened);
-  EXPECT_TRUE(server->LoadModels().ok());
-  return server;
-}
-
 std::unique_ptr<v1::AttentionService::Stub> Loopback(const AttentionServer& server) {
   return v1::AttentionService::NewStub(grpc::CreateChannel(
       "127.0.0.1:" + std::to_string(server.port()), grpc::InsecureChannelCredentials()));
 }
-
-// An Infer sent with the callback stub; `done` is notified with the status.
-struct PendingCall {
-  grpc::ClientContext context;
-  v1::InferRequest request;
-  v1::InferResponse response;
-  grpc::Status status;
-  absl::Notification done;
-  void Start(v1::AttentionService::Stub* stub) {
-    stub->async()->Infer(&context, &request, &response, [this](grpc::Status s) {
-      status = std::move(s);
-      done.Notify();
-    });
-  }
-};
 
 v1::InferRequest SmallRequest(const Tensor& query, const std::string& id) {
   v1::InferRequest r;

@@ -1,12 +1,13 @@
-// File: tests/async_infer_review_util.h
+// File: tests/async_infer_test_util.h
 //
-// Helpers of the async Infer review tests (server_async_infer_review_test,
-// server_async_infer_memory_test): an in-process server on the small test
+// Helpers of the async Infer tests (server_async_infer_test and its review
+// files, server_async_infer_review_test and server_async_infer_memory_test):
+// an in-process server on the small test
 // model, a channel to it, small requests, a bounded wait, and the model's
 // queue depth and request counts. Header-only; each function is
 // thread-compatible, the server and stubs passed in are the caller's.
-#ifndef ATTENTION_TESTS_ASYNC_INFER_REVIEW_UTIL_H_
-#define ATTENTION_TESTS_ASYNC_INFER_REVIEW_UTIL_H_
+#ifndef ATTENTION_TESTS_ASYNC_INFER_TEST_UTIL_H_
+#define ATTENTION_TESTS_ASYNC_INFER_TEST_UTIL_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -25,7 +26,7 @@
 #include "tests/server_test_util.h"
 #include "tests/test_util.h"
 
-namespace attention::async_review {
+namespace attention::async_infer_testing {
 
 using ::attention::server::AttentionServer;
 using ::attention::testing::RandomTensor;
@@ -47,6 +48,7 @@ inline std::shared_ptr<grpc::Channel> Channel(const AttentionServer& server) {
                                    grpc::InsecureChannelCredentials(), args);
 }
 
+// An Infer sent with the callback stub; `done` is notified with the status.
 struct PendingCall {
   grpc::ClientContext context;
   v1::InferRequest request;
@@ -95,6 +97,6 @@ inline grpc::Status InferOnce(v1::AttentionService::Stub* stub, const v1::InferR
   return stub->Infer(&context, request, response != nullptr ? response : &ignored);
 }
 
-}  // namespace attention::async_review
+}  // namespace attention::async_infer_testing
 
-#endif  // ATTENTION_TESTS_ASYNC_INFER_REVIEW_UTIL_H_
+#endif  // ATTENTION_TESTS_ASYNC_INFER_TEST_UTIL_H_
