@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <exception>
 #include <memory>
 #include <random>
 #include <string>
@@ -182,6 +183,25 @@ TEST(AsyncInferTest, CancelledWhileQueuedIsAnsweredWithoutCompute) {
   EXPECT_TRUE(server->Drain());
 }
 
+// server->Drain() on a thread of its own: `drained` is notified once it
+// returns, with its result in `idle`. Joined on destruction; a drain that
+// never returned ends the test binary there (std::terminate, as a joinable
+// std::thread's destruction would) rather than hang it.
+struct BackgroundDrain {
+  absl::Notification drained;
+  std::atomic<bool> idle{false};
+  std::thread thread;
+  explicit BackgroundDrain(AttentionServer* server)
+      : thread([this, server] {
+          idle = server->Drain();
+          drained.Notify();
+        }) {}
+  ~BackgroundDrain() {
+    if (!drained.HasBeenNotified()) std::terminate();
+    thread.join();
+  }
+};
+
 // Starts `n` calls while the compute lock is held, and waits until the
 // batcher holds one and the rest are queued.
 std::vector<std::unique_ptr<PendingCall>> StartHeldCalls(AttentionServer& server,
@@ -206,17 +226,12 @@ TEST(AsyncInferTest, DrainAnswersEveryAcceptedCall) {
   ASSERT_NE(server, nullptr);
   auto stub = Loopback(*server);
   constexpr int kCalls = 6;
-  absl::Notification drained;
-  std::atomic<bool> idle{false};
   std::vector<std::unique_ptr<PendingCall>> calls;
-  std::thread drain;
+  std::unique_ptr<BackgroundDrain> drain;
   {
     absl::MutexLock hold(server->repository()->compute_mutex());
     calls = StartHeldCalls(*server, stub.get(), kCalls);
-    drain = std::thread([&] {
-      idle = server->Drain();
-      drained.Notify();
-    });
+    drain = std::make_unique<BackgroundDrain>(server.get());
     while (!server->service().draining()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     // A new call now is refused; the accepted ones wait for the compute lock.
     grpc::ClientContext context;
@@ -225,11 +240,10 @@ TEST(AsyncInferTest, DrainAnswersEveryAcceptedCall) {
     EXPECT_EQ(stub->Infer(&context, SmallRequest(RandomTensor({1, 3, 16}, rng), "late"), &response)
                   .error_code(),
               grpc::StatusCode::UNAVAILABLE);
-    EXPECT_FALSE(drained.HasBeenNotified());
+    EXPECT_FALSE(drain->drained.HasBeenNotified());
   }
-  ASSERT_TRUE(drained.WaitForNotificationWithTimeout(absl::Seconds(60))) << "Drain hangs";
-  drain.join();
-  EXPECT_TRUE(idle.load());
+  ASSERT_TRUE(drain->drained.WaitForNotificationWithTimeout(absl::Seconds(60))) << "Drain hangs";
+  EXPECT_TRUE(drain->idle.load());
   for (int i = 0; i < kCalls; ++i) {
     calls[i]->done.WaitForNotification();
     EXPECT_TRUE(calls[i]->status.ok()) << i << ": " << calls[i]->status.error_message();
@@ -245,24 +259,18 @@ TEST(AsyncInferTest, DrainTimeoutWithCallsQueuedNeverHangs) {
   ASSERT_NE(server, nullptr);
   auto stub = Loopback(*server);
   constexpr int kCalls = 6;
-  absl::Notification drained;
-  std::atomic<bool> idle{true};
   std::vector<std::unique_ptr<PendingCall>> calls;
-  std::thread drain;
+  std::unique_ptr<BackgroundDrain> drain;
   {
     absl::MutexLock hold(server->repository()->compute_mutex());
     calls = StartHeldCalls(*server, stub.get(), kCalls);
-    drain = std::thread([&] {
-      idle = server->Drain();
-      drained.Notify();
-    });
+    drain = std::make_unique<BackgroundDrain>(server.get());
     // Past the drain timeout: the shutdown cancels the calls still open, and
     // waits for the batcher to give back the one it computes.
     std::this_thread::sleep_for(std::chrono::milliseconds(800));
   }
-  ASSERT_TRUE(drained.WaitForNotificationWithTimeout(absl::Seconds(60))) << "Drain hangs";
-  drain.join();
-  EXPECT_FALSE(idle.load());
+  ASSERT_TRUE(drain->drained.WaitForNotificationWithTimeout(absl::Seconds(60))) << "Drain hangs";
+  EXPECT_FALSE(drain->idle.load());
   for (int i = 0; i < kCalls; ++i) {
     ASSERT_TRUE(calls[i]->done.WaitForNotificationWithTimeout(absl::Seconds(30))) << i;
     EXPECT_FALSE(calls[i]->status.ok()) << i;  // Cut by the shutdown.
