@@ -270,7 +270,7 @@ void RunTask(const Task& t) {
       scale = i >= item.valid_queries || p.masks->RowFullyMasked(t.n, t.h, i) ? 0.0f : kNaN;
     }
     StoreRow(w.o.data() + r * ldq, depth, scale, p.out.dtype,
-             const_cast<char*>(Element(p.out, t.n, t.h, t.r0 + r)));
+             const_cast<char*>(Element(p.out, t.n, t.h, i)));
   }
 }
 
