@@ -102,17 +102,25 @@ inline bool Eventually(const std::function<bool()>& done) {
 }
 
 // Largest |a - b| between a response's output and the engine's solo result.
-inline double Error(const MhaModel& model, const Tensor& query, const Tensor& output) {
+// Engines are built once per model and kept while the model lives (a model
+// freed and another made at its address gets an engine of its own).
+inline double Error(const std::shared_ptr<const MhaModel>& model, const Tensor& query,
+                    const Tensor& output) {
+  struct Built {
+    std::weak_ptr<const MhaModel> model;
+    std::unique_ptr<MhaEngine> engine;
+  };
   static absl::Mutex mu;
-  static auto* engines = new std::map<const MhaModel*, std::unique_ptr<MhaEngine>>();
+  static auto* engines = new std::map<const MhaModel*, Built>();
   const MhaEngine* engine = nullptr;
   {
     absl::MutexLock lock(&mu);
-    auto& slot = (*engines)[&model];
-    if (slot == nullptr) {
-      slot = *MhaEngine::Create(std::shared_ptr<const MhaModel>(&model, [](const MhaModel*) {}));
+    Built& slot = (*engines)[model.get()];
+    if (slot.engine == nullptr || slot.model.lock() != model) {
+      slot.model = model;
+      slot.engine = *MhaEngine::Create(model);
     }
-    engine = slot.get();
+    engine = slot.engine.get();
   }
   MhaInputs in;
   in.query = query.view();

@@ -50,11 +50,11 @@ TEST(ModelVersionsTest, PolicyPicksVersionsAndRequestsNameThem) {
   v1::InferResponse response;
   ASSERT_TRUE(Infer(*stub, q, 0, &response).ok());
   EXPECT_EQ(response.model_version(), 3);
-  EXPECT_LT(Error(*models[3], q, FromProto(response.output())), 1e-5);
+  EXPECT_LT(Error(models[3], q, FromProto(response.output())), 1e-5);
   ASSERT_TRUE(Infer(*stub, q, 2, &response).ok());
   EXPECT_EQ(response.model_version(), 2);
-  EXPECT_LT(Error(*models[2], q, FromProto(response.output())), 1e-5);
-  EXPECT_GT(Error(*models[3], q, FromProto(response.output())), 1e-3);  // Really another version.
+  EXPECT_LT(Error(models[2], q, FromProto(response.output())), 1e-5);
+  EXPECT_GT(Error(models[3], q, FromProto(response.output())), 1e-3);  // Really another version.
   const grpc::Status old = Infer(*stub, q, 1, &response);
   EXPECT_EQ(old.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_NE(old.error_message().find("serving: 2, 3"), std::string::npos) << old.error_message();
@@ -117,7 +117,7 @@ TEST(ModelVersionsTest, ReplacingUnderContinuousLoadLosesNoRequest) {
   std::map<int64_t, int> by_version;  // Guarded by mu.
   auto check = [&](const Tensor& q, int64_t version, const v1::InferResponse& r) {
     auto it = models.find(version);
-    if (it == models.end() || Error(*it->second, q, FromProto(r.output())) > 1e-5) ++wrong;
+    if (it == models.end() || Error(it->second, q, FromProto(r.output())) > 1e-5) ++wrong;
     absl::MutexLock lock(&mu);
     ++by_version[version];
   };
@@ -230,7 +230,7 @@ TEST(ModelVersionsTest, BrokenVersionsAreRefusedAndTheOldServes) {
   v1::InferResponse r;
   ASSERT_TRUE(Infer(*stub, q, 0, &r).ok());
   EXPECT_EQ(r.model_version(), 1);
-  EXPECT_LT(Error(*v1_model, q, FromProto(r.output())), 1e-5);
+  EXPECT_LT(Error(v1_model, q, FromProto(r.output())), 1e-5);
   // A folder written in place is loaded only once unchanged across two polls.
   auto v4_model = RandomModel(4);
   testing::WriteModelDir(*v4_model, repo + "/m/4");
@@ -263,7 +263,7 @@ TEST(ModelVersionsTest, ProjectedVolumeSwapServesTheNewVersion) {
   v1::InferResponse r;
   ASSERT_TRUE(Infer(*stub, q, 0, &r).ok());
   EXPECT_EQ(r.model_version(), 1);
-  EXPECT_LT(Error(*v1_model, q, FromProto(r.output())), 1e-5);
+  EXPECT_LT(Error(v1_model, q, FromProto(r.output())), 1e-5);
   // The kubelet writes the new contents (versions 1 and 2) to a new folder
   // and renames a new "..data" link over the old one.
   const std::string next = repo + "/..2026_11_24_14_05_00.2/m";
@@ -277,7 +277,7 @@ TEST(ModelVersionsTest, ProjectedVolumeSwapServesTheNewVersion) {
   server->repository()->Poll();
   ASSERT_TRUE(Infer(*stub, q, 0, &r).ok());
   EXPECT_EQ(r.model_version(), 2);
-  EXPECT_LT(Error(*v2_model, q, FromProto(r.output())), 1e-5);
+  EXPECT_LT(Error(v2_model, q, FromProto(r.output())), 1e-5);
   const auto index = server->repository()->Index();
   EXPECT_FALSE(index.empty());
   for (const auto& v : index) EXPECT_EQ(v.model, "m");  // No "..data" or "..2026..." model.
@@ -339,7 +339,7 @@ TEST(ModelVersionsTest, UnloadDrainsQueuedRequestsThenFreesTheVersion) {
   for (const auto& c : calls) {
     EXPECT_TRUE(c->status.ok()) << c->status.error_message();
     EXPECT_EQ(c->response.model_version(), 1);
-    EXPECT_LT(Error(*model, q, FromProto(c->response.output())), 1e-5);
+    EXPECT_LT(Error(model, q, FromProto(c->response.output())), 1e-5);
   }
   EXPECT_TRUE(Eventually([&] { return server->repository()->resident_bytes() == 0; }));
   // Loaded again on request.

@@ -119,9 +119,10 @@ TEST(Review22Test, ListensOnTheBracketedIpv6Wildcard) {
 
 // --- Guard: the request log cannot be forged through a model name ----------
 //
-// A caller's model name reaches the log only inside the reason, which
-// RequestLog makes printable; the model= field is the served model's own
-// name. One failed request, one line; an OK request, no line.
+// A caller's model name reaches the log inside the reason, which RequestLog
+// makes printable, and as the model= field of a model not served, one field
+// with every byte but [A-Za-z0-9._-:/@+] as '?'. One failed request, one
+// line; an OK request, no line.
 TEST(Review22Test, AFailedRequestIsOneLogLineAndAnOkOneNone) {
   server::ServerOptions options =
       Options(::testing::TempDir() + "/review22_log_" + std::to_string(getpid()));
@@ -155,7 +156,9 @@ TEST(Review22Test, AFailedRequestIsOneLogLineAndAnOkOneNone) {
     if (absl::StrContains(line, "request failed")) lines.emplace_back(line);
   }
   ASSERT_EQ(lines.size(), 1u) << captured.str();
-  EXPECT_THAT(lines[0], HasSubstr("NOT_FOUND attention.v1.AttentionService/Infer model=-"));
+  EXPECT_THAT(lines[0], HasSubstr("NOT_FOUND attention.v1.AttentionService/Infer "
+                                  "model=x?FAKE?request?failed:?OK?attention.v1.AttentionService/"
+                                  "Infer caller=-"));
   EXPECT_THAT(lines[0], HasSubstr("'x?FAKE"));
   s->Drain();
 }

@@ -58,7 +58,9 @@ DynamicBatcher::DynamicBatcher(const MhaEngine* engine, BatchingOptions options,
       metrics_(metrics),
       compute_mutex_(compute_mutex),
       compute_threads_(compute_threads) {
-  metrics_->queue_capacity->Set(static_cast<double>(options_.max_queue_size));
+  // The model's gauges add up its versions' queues (several are resident
+  // while one replaces another): each batcher adds its own share.
+  metrics_->queue_capacity->Increment(static_cast<double>(options_.max_queue_size));
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -70,6 +72,16 @@ DynamicBatcher::~DynamicBatcher() {
   }
   wake_.SignalAll();
   thread_.join();
+  metrics_->queue_capacity->Decrement(static_cast<double>(options_.max_queue_size));
+  absl::MutexLock lock(&mu_);
+  metrics_->queue_depth->Decrement(static_cast<double>(depth_reported_));
+  depth_reported_ = 0;
+}
+
+void DynamicBatcher::ReportDepthLocked() {
+  const auto depth = static_cast<int64_t>(queue_.size());
+  metrics_->queue_depth->Increment(static_cast<double>(depth - depth_reported_));
+  depth_reported_ = depth;
 }
 
 void DynamicBatcher::Stop() {
@@ -117,7 +129,7 @@ absl::Status DynamicBatcher::Enqueue(std::unique_ptr<PendingRequest> request) {
     }
     request->enqueued = absl::Now();
     queue_.push_back(std::move(request));
-    metrics_->queue_depth->Set(static_cast<double>(queue_.size()));
+    ReportDepthLocked();
     wake = MustWake(*queue_.back());
   }
   if (wake) wake_.Signal();
@@ -276,7 +288,7 @@ void DynamicBatcher::Loop() {
           sleeping_until_ = absl::InfinitePast();
         }
       }
-      metrics_->queue_depth->Set(static_cast<double>(queue_.size()));
+      ReportDepthLocked();
     }
     for (auto& [request, why] : dropped) {
       RequestOutcome outcome;

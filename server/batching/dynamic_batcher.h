@@ -114,6 +114,8 @@ class DynamicBatcher {
                  absl::Mutex* compute_mutex, int compute_threads);
 
   void Loop();
+  // Adds the change in queue_'s size to the model's queue_depth gauge.
+  void ReportDepthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Picks the next batch from the queue (oldest first). Sets *ready when it
   // must go now (full, or nothing more can join it).
   std::vector<size_t> PickBatch(bool* ready) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -145,6 +147,8 @@ class DynamicBatcher {
   mutable absl::Mutex mu_;
   absl::CondVar wake_;
   std::deque<std::unique_ptr<PendingRequest>> queue_ ABSL_GUARDED_BY(mu_);
+  // queue_'s size as last added to the model's queue_depth gauge.
+  int64_t depth_reported_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool exit_ ABSL_GUARDED_BY(mu_) = false;
   // While the batcher waits: when it wakes by itself (InfiniteFuture on an

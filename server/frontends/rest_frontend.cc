@@ -249,6 +249,7 @@ void RestFrontend::Route() {
                                              const httplib::Request& req, httplib::Response& res,
                                              const httplib::ContentReader& reader) {
     const CallRef call = CallOfRequest(req, Method::kRestModelInfer);
+    call->leases->Asked(Group(req, 1));  // For the log line of a request refused before its lookup.
     // The token first: parsing a body costs about 4 times its size in memory.
     if (const auto caller = p->requests()->Authenticate(*call); !caller.ok()) {
       read_body->Refuse(req, res, reader, caller.status());

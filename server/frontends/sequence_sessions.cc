@@ -58,7 +58,7 @@ void SequenceSessions::Forget(const Key& key, const std::string& session_id) {
   if (it != sequences_.end() && it->second.current == session_id) sequences_.erase(it);
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SequenceSessions::Find(const Key& key) {
+absl::StatusOr<std::shared_ptr<Session>> SequenceSessions::Find(const Key& key, CallLeases* pin) {
   SessionManager* manager = sessions_->manager();
   if (manager == nullptr) return absl::UnavailableError("server is not ready yet");
   std::string existing;
@@ -76,7 +76,7 @@ absl::StatusOr<std::shared_ptr<Session>> SequenceSessions::Find(const Key& key) 
         "' so that it reaches the replica holding the sequence, and a restarted sequence takes a "
         "new sequence_id)"));
   }
-  auto session = manager->Find(existing);
+  auto session = manager->Find(existing, pin);
   if (!session.ok()) {
     Forget(key, existing);
     return absl::NotFoundError(
@@ -193,7 +193,7 @@ absl::StatusOr<std::shared_ptr<SequenceSessions::Step>> SequenceSessions::Prepar
   int64_t held_keys = 0;
   if (step.tokens.rank() == 2) out->tokens = step.tokens.dim(0);
   if (!out->start) {
-    ASSIGN_OR_RETURN(out->session, Find(out->key));
+    ASSIGN_OR_RETURN(out->session, Find(out->key, call.leases.get()));
     // A later step runs on the version its sequence started on (a newer one
     // may serve by now): validated against that one.
     session_model = out->session->model;

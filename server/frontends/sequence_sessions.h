@@ -93,8 +93,9 @@ class SequenceSessions {
   // where one field ends (Triton keeps sequence ids per model too).
   using Key = std::tuple<std::string, std::string, std::string>;
 
-  // The live session of sequence `key`; NOT_FOUND otherwise.
-  absl::StatusOr<std::shared_ptr<Session>> Find(const Key& key);
+  // The live session of sequence `key`; NOT_FOUND otherwise. Its version
+  // is held by `pin` when given (needed to read its model).
+  absl::StatusOr<std::shared_ptr<Session>> Find(const Key& key, CallLeases* pin = nullptr);
   // Makes `session_id` the sequence's session; the one it had is kept until
   // Started() says whether the restart's step was applied.
   std::string Start(const Key& key, const std::string& session_id);

@@ -75,6 +75,13 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
     if (found.ok()) served = *found;
     if (principal.ok() && *principal != nullptr) owner = (*principal)->id;
   }
+  // The version is held by the call's leases, so its session state stays
+  // (even if it is unloaded meanwhile: then Create refuses it).
+  SessionModel* session_model = status.ok() ? manager->model(served) : nullptr;
+  if (status.ok() && session_model == nullptr) {
+    status = absl::InternalError(absl::StrCat("model: version ", served->version, " of '",
+                                              served->name, "' has no session state"));
+  }
   const bool cross = request->kind() == v1::SESSION_KIND_CROSS;
   if (status.ok() && request->kind() != v1::SESSION_KIND_SELF && !cross) {
     status = absl::InvalidArgumentError(
@@ -97,7 +104,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
       work->cross.value = value ? *value : work->cross.key;
       ASSIGN_OR_RETURN(work->cross.key_padding_mask,
                        wire::DecodeOptionalTensor(request->key_padding_mask(), "key_padding_mask"));
-      SessionModel* m = manager->model(served);
+      SessionModel* m = session_model;
       RETURN_IF_ERROR(m->engine->ValidateCross(work->cross));
       work->key_count = work->cross.key.dim(0);
       const int64_t working = m->engine->CrossWorkingBytes(work->key_count);
@@ -120,7 +127,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
         "key: a self-attention session takes no key, value or key_padding_mask; its appended "
         "tokens are its keys");
   }
-  if (status.ok() && !cross) status = manager->model(served)->engine->SupportsSelf();
+  if (status.ok() && !cross) status = session_model->engine->SupportsSelf();
   // A cross session's keys and values are held until projected.
   const int64_t admitted = cross ? static_cast<int64_t>(request->ByteSizeLong()) : 0;
   if (status.ok() && cross) status = requests_->Admit(admitted);
@@ -145,7 +152,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   // The keys are projected on the batcher; the request's bytes live until Finish.
   auto pending = std::make_unique<PendingRequest>();
   RequestPath::Bind(*call, pending.get());
-  pending->working_bytes = manager->model(served)->engine->CrossWorkingBytes(work->key_count);
+  pending->working_bytes = session_model->engine->CrossWorkingBytes(work->key_count);
   work->kind = SessionWork::Kind::kInitCross;
   work->session = session;
   pending->session = std::move(work);

@@ -109,7 +109,8 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
   // A response waiting to be written, and what to report once it is.
   struct Outgoing {
     Response response;
-    const ServedModel* model = nullptr;
+    const ServedModel* model = nullptr;  // Held by the call's leases.
+    CallRef call;                        // The request's own context.
     absl::Status status;
     absl::Time received;
     int64_t charge = 0;               // Bytes counted against max_stream_pending_bytes.
@@ -120,11 +121,12 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
     incoming_ = std::make_unique<Request>();
     this->StartRead(incoming_.get());
   }
-  // Queues the response to a request charged `charge` bytes.
-  // `admitted` bytes of the service's in-flight budget are released once the
-  // response is written or dropped.
-  void Respond(Response response, const ServedModel* model, const absl::Status& status,
-               absl::Time received, int64_t charge, std::shared_ptr<Admission> held);
+  // Queues the response to a request (of context `call`) charged `charge`
+  // bytes. `held` bytes of the service's in-flight budget are released once
+  // the response is written or dropped, and the request's leases with them.
+  void Respond(Response response, const ServedModel* model, CallRef call,
+               const absl::Status& status, absl::Time received, int64_t charge,
+               std::shared_ptr<Admission> held);
   // True when another request may be read now.
   bool MayReadLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const ServiceOptions& o = path_->options();
@@ -145,7 +147,9 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
   }
 
   RequestPath* const path_;
-  const CallRef call_;  // The stream's call, shared with its requests' work.
+  // The stream's call; each request read gets a copy with leases of its own
+  // (RequestOf), shared with its work until its response is written.
+  const CallRef call_;
   const Start start_;
   std::unique_ptr<Request> incoming_;  // Only the reaction thread touches it.
   absl::Mutex mu_;
@@ -177,7 +181,8 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
   path_->Received();
   auto request = std::shared_ptr<Request>(incoming_.release());
   const std::string id = StreamCodec<Request, Response>::Id(*request);
-  Prepared prepared = start_(request, *call_);
+  const CallRef call = RequestOf(*call_);
+  Prepared prepared = start_(request, *call);
   const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
   InflightBudget& budget = path_->budget();
   std::shared_ptr<Admission> held;  // Of the server-wide in-flight byte budget.
@@ -202,12 +207,12 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
   }
   const ServedModel* model = prepared.model;
   Admission* admission = held.get();
-  Reply reply = [this, id, received, model, charge, held](Response response,
-                                                          const absl::Status& status) {
+  Reply reply = [this, id, received, model, call, charge, held](Response response,
+                                                                const absl::Status& status) {
     // A failure (an oversized response included) is this request's own
     // error; the stream goes on.
     StreamCodec<Request, Response>::Complete(id, status, &response);
-    Respond(std::move(response), model, status, received, charge, held);
+    Respond(std::move(response), model, call, status, received, charge, held);
   };
   held.reset();  // The reply holds it now.
   absl::Status status = prepared.status;
@@ -236,10 +241,10 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
 
 template <typename Request, typename Response>
 void StreamReactor<Request, Response>::Respond(Response response, const ServedModel* model,
-                                               const absl::Status& status, absl::Time received,
-                                               int64_t charge, std::shared_ptr<Admission> held) {
+                                               CallRef call, const absl::Status& status,
+                                               absl::Time received, int64_t charge,
+                                               std::shared_ptr<Admission> held) {
   RequestPath* const path = path_;  // `this` may be gone after Finish().
-  const CallRef call = call_;
   const Response* write = nullptr;
   bool dropped = false, finish = false;
   {
@@ -253,6 +258,7 @@ void StreamReactor<Request, Response>::Respond(Response response, const ServedMo
       Outgoing out;
       out.response = std::move(response);
       out.model = model;
+      out.call = call;
       out.status = status;
       out.received = received;
       out.charge = charge;
@@ -305,10 +311,10 @@ void StreamReactor<Request, Response>::OnWriteDone(bool ok) {
     finish = ShouldFinishLocked();
   }
   RequestPath* const path = path_;
-  const CallRef call = call_;
   for (Outgoing& o : done) {
     o.held.reset();
-    path->Answered(o.model, *call, o.status, o.received);
+    path->Answered(o.model, *o.call, o.status, o.received);
+    o.call.reset();  // Lets go of the versions it looked up.
   }
   if (next != nullptr) this->StartWrite(next);
   if (read_next) StartNextRead();

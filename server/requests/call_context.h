@@ -36,6 +36,16 @@ struct CallContext {
 
 using CallRef = std::shared_ptr<const CallContext>;
 
+// The context of one request read on the stream `stream`: the stream's,
+// with leases of its own, so that the versions the request looks up are
+// held while it is in flight and let go once it is answered (an idle
+// stream holds none).
+inline std::shared_ptr<CallContext> RequestOf(const CallContext& stream) {
+  auto call = std::make_shared<CallContext>(stream);
+  call->leases = std::make_shared<CallLeases>();
+  return call;
+}
+
 }  // namespace attention::server
 
 #endif  // ATTENTION_SERVER_REQUESTS_CALL_CONTEXT_H_

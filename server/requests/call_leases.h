@@ -2,36 +2,58 @@
 //
 // CallLeases: the model versions a call has looked up, held so that a
 // version cannot be freed between the lookup and the request's own lease
-// (PendingRequest::version_lease), nor while a listing describes it. One
-// lease per model name: a stream's next lookup of the same model replaces
-// the previous one (each queued request holds its own). Released with the
-// call's CallContext.
+// (PendingRequest::version_lease), nor while a listing describes it, nor
+// while the call's answer is counted against it. Each version looked up is
+// held once, until the leases go: with the call's CallContext for a unary
+// call, with the request's own context for a request of a stream (a stream
+// makes one per request it reads, so an idle stream holds no version).
+// Also remembers the model name the call asked for, for its log line when
+// no version was found.
 //
 // Thread-safe.
 #ifndef ATTENTION_SERVER_REQUESTS_CALL_LEASES_H_
 #define ATTENTION_SERVER_REQUESTS_CALL_LEASES_H_
 
-#include <map>
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
 namespace attention::server {
 
 class CallLeases {
  public:
-  // Holds `lease` for `key` (a model name), letting go of the previous one.
-  void Hold(const std::string& key, std::shared_ptr<const void> lease) {
-    std::shared_ptr<const void> previous;  // Let go of outside the lock.
+  // Holds `lease` (a model version) until the leases go; holding one
+  // already held changes nothing.
+  void Hold(std::shared_ptr<const void> lease) {
     absl::MutexLock lock(&mu_);
-    previous = std::exchange(held_[key], std::move(lease));
+    if (std::find(held_.begin(), held_.end(), lease) == held_.end()) {
+      held_.push_back(std::move(lease));
+    }
+  }
+  // Records `name` as the model the call asked for (the last one asked).
+  void Asked(std::string name) {
+    absl::MutexLock lock(&mu_);
+    asked_ = std::move(name);
+  }
+  std::string asked() const {
+    absl::MutexLock lock(&mu_);
+    return asked_;
+  }
+  // Versions held (for tests).
+  size_t held() const {
+    absl::MutexLock lock(&mu_);
+    return held_.size();
   }
 
  private:
-  absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<const void>> held_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex mu_;
+  std::vector<std::shared_ptr<const void>> held_ ABSL_GUARDED_BY(mu_);
+  std::string asked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attention::server

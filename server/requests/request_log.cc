@@ -1,5 +1,8 @@
 #include "server/requests/request_log.h"
 
+#include <string_view>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace attention::server {
@@ -15,6 +18,22 @@ std::string Printable(absl::string_view text) {
   for (char& c : out) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
   }
+  return out;
+}
+
+// A model name as one field of the line: a caller's name of a model not
+// served may hold anything, so every byte but letters, digits and ._-:/@+
+// is '?', and it is cut to 128 bytes.
+std::string Field(absl::string_view text) {
+  if (text.empty()) return "-";
+  std::string out(text.substr(0, 128));
+  for (char& c : out) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) &&
+        std::string_view("._-:/@+").find(c) == std::string_view::npos) {
+      c = '?';
+    }
+  }
+  if (text.size() > 128) out += "...";
   return out;
 }
 
@@ -79,7 +98,7 @@ void RequestLog::Failed(Method method, absl::string_view model,
   std::string line = absl::StrCat(
       absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", now, absl::UTCTimeZone()),
       " request failed: ", absl::StatusCodeToString(status.code()), " ", MethodPath(method),
-      " model=", model.empty() ? "-" : model, " caller=", name.empty() ? "-" : name,
+      " model=", Field(model), " caller=", name.empty() ? "-" : name,
       " peer=", peer.empty() ? "-" : peer, ": ", Printable(reason));
   if (held_back > 0) absl::StrAppend(&line, " (and ", held_back, " more not logged)");
   line.push_back('\n');

@@ -41,8 +41,9 @@ class RequestLog {
   RequestLog(const RequestLog&) = delete;
   RequestLog& operator=(const RequestLog&) = delete;
 
-  // Logs `status` (not OK) of a `method` call for `model` (empty: none
-  // found) by `caller` from `peer`, unless this second's lines are spent.
+  // Logs `status` (not OK) of a `method` call for `model` (the served
+  // model's name, or the one the caller asked for, made one printable field;
+  // empty: none) by `caller` from `peer`, unless this second's lines are spent.
   void Failed(Method method, absl::string_view model, absl::string_view caller,
               absl::string_view peer, const absl::Status& status);
   // The same, naming the caller only if the line is written (finding the

@@ -124,8 +124,8 @@ void RequestPath::Answered(const ServedModel* model, const CallContext& call,
   }
   if (!status.ok()) {
     log_.Failed(
-        method, model != nullptr ? model->name : "", [&] { return CallerName(call); }, call.peer,
-        status);
+        method, model != nullptr ? model->name : call.leases->asked(),
+        [&] { return CallerName(call); }, call.peer, status);
   }
   metrics_->inflight_requests().Decrement();
   absl::MutexLock lock(&mu_);
@@ -157,13 +157,14 @@ absl::StatusOr<const ServedModel*> RequestPath::FindModel(const Principal* princ
   const ModelRepository* repository = repository_.load();
   if (repository == nullptr) return absl::UnavailableError("server is not ready yet");
   RETURN_IF_ERROR(CheckIdentifier(name, "model"));
+  if (pin != nullptr) pin->leases->Asked(name);
   auto found = [&](ModelRef m) -> absl::StatusOr<const ServedModel*> {
     if (version != 0 && m->version != version) {
       const std::string model_name = m->name;
       m = repository->Find(model_name, version);
       if (m == nullptr) return VersionNotFound(*repository, model_name, version);
     }
-    if (pin != nullptr) pin->leases->Hold(m->name, m);
+    if (pin != nullptr) pin->leases->Hold(m);
     return m.get();
   };
   if (name.empty() && principal != nullptr && !principal->all_models) {
@@ -205,7 +206,7 @@ absl::StatusOr<std::vector<const ServedModel*>> RequestPath::VisibleModels(
   std::vector<const ServedModel*> visible;
   for (const ModelRef& m : repository->Snapshot()) {
     if (principal == nullptr || principal->MayUse(m->name)) {
-      call.leases->Hold(m->name, m);
+      call.leases->Hold(m);
       visible.push_back(m.get());
     }
   }

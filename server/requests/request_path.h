@@ -97,8 +97,7 @@ class RequestPath {
   // or draining, then Authenticate and FindModel. Sets *caller (if given) to
   // the authenticated principal (null without authentication).
   // `version` 0 is the newest serving version; the version found is held by
-  // the call's leases (valid until the call ends, or its next lookup of the
-  // same model).
+  // the call's leases (valid until they go: see CallLeases).
   absl::StatusOr<const ServedModel*> Admissible(const CallContext& call, const std::string& model,
                                                 std::shared_ptr<const Principal>* caller = nullptr,
                                                 int64_t version = 0);

@@ -42,8 +42,9 @@ SessionManager::~SessionManager() {
 
 SessionModel* SessionManager::model(const ServedModel* served) const {
   absl::ReaderMutexLock lock(&models_mu_);
-  auto it = models_.find(served);
-  return it == models_.end() ? nullptr : it->second.get();
+  if (auto it = models_.find(served); it != models_.end()) return it->second.get();
+  auto it = removed_.find(served);
+  return it == removed_.end() ? nullptr : it->second.get();
 }
 
 int64_t SessionManager::live_sessions() const {
@@ -102,6 +103,11 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
     {
       absl::MutexLock lock(&mu_);
       if (!accepting_) return absl::UnavailableError("server is shutting down");
+      if (m->removed) {  // Unloaded since the caller found it: RemoveModel ended its sessions.
+        return absl::NotFoundError(absl::StrCat("model: '", served->name, "' version ",
+                                                served->version,
+                                                " was unloaded; create the session again"));
+      }
       ASSIGN_OR_RETURN(std::shared_ptr<Session> held, KeyHolderLocked(key, m, cross, owner));
       if (existing != nullptr) *existing = held != nullptr;
       if (held != nullptr) return held;
@@ -128,7 +134,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
         if (!key.empty()) keys_[key] = s;
         ++m->live;
         tenants_.AddSession(owner, m);
-        served->metrics->sessions->Set(static_cast<double>(m->live));
+        served->metrics->sessions->Increment();  // Every version's sessions add up.
         return s;
       }
       // The tenant's own limit is named when it is the tighter one.
@@ -149,10 +155,18 @@ absl::Status SessionManager::NotFoundLocked(const std::string& id) const {
   return ended_.NotFound(id);
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(const std::string& id) const {
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(const std::string& id,
+                                                              CallLeases* pin) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return NotFoundLocked(id);
+  if (pin != nullptr) {
+    // Live, so its version has not finished unloading (RemoveModel ends its
+    // sessions under mu_ while the repository still holds it).
+    std::shared_ptr<const ServedModel> version = it->second->model->served->weak_from_this().lock();
+    if (version == nullptr) return NotFoundLocked(id);
+    pin->Hold(std::move(version));
+  }
   return it->second;
 }
 
@@ -225,7 +239,7 @@ void SessionManager::EndLocked(Session& session, SessionEnd end, absl::Duration 
   SessionModel& m = *session.model;
   --m.live;
   tenants_.RemoveSession(session.owner, &m);
-  m.served->metrics->sessions->Set(static_cast<double>(m.live));
+  m.served->metrics->sessions->Decrement();
   m.served->metrics->session_ends[static_cast<int>(end)]->Increment();
   if (!session.busy) FreeCacheLocked(session);  // Else Finished frees it.
   for (auto& r : session.waiting) failed->push_back(std::move(r));

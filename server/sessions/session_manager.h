@@ -52,6 +52,7 @@
 #include "core/session_engine.h"
 #include "server/batching/model_repository.h"
 #include "server/metrics/metrics.h"
+#include "server/requests/call_leases.h"
 #include "server/sessions/ended_sessions.h"
 #include "server/sessions/session.h"
 #include "server/sessions/tenant_ledger.h"
@@ -91,7 +92,8 @@ struct SessionModel {
   int64_t max_sessions = 0;
   int64_t max_session_tokens = 0;
   absl::Duration ttl;
-  int64_t live = 0;  // Guarded by SessionManager::mu_.
+  int64_t live = 0;      // Guarded by SessionManager::mu_.
+  bool removed = false;  // Guarded by SessionManager::mu_: its version stopped serving.
 };
 
 // A snapshot of a session for GetSession.
@@ -131,8 +133,13 @@ class SessionManager {
                                                   const std::string& key = "",
                                                   bool* existing = nullptr);
 
-  // The live session `id`; NOT_FOUND naming why otherwise.
-  absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& id) const;
+  // The live session `id`; NOT_FOUND naming why otherwise. Its model
+  // version is held by `pin` when given (found while the session is live,
+  // so the version cannot be freed before): whoever reads the session's
+  // model (its SessionModel, engine or served version) outside the
+  // manager's lock must hold its version so.
+  absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& id,
+                                                CallLeases* pin = nullptr) const;
 
   // Queues `request` (session work) behind the session's earlier appends.
   // OK: its `done` will be called exactly once. NOT_FOUND if the session has
@@ -152,14 +159,15 @@ class SessionManager {
   void Committed(Session& session, int64_t tokens);
 
   SessionSnapshot Snapshot(Session& session) const;
-  // The session state of a model version; null for one never added or
-  // already removed.
+  // The session state of a model version, serving or removed; valid while
+  // the caller holds the version (a lease), null for one never added.
   SessionModel* model(const ServedModel* served) const;
   // Session state for a version loaded after the manager was made.
   SessionModel* AddModel(const ServedModel* served);
   // Ends every session of `served` (a version being unloaded): waiting
   // appends and later calls get NOT_FOUND saying "model version N was
-  // unloaded". Its state stays for work already computing, until
+  // unloaded", and Create refuses new ones likewise. Its state stays for
+  // work already computing and calls holding the version, until
   // ForgetModel.
   void RemoveModel(const ServedModel* served);
   // Frees the state of a removed version once the version itself is freed

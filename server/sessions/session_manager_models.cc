@@ -27,12 +27,15 @@ SessionModel* SessionManager::AddModel(const ServedModel* served) {
 }
 
 void SessionManager::RemoveModel(const ServedModel* served) {
-  std::unique_ptr<SessionModel> gone;
+  SessionModel* gone = nullptr;
   {
+    // Kept (in removed_) until ForgetModel: calls holding the version may
+    // still read it.
     absl::MutexLock lock(&models_mu_);
     auto it = models_.find(served);
     if (it == models_.end()) return;
-    gone = std::move(it->second);
+    gone = it->second.get();
+    removed_[served] = std::move(it->second);
     models_.erase(it);
   }
   const std::string reason =
@@ -41,8 +44,9 @@ void SessionManager::RemoveModel(const ServedModel* served) {
   {
     absl::MutexLock lock(&mu_);
     std::vector<std::shared_ptr<Session>> victims;
+    gone->removed = true;  // Create refuses it from now on.
     for (const auto& [id, session] : sessions_) {
-      if (session->model == gone.get()) victims.push_back(session);
+      if (session->model == gone) victims.push_back(session);
     }
     for (const auto& session : victims) {
       absl::MutexLock session_lock(&session->mu);
@@ -58,8 +62,6 @@ void SessionManager::RemoveModel(const ServedModel* served) {
     r->done(std::move(outcome));
   }
   UpdateMemoryMetrics();
-  absl::MutexLock lock(&models_mu_);
-  removed_[served] = std::move(gone);
 }
 
 void SessionManager::ForgetModel(const void* served) {

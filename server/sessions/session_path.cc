@@ -20,7 +20,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionPath::FindForCaller(SessionManag
     return absl::InvalidArgumentError(
         "session_id: required (the id CreateSession returned), got an empty one");
   }
-  absl::StatusOr<std::shared_ptr<Session>> found = manager->Find(id);
+  absl::StatusOr<std::shared_ptr<Session>> found = manager->Find(id, call.leases.get());
   if (found.status().code() == absl::StatusCode::kNotFound && wire::RoutingKeyOf(id).empty()) {
     return absl::NotFoundError(absl::StrCat(
         found.status().message(), " (behind a gateway, create sessions with the metadata header ",
