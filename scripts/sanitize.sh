@@ -146,7 +146,8 @@ configure() {  # dir, flags, extra cmake args...
 asan_tests=(core_test wire_codec_test client_cli_unit_test fuzz_regression_test server_test
             server_batching_test server_admission_test server_metrics_test server_session_test
             server_session_lifecycle_test server_shutdown_test server_async_infer_test
-            server_async_infer_review_test server_async_infer_memory_test)
+            server_async_infer_review_test server_async_infer_memory_test
+            server_version_holds_test server_churn_test)
 fuzzers=(model_dir_fuzzer infer_request_fuzzer npy_fuzzer session_fuzzer oip_request_fuzzer
          rest_request_fuzzer)
 # TSan: our own cross-thread code, driven directly from many threads: the
@@ -167,6 +168,9 @@ tsan_targets=(core_engine_tsan_test server_unit_test)
 export OMP_NUM_THREADS=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export ASAN_OPTIONS=detect_leaks=1:strict_init_order=1
+# The churn test (every kind of call while versions change and a drain
+# starts) runs for a minute here, 10 s in the ordinary suite.
+export CHURN_SECONDS=${CHURN_SECONDS:-60}
 
 failed=()
 runs=0  # Test binaries and fuzz targets run.

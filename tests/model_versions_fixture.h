@@ -101,11 +101,10 @@ inline bool Eventually(const std::function<bool()>& done) {
   return done();
 }
 
-// Largest |a - b| between a response's output and the engine's solo result.
-// Engines are built once per model and kept while the model lives (a model
-// freed and another made at its address gets an engine of its own).
-inline double Error(const std::shared_ptr<const MhaModel>& model, const Tensor& query,
-                    const Tensor& output) {
+// The engine's result for `in` on `model`. Engines are built once per model
+// and kept while the model lives (a model freed and another made at its
+// address gets an engine of its own). Thread-safe.
+inline MhaOutputs Reference(const std::shared_ptr<const MhaModel>& model, const MhaInputs& in) {
   struct Built {
     std::weak_ptr<const MhaModel> model;
     std::unique_ptr<MhaEngine> engine;
@@ -122,9 +121,15 @@ inline double Error(const std::shared_ptr<const MhaModel>& model, const Tensor& 
     }
     engine = slot.engine.get();
   }
+  return *engine->Forward(in);
+}
+
+// Largest |a - b| between a response's output and the engine's solo result.
+inline double Error(const std::shared_ptr<const MhaModel>& model, const Tensor& query,
+                    const Tensor& output) {
   MhaInputs in;
   in.query = query.view();
-  MhaOutputs want = *engine->Forward(in);
+  const MhaOutputs want = Reference(model, in);
   double worst = 0;
   const int64_t n = NumElements(output.shape());
   if (n != NumElements(want.output.shape())) return 1e9;
