@@ -1,0 +1,89 @@
+// A review of issue 33's version holds (server_version_holds_test): where
+// what serves changes under long-lived state and a version is left without
+// what its calls need, or held longer than the rule in
+// server/batching/README.md ("Who holds a version") allows.
+#include <grpcpp/grpcpp.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "attention/v1/attention.grpc.pb.h"
+#include "attention/v1/sessions.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "inference/grpc_predict_v2.grpc.pb.h"
+#include "tests/model_versions_fixture.h"
+
+namespace attention {
+namespace {
+
+using namespace ::attention::model_versions_test;  // NOLINT: the shared helpers.
+namespace fs = std::filesystem;
+
+int64_t ModelBytes(const std::string& repo, int64_t version) {
+  return static_cast<int64_t>(
+      fs::file_size(repo + "/m/" + std::to_string(version) + "/model.safetensors"));
+}
+
+// A one-step sequence start of (1, 2, E) tokens on version `version` of "m".
+inference::ModelInferRequest SequenceStart(const Tensor& query, const std::string& version) {
+  inference::ModelInferRequest request;
+  request.set_model_name("m");
+  request.set_model_version(version);
+  auto* input = request.add_inputs();
+  input->set_name("query");
+  input->set_datatype("FP32");
+  for (int64_t d : query.shape()) input->add_shape(d);
+  request.add_raw_input_contents(std::string(reinterpret_cast<const char*>(query.as<float>()),
+                                             query.num_elements() * sizeof(float)));
+  (*request.mutable_parameters())["sequence_id"].set_uint64_param(7);
+  (*request.mutable_parameters())["sequence_start"].set_bool_param(true);
+  (*request.mutable_parameters())["sequence_end"].set_bool_param(true);
+  return request;
+}
+
+// Every version serving at start has session state, not only the newest:
+// under "latest 2", v1 serves sequences asked for by version, and once v2 is
+// rolled back (its folder removed, the model reloaded) v1 serves sessions
+// again. Before, only the newest version at start got session state: the
+// rollback left the model's serving version without it, and every
+// CreateSession failed INTERNAL ("has no session state").
+TEST(VersionHoldsReviewTest, EveryVersionServingAtStartServesSessions) {
+  const std::string repo = NewRepo("start_versions");
+  fs::create_directories(repo + "/m");
+  std::ofstream(repo + "/m/config.json") << R"({"version_policy": {"latest": 2}})";
+  WriteVersion(repo + "/m", 1, 61);
+  WriteVersion(repo + "/m", 2, 62);
+  auto server = Start(repo, ModelControl::kExplicit);
+  std::mt19937 rng(7);
+  const Tensor query = RandomTensor({1, 2, kE}, rng);
+
+  auto oip = inference::GRPCInferenceService::NewStub(server->InProcessChannel());
+  {
+    grpc::ClientContext context;
+    inference::ModelInferResponse response;
+    const grpc::Status status = oip->ModelInfer(&context, SequenceStart(query, "1"), &response);
+    EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+    EXPECT_EQ(response.model_version(), "1");
+  }
+
+  fs::remove_all(repo + "/m/2");
+  ASSERT_TRUE(server->repository()->LoadModel("m").ok());
+  ASSERT_EQ(server->repository()->Find("m")->version, 1);
+  auto sessions = v1::SessionService::NewStub(server->InProcessChannel());
+  grpc::ClientContext context;
+  v1::CreateSessionRequest request;
+  request.set_model("m");
+  request.set_kind(v1::SESSION_KIND_SELF);
+  v1::SessionInfo info;
+  const grpc::Status status = sessions->CreateSession(&context, request, &info);
+  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  EXPECT_EQ(info.model_version(), 1);
+  EXPECT_TRUE(
+      Eventually([&] { return server->repository()->resident_bytes() == ModelBytes(repo, 1); }));
+  server->Drain();
+}
+
+}  // namespace
+}  // namespace attention
