@@ -225,7 +225,7 @@ void InstallSessionRunner(SessionManager& manager, const ServedModel& served) {
 }
 
 void InstallSessionRunners(SessionManager& manager, const ModelRepository& repository) {
-  for (const ServedModel* served : repository.models()) InstallSessionRunner(manager, *served);
+  for (const ModelRef& served : ServingVersions(repository)) InstallSessionRunner(manager, *served);
 }
 
 }  // namespace attention::server

@@ -28,7 +28,7 @@
 
 namespace attention::server {
 
-// Makes every model's batcher run its session work with RunSessionBatch on
+// Makes every serving version's batcher run its session work with RunSessionBatch on
 // `manager`; once, right after the manager is made, before any session
 // work is queued. `manager` must outlive the batchers' use of it.
 void InstallSessionRunners(SessionManager& manager, const ModelRepository& repository);

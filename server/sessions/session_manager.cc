@@ -18,7 +18,7 @@ SessionManager::SessionManager(const ModelRepository* repository, Metrics* metri
       tenants_(options_.max_sessions_per_tenant, options_.memory_per_tenant_bytes,
                static_cast<int64_t>(budget_.capacity())),
       ended_(options_.remembered_ends) {
-  for (const ServedModel* served : repository_->models()) AddModel(served);
+  for (const ModelRef& served : ServingVersions(*repository_)) AddModel(served.get());
   metrics_->session_memory_capacity_bytes().Set(static_cast<double>(budget_.capacity()));
   reaper_ = std::thread([this] { Reap(); });
 }

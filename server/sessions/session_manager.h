@@ -107,6 +107,10 @@ struct SessionSnapshot {
   absl::Duration ttl;
 };
 
+// Every version serving now, of every model (a policy may serve several,
+// and a rollback makes an older one the newest): start-up wiring.
+std::vector<ModelRef> ServingVersions(const ModelRepository& repository);
+
 class SessionManager {
  public:
   SessionManager(const ModelRepository* repository, Metrics* metrics, SessionOptions options);

@@ -9,6 +9,15 @@
 
 namespace attention::server {
 
+std::vector<ModelRef> ServingVersions(const ModelRepository& repository) {
+  std::vector<ModelRef> serving;
+  for (const VersionState& v : repository.Index()) {
+    if (v.state != "READY") continue;
+    if (ModelRef served = repository.Find(v.model, v.version)) serving.push_back(std::move(served));
+  }
+  return serving;
+}
+
 SessionModel* SessionManager::AddModel(const ServedModel* served) {
   const ServingConfig& config = served->model->serving();
   auto m = std::make_unique<SessionModel>();
