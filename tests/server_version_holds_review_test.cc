@@ -85,5 +85,60 @@ TEST(VersionHoldsReviewTest, EveryVersionServingAtStartServesSessions) {
   server->Drain();
 }
 
+// The count of histogram `name`{model="m"} (observations so far).
+uint64_t HistogramCount(AttentionServer& server, const std::string& name) {
+  for (const auto& family : server.metrics().registry()->Collect()) {
+    if (family.name != name) continue;
+    for (const auto& metric : family.metric) {
+      for (const auto& l : metric.label) {
+        if (l.name == "model" && l.value == "m") return metric.histogram.sample_count;
+      }
+    }
+  }
+  return 0;
+}
+
+// A stream's request holds its version while it is in flight, not while
+// its computed response waits for a client that does not read: as for the
+// unary calls (async Infer included), a slow reader must not keep an
+// unloaded version resident (nor refuse a load under --max_model_bytes).
+// Before, the response waiting to be written held the request's leases.
+TEST(VersionHoldsReviewTest, AnUnreadStreamResponseHoldsNoVersion) {
+  const std::string repo = NewRepo("unread_stream");
+  fs::create_directories(repo + "/m");
+  WriteVersion(repo + "/m", 1, 71);
+  auto server = Start(repo, ModelControl::kExplicit);
+  std::mt19937 rng(9);
+  const Tensor query = RandomTensor({1, 2, kE}, rng);
+
+  auto attention = v1::AttentionService::NewStub(server->InProcessChannel());
+  grpc::ClientContext context;
+  auto stream = attention->InferStream(&context);
+  v1::InferRequest request;
+  request.set_model("m");
+  ToProto(query, request.mutable_query());
+  ASSERT_TRUE(stream->Write(request));
+  // Computed; its response is not read yet.
+  ASSERT_TRUE(Eventually(
+      [&] { return HistogramCount(*server, "attention_compute_duration_seconds") == 1; }));
+
+  WriteVersion(repo + "/m", 2, 72);
+  ASSERT_TRUE(server->repository()->LoadModel("m").ok());  // Policy latest 1: v1 unloads.
+  EXPECT_TRUE(
+      Eventually([&] { return server->repository()->resident_bytes() == ModelBytes(repo, 2); }))
+      << server->repository()->resident_bytes() << " resident";
+
+  v1::InferResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.model_version(), 1);
+  EXPECT_FALSE(response.has_error()) << response.error().message();
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.model_version(), 2);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  server->Drain();
+}
+
 }  // namespace
 }  // namespace attention
