@@ -22,7 +22,10 @@
 // Requests are started in the order they were read (the next read starts
 // only after the previous request is queued), and a request is reported
 // answered to the service (metrics and drain) when its response has been
-// written, not when it was computed.
+// written, not when it was computed. Each request has its own CallContext
+// (RequestOf), whose leases hold the versions it looked up until its
+// response is computed (or it is refused): a response waiting for a client
+// that does not read holds no version.
 //
 // The stream finishes once the client has half-closed, every request is
 // answered and every response written. Owns itself: deleted in OnDone().
@@ -109,8 +112,11 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
   // A response waiting to be written, and what to report once it is.
   struct Outgoing {
     Response response;
-    const ServedModel* model = nullptr;  // Held by the call's leases.
-    CallRef call;                        // The request's own context.
+    // The model answering (null: none found), as counted once written: its
+    // version may be gone by then.
+    const ModelMetrics* metrics = nullptr;
+    std::string model;
+    CallRef call;  // The request's own context (its leases let go of).
     absl::Status status;
     absl::Time received;
     int64_t charge = 0;               // Bytes counted against max_stream_pending_bytes.
@@ -122,8 +128,9 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
     this->StartRead(incoming_.get());
   }
   // Queues the response to a request (of context `call`) charged `charge`
-  // bytes. `held` bytes of the service's in-flight budget are released once
-  // the response is written or dropped, and the request's leases with them.
+  // bytes, and lets go of the versions the request's leases hold (`model`
+  // is not read after). `held` bytes of the service's in-flight budget are
+  // released once the response is written or dropped.
   void Respond(Response response, const ServedModel* model, CallRef call,
                const absl::Status& status, absl::Time received, int64_t charge,
                std::shared_ptr<Admission> held);
@@ -148,7 +155,7 @@ class StreamReactor : public grpc::ServerBidiReactor<Request, Response> {
 
   RequestPath* const path_;
   // The stream's call; each request read gets a copy with leases of its own
-  // (RequestOf), shared with its work until its response is written.
+  // (RequestOf), shared with its work until its response is computed.
   const CallRef call_;
   const Start start_;
   std::unique_ptr<Request> incoming_;  // Only the reaction thread touches it.
@@ -245,6 +252,12 @@ void StreamReactor<Request, Response>::Respond(Response response, const ServedMo
                                                absl::Time received, int64_t charge,
                                                std::shared_ptr<Admission> held) {
   RequestPath* const path = path_;  // `this` may be gone after Finish().
+  // Computed (or refused): the versions it looked up may go now, and what
+  // counting it needs of its model is kept apart.
+  const ModelMetrics* const metrics = model != nullptr ? model->metrics : nullptr;
+  std::string name = model != nullptr ? model->name : std::string();
+  call->leases->Release();
+  model = nullptr;
   const Response* write = nullptr;
   bool dropped = false, finish = false;
   {
@@ -257,7 +270,8 @@ void StreamReactor<Request, Response>::Respond(Response response, const ServedMo
     } else {
       Outgoing out;
       out.response = std::move(response);
-      out.model = model;
+      out.metrics = metrics;
+      out.model = std::move(name);
       out.call = call;
       out.status = status;
       out.received = received;
@@ -275,7 +289,7 @@ void StreamReactor<Request, Response>::Respond(Response response, const ServedMo
   if (write != nullptr) this->StartWrite(write);
   if (dropped) {
     held.reset();
-    path->Answered(model, *call, status, received);
+    path->Answered(metrics, name, *call, status, received);
   }
   if (finish) this->Finish(grpc::Status::OK);
 }
@@ -313,8 +327,7 @@ void StreamReactor<Request, Response>::OnWriteDone(bool ok) {
   RequestPath* const path = path_;
   for (Outgoing& o : done) {
     o.held.reset();
-    path->Answered(o.model, *o.call, o.status, o.received);
-    o.call.reset();  // Lets go of the versions it looked up.
+    path->Answered(o.metrics, o.model, *o.call, o.status, o.received);
   }
   if (next != nullptr) this->StartWrite(next);
   if (read_next) StartNextRead();

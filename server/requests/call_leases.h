@@ -35,6 +35,13 @@ class CallLeases {
       held_.push_back(std::move(lease));
     }
   }
+  // Lets go of every version held (the call is answered: nothing reads
+  // them any more), keeping the name asked for. Later Holds hold again.
+  void Release() {
+    std::vector<std::shared_ptr<const void>> released;  // Let go of outside the lock.
+    absl::MutexLock lock(&mu_);
+    released.swap(held_);
+  }
   // Records `name` as the model the call asked for (the last one asked).
   void Asked(std::string name) {
     absl::MutexLock lock(&mu_);

@@ -110,21 +110,31 @@ void RequestPath::Received() {
 
 void RequestPath::Answered(const ServedModel* model, const CallContext& call,
                            const absl::Status& status, absl::Time received) {
+  if (model == nullptr) {
+    Answered(nullptr, "", call, status, received);
+  } else {
+    Answered(model->metrics, model->name, call, status, received);
+  }
+}
+
+void RequestPath::Answered(const ModelMetrics* metrics, absl::string_view name,
+                           const CallContext& call, const absl::Status& status,
+                           absl::Time received) {
   const Method method = call.method;
-  if (model != nullptr) {
-    model->metrics->CountRequest(method, status.code());
+  if (metrics != nullptr) {
+    metrics->CountRequest(method, status.code());
     const double seconds = absl::ToDoubleSeconds(absl::Now() - received);
     const bool infer = method == Method::kInfer || method == Method::kInferStream ||
                        method == Method::kModelInfer || method == Method::kModelStreamInfer ||
                        method == Method::kRestModelInfer;
     const bool append = method == Method::kAppend || method == Method::kSessionStream;
-    if (infer) model->metrics->request_duration->Observe(seconds);
-    if (append) model->metrics->append_duration->Observe(seconds);
-    if (infer || append) model->metrics->stats->Answered(status.ok(), absl::Seconds(seconds));
+    if (infer) metrics->request_duration->Observe(seconds);
+    if (append) metrics->append_duration->Observe(seconds);
+    if (infer || append) metrics->stats->Answered(status.ok(), absl::Seconds(seconds));
   }
   if (!status.ok()) {
     log_.Failed(
-        method, model != nullptr ? model->name : call.leases->asked(),
+        method, !name.empty() ? std::string(name) : call.leases->asked(),
         [&] { return CallerName(call); }, call.peer, status);
   }
   metrics_->inflight_requests().Decrement();

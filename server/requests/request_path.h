@@ -123,6 +123,10 @@ class RequestPath {
   // that has its response also sees it counted.
   void Answered(const ServedModel* model, const CallContext& call, const absl::Status& status,
                 absl::Time received);
+  // The same for an answer counted after its version may be gone: the
+  // model's `metrics` (null: none found) and `name`, which outlive it.
+  void Answered(const ModelMetrics* metrics, absl::string_view name, const CallContext& call,
+                const absl::Status& status, absl::Time received);
 
   // The caller of `call`: null when authentication is off (every model
   // allowed), else its principal; UNAUTHENTICATED (counted) when the call
