@@ -140,5 +140,32 @@ TEST(VersionHoldsReviewTest, AnUnreadStreamResponseHoldsNoVersion) {
   server->Drain();
 }
 
+// ForgetModel(key) frees the session state of the version freed at that
+// address, not that of a newer version the allocator made at the same
+// address and unloaded before the older one's ForgetModel came (the reaper
+// calls it on its own thread, after freeing the version and trimming the
+// heap). Driven on the manager in that order, deterministically: before,
+// the newer version's RemoveModel replaced the older state (one entry per
+// address) and the late ForgetModel then freed the newer state while a
+// call still held its version (CreateSession read a freed SessionModel).
+TEST(VersionHoldsReviewTest, ALateForgetModelOfAReusedAddressKeepsTheNewerState) {
+  const std::string repo = NewRepo("reused_address");
+  fs::create_directories(repo + "/m");
+  WriteVersion(repo + "/m", 1, 81);
+  auto server = Start(repo, ModelControl::kExplicit);
+  server::SessionManager* manager = server->sessions();
+  server::ModelRef held = server->repository()->Find("m");  // As a call's lease.
+  const server::ServedModel* at = held.get();
+  manager->RemoveModel(at);  // The older version at this address: unloaded, then freed.
+  server::SessionModel* newer = manager->AddModel(at);  // A newer one made there.
+  manager->RemoveModel(at);                             // Unloaded while a call holds it.
+  manager->ForgetModel(at);                             // The older version's, late.
+  EXPECT_EQ(manager->model(at), newer);
+  manager->ForgetModel(at);  // The newer version's, once it is freed.
+  EXPECT_EQ(manager->model(at), nullptr);
+  held.reset();
+  server->Drain();
+}
+
 }  // namespace
 }  // namespace attention
