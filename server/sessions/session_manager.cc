@@ -43,8 +43,8 @@ SessionManager::~SessionManager() {
 SessionModel* SessionManager::model(const ServedModel* served) const {
   absl::ReaderMutexLock lock(&models_mu_);
   if (auto it = models_.find(served); it != models_.end()) return it->second.get();
-  auto it = removed_.find(served);
-  return it == removed_.end() ? nullptr : it->second.get();
+  auto it = removed_.find(served);  // The newest removed at this address.
+  return it == removed_.end() ? nullptr : it->second.back().get();
 }
 
 int64_t SessionManager::live_sessions() const {

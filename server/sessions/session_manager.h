@@ -233,7 +233,11 @@ class SessionManager {
   MemoryBudget budget_;
   mutable absl::Mutex models_mu_;  // Taken before mu_ when both are.
   std::map<const ServedModel*, std::unique_ptr<SessionModel>> models_ ABSL_GUARDED_BY(models_mu_);
-  std::map<const void*, std::unique_ptr<SessionModel>> removed_ ABSL_GUARDED_BY(models_mu_);
+  // Removed versions' state by address, oldest first: a version freed may
+  // have its address reused by a newer one, unloaded too before the older
+  // one's ForgetModel comes (ForgetModel frees the oldest).
+  std::map<const void*, std::deque<std::unique_ptr<SessionModel>>> removed_
+      ABSL_GUARDED_BY(models_mu_);
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

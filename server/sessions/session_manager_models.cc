@@ -44,7 +44,7 @@ void SessionManager::RemoveModel(const ServedModel* served) {
     auto it = models_.find(served);
     if (it == models_.end()) return;
     gone = it->second.get();
-    removed_[served] = std::move(it->second);
+    removed_[served].push_back(std::move(it->second));
     models_.erase(it);
   }
   const std::string reason =
@@ -78,8 +78,9 @@ void SessionManager::ForgetModel(const void* served) {
   absl::MutexLock lock(&models_mu_);
   auto it = removed_.find(served);
   if (it == removed_.end()) return;
-  gone = std::move(it->second);
-  removed_.erase(it);
+  gone = std::move(it->second.front());  // Freed first: the oldest at this address.
+  it->second.pop_front();
+  if (it->second.empty()) removed_.erase(it);
 }
 
 }  // namespace attention::server
