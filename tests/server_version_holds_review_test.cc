@@ -124,9 +124,10 @@ TEST(VersionHoldsReviewTest, AnUnreadStreamResponseHoldsNoVersion) {
 
   WriteVersion(repo + "/m", 2, 72);
   ASSERT_TRUE(server->repository()->LoadModel("m").ok());  // Policy latest 1: v1 unloads.
-  EXPECT_TRUE(
-      Eventually([&] { return server->repository()->resident_bytes() == ModelBytes(repo, 2); }))
-      << server->repository()->resident_bytes() << " resident";
+  EXPECT_TRUE(Eventually([&] {
+    return server->repository()->resident_bytes() == ModelBytes(repo, 2);
+  })) << server->repository()->resident_bytes()
+      << " resident";
 
   v1::InferResponse response;
   ASSERT_TRUE(stream->Read(&response));
