@@ -211,16 +211,18 @@ absl::Status AttentionServer::LoadModels() {
   // Versions loaded after start get their session state before they serve;
   // those unloaded end their sessions.
   r.on_load = [this](ServedModel& m) {
-    SessionManager* sessions = live_sessions_.load();
-    if (sessions == nullptr) return;
-    sessions->AddModel(&m);
-    InstallSessionRunner(*sessions, m);
+    absl::MutexLock lock(&hooks_mu_);
+    if (hooked_sessions_ == nullptr) return;
+    hooked_sessions_->AddModel(&m);
+    InstallSessionRunner(*hooked_sessions_, m);
   };
   r.on_unload = [this](const ServedModel& m) {
-    if (SessionManager* sessions = live_sessions_.load()) sessions->RemoveModel(&m);
+    absl::MutexLock lock(&hooks_mu_);
+    if (hooked_sessions_ != nullptr) hooked_sessions_->RemoveModel(&m);
   };
   r.on_freed = [this](const void* key) {
-    if (SessionManager* sessions = live_sessions_.load()) sessions->ForgetModel(key);
+    absl::MutexLock lock(&hooks_mu_);
+    if (hooked_sessions_ != nullptr) hooked_sessions_->ForgetModel(key);
   };
   r.on_change = [this] {
     const ModelRepository* repository = requests_->repository();
@@ -235,7 +237,10 @@ absl::Status AttentionServer::LoadModels() {
   sessions_ =
       std::make_unique<SessionManager>(repository_.get(), metrics_.get(), options_.sessions);
   InstallSessionRunners(*sessions_, *repository_);
-  live_sessions_.store(sessions_.get());
+  {
+    absl::MutexLock lock(&hooks_mu_);
+    hooked_sessions_ = sessions_.get();
+  }
   session_path_->SetManager(sessions_.get());
   requests_->SetRepository(repository_.get());
   SetHealth(true);
@@ -281,7 +286,10 @@ bool AttentionServer::Drain() {
   // sessions, reading their models), then the models. Every call has ended,
   // and a call ends only after its batcher work answered, so no batcher holds
   // session work any more.
-  live_sessions_.store(nullptr);
+  {
+    absl::MutexLock lock(&hooks_mu_);  // Waits for a hook using it (a late on_freed).
+    hooked_sessions_ = nullptr;
+  }
   sessions_.reset();
   repository_.reset();
   return idle;

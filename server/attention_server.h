@@ -152,9 +152,12 @@ class AttentionServer {
   // session manager, which reads the models, before the repository.
   std::unique_ptr<ModelRepository> repository_;
   std::unique_ptr<SessionManager> sessions_;
-  // The session manager once made, for the repository's hooks (null before
-  // and while draining).
-  std::atomic<SessionManager*> live_sessions_{nullptr};
+  // The manager the repository's hooks (on_load, on_unload, on_freed) use,
+  // null before it exists and once the drain lets it go: each hook holds
+  // hooks_mu_ while it uses it, so the drain never destroys it under one
+  // (on_freed runs on the version reaper's thread, whenever a lease goes).
+  absl::Mutex hooks_mu_;
+  SessionManager* hooked_sessions_ ABSL_GUARDED_BY(hooks_mu_) = nullptr;
   int port_ = 0;
   bool drained_ = false;
 };
