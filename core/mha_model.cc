@@ -1,5 +1,6 @@
 #include "core/mha_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -40,16 +41,27 @@ absl::StatusOr<Tensor> TakeTensor(const SafeTensors& st, const std::string& name
 }
 
 // The whole file, read straight into a string of its size (a stringstream
-// would copy a 1 GiB weights file twice more and grow by reallocation).
-absl::StatusOr<std::string> ReadText(const std::string& path) {
+// would copy a 1 GiB weights file twice more and grow by reallocation), in
+// chunks: `abandoned` (when set) is asked before each, so that a load told
+// to stop stops within one chunk's read.
+absl::StatusOr<std::string> ReadText(const std::string& path,
+                                     const std::function<bool()>& abandoned) {
+  constexpr std::streamoff kChunk = std::streamoff{16} << 20;
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
   const std::streamoff size = in.tellg();
   if (size < 0) return absl::DataLossError(absl::StrCat("cannot size '", path, "'"));
   std::string out(static_cast<size_t>(size), '\0');
   in.seekg(0);
-  if (!in.read(out.data(), size)) {
-    return absl::DataLossError(absl::StrCat("cannot read '", path, "' (", size, " bytes)"));
+  for (std::streamoff done = 0; done < size;) {
+    if (abandoned && abandoned()) {
+      return absl::CancelledError(absl::StrCat("reading '", path, "' was abandoned"));
+    }
+    const std::streamoff n = std::min(kChunk, size - done);
+    if (!in.read(out.data() + done, n)) {
+      return absl::DataLossError(absl::StrCat("cannot read '", path, "' (", size, " bytes)"));
+    }
+    done += n;
   }
   return out;
 }
@@ -212,10 +224,19 @@ absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::FromBytes(absl::string
 
 absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::LoadFromDirectory(
     const std::string& dir) {
+  return LoadFromDirectory(dir, nullptr);
+}
+
+absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::LoadFromDirectory(
+    const std::string& dir, const std::function<bool()>& abandoned) {
   return ResourceExhaustedOnBadAlloc(
       "model load", [&]() -> absl::StatusOr<std::shared_ptr<const MhaModel>> {
-        ASSIGN_OR_RETURN(const std::string config, ReadText(dir + "/config.json"));
-        ASSIGN_OR_RETURN(const std::string safetensors, ReadText(dir + "/model.safetensors"));
+        ASSIGN_OR_RETURN(const std::string config, ReadText(dir + "/config.json", abandoned));
+        ASSIGN_OR_RETURN(const std::string safetensors,
+                         ReadText(dir + "/model.safetensors", abandoned));
+        if (abandoned && abandoned()) {
+          return absl::CancelledError(absl::StrCat(dir, ": the load was abandoned"));
+        }
         auto model = FromBytes(config, safetensors);
         if (!model.ok()) {
           return absl::Status(model.status().code(),

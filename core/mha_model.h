@@ -11,6 +11,7 @@
 #define ATTENTION_CORE_MHA_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,6 +64,12 @@ class MhaModel {
   // malformed, a tensor is missing, unexpected, of a wrong dtype or shape, or
   // disagrees with the config.
   static absl::StatusOr<std::shared_ptr<const MhaModel>> LoadFromDirectory(const std::string& dir);
+  // As above, asking `abandoned` (may be null) before each 16 MiB of the
+  // files is read and before the weights are parsed: once it says true, the
+  // load stops with Cancelled. Call it from the loading thread; `abandoned`
+  // is called there.
+  static absl::StatusOr<std::shared_ptr<const MhaModel>> LoadFromDirectory(
+      const std::string& dir, const std::function<bool()>& abandoned);
 
   // Builds a model from the bytes of config.json and model.safetensors, as
   // LoadFromDirectory does after reading them: InvalidArgument as above

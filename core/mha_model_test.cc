@@ -142,6 +142,28 @@ TEST(MhaModelTest, LoadsFromDirectory) {
   std::filesystem::remove_all(dir);
 }
 
+// A load told to stop (a drain, a stop signal) stops between chunks of its
+// reading: asked before each file's chunks and before parsing.
+TEST(MhaModelTest, AbandonedLoadStopsWithCancelled) {
+  const std::string dir = ::testing::TempDir() + "/mha_model_abandon_dir";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"num_heads": 2})";
+  Layer layer;
+  std::ofstream(dir + "/model.safetensors", std::ios::binary) << WriteSafeTensors(layer.Map());
+  int asked = 0;
+  auto m = MhaModel::LoadFromDirectory(dir, [&] { return ++asked > 100; });
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_GE(asked, 3);  // config.json, model.safetensors, before parsing.
+  for (int stop_at : {1, 2, 3}) {
+    asked = 0;
+    EXPECT_THAT(MhaModel::LoadFromDirectory(dir, [&] { return ++asked >= stop_at; }),
+                StatusIs(absl::StatusCode::kCancelled, HasSubstr("abandoned")))
+        << "stopped at check " << stop_at;
+    EXPECT_EQ(asked, stop_at);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(MhaModelTest, LoadsFromBytes) {
   Layer layer;
   const std::string safetensors = WriteSafeTensors(layer.Map());

@@ -224,6 +224,7 @@ absl::Status AttentionServer::LoadModels() {
     absl::MutexLock lock(&hooks_mu_);
     if (hooked_sessions_ != nullptr) hooked_sessions_->ForgetModel(key);
   };
+  r.abandon = abandon_loads_;
   r.on_change = [this] {
     const ModelRepository* repository = requests_->repository();
     if (repository != nullptr && !requests_->draining()) SetHealth(repository->AllServing());
@@ -256,15 +257,23 @@ bool AttentionServer::Drain() {
   requests_->StartDraining();
   if (sessions_ != nullptr) sessions_->StopAccepting();
   if (repository_ != nullptr) {
-    repository_->StopControl();  // No load, unload or poll from here on.
+    // No load, unload or poll starts from here on: queued loads are answered
+    // UNAVAILABLE now; one in progress has until the drain deadline.
+    repository_->StopControl();
     repository_->StopAccepting();
   }
   const absl::Time start = absl::Now();
   const bool idle = requests_->WaitIdle(options_.drain_timeout);
   if (!idle) std::cerr << "drain timeout: some accepted requests were not answered\n";
+  const bool loads_done =
+      repository_ == nullptr || repository_->FinishControl(start + options_.drain_timeout);
+  if (repository_ != nullptr) repository_->StopAccepting();  // A version a load just published.
   // Keep answering UNAVAILABLE for a moment so that clients still sending see
-  // a clear refusal (and go elsewhere) rather than calls cut by the shutdown.
-  absl::SleepFor(std::min(options_.drain_grace, options_.drain_timeout - (absl::Now() - start)));
+  // a clear refusal (and go elsewhere) rather than calls cut by the shutdown
+  // (not needed before any model served: nothing was routed here).
+  if (repository_ != nullptr) {
+    absl::SleepFor(std::min(options_.drain_grace, options_.drain_timeout - (absl::Now() - start)));
+  }
   // Calls still open (streams the client keeps open) get what is left of the
   // drain timeout, then are cancelled.
   const absl::Duration left =
@@ -292,7 +301,7 @@ bool AttentionServer::Drain() {
   }
   sessions_.reset();
   repository_.reset();
-  return idle;
+  return idle && loads_done;
 }
 
 std::shared_ptr<grpc::Channel> AttentionServer::InProcessChannel() {

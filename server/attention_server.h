@@ -107,10 +107,19 @@ class AttentionServer {
   // serving version). Errors from ModelRepository::Load.
   absl::Status LoadModels();
 
-  // Reports NOT_SERVING, refuses new requests with UNAVAILABLE, waits up to
-  // the drain timeout for accepted ones, then shuts the server down. True if
-  // every accepted request was answered.
+  // Reports NOT_SERVING, refuses new requests with UNAVAILABLE (and model
+  // loads and unloads still queued), waits up to the drain timeout for
+  // accepted ones and for a model load in progress (abandoned at the
+  // timeout), then shuts the server down. True if every accepted request was
+  // answered and no load was abandoned.
   bool Drain();
+
+  // Model loads in progress stop at their next check (between chunks of
+  // reading, before the engine, between warm-up passes) and fail with
+  // UNAVAILABLE; later ones fail at once, so LoadModels returns promptly.
+  // Thread-safe (a stop signal's thread calls it while LoadModels runs);
+  // cannot be undone.
+  void AbandonLoads() { abandon_loads_->store(true); }
 
   int port() const { return port_; }
   // The REST port; 0 when it is off.
@@ -158,6 +167,8 @@ class AttentionServer {
   // (on_freed runs on the version reaper's thread, whenever a lease goes).
   absl::Mutex hooks_mu_;
   SessionManager* hooked_sessions_ ABSL_GUARDED_BY(hooks_mu_) = nullptr;
+  // Shared with the repository (RepositoryOptions::abandon).
+  std::shared_ptr<std::atomic<bool>> abandon_loads_ = std::make_shared<std::atomic<bool>>(false);
   int port_ = 0;
   bool drained_ = false;
 };

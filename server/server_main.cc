@@ -6,11 +6,19 @@
 // Start-up: listen (health NOT_SERVING), load and warm up every model, then
 // report SERVING. SIGTERM or SIGINT: report NOT_SERVING, refuse new work
 // with UNAVAILABLE, finish every accepted request (up to --drain_timeout_s),
-// exit 0.
+// exit 0. During the start-up load the signal abandons the load and the
+// server exits 0 at once (a stop that was asked for is not a failure).
+//
+// Test hook (server_process_test): ATTENTION_TEST_LOAD_DELAY_MS=<ms>[:<model>]
+// makes every load (of <model>) wait <ms> before reading its files, as a
+// large model's would, and stop early when abandoned.
 #include <malloc.h>
+#include <pthread.h>
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -23,8 +31,11 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "core/workspace.h"
 #include "server/allocator_trimmer.h"
@@ -74,7 +85,8 @@ ABSL_FLAG(double, max_connection_age_s, 60,
 ABSL_FLAG(double, max_connection_age_grace_s, 30,
           "How long calls in flight on a connection past its age may still take.");
 ABSL_FLAG(int, drain_timeout_s, 30,
-          "On SIGTERM/SIGINT, how long accepted requests may take to finish.");
+          "On SIGTERM/SIGINT, how long accepted requests and a model load in progress may take "
+          "to finish (the load is then abandoned).");
 ABSL_FLAG(int64_t, session_memory_bytes, 0,
           "Budget of every session's key/value cache, in bytes; 0: its share of the memory "
           "plan (a quarter of what the process's baseline leaves of 85% of the memory limit).");
@@ -154,6 +166,34 @@ ABSL_FLAG(bool, warmup, true, "Create oneDNN primitives for common shapes before
 namespace attention::server {
 namespace {
 
+// The ATTENTION_TEST_LOAD_DELAY_MS hook (see the top of this file), or none.
+std::function<absl::Status(const std::string&, int64_t, const std::function<bool()>&)>
+SlowLoadHookForTesting() {
+  const char* value = std::getenv("ATTENTION_TEST_LOAD_DELAY_MS");
+  if (value == nullptr) return nullptr;
+  const std::vector<std::string> parts = absl::StrSplit(value, absl::MaxSplits(':', 1));
+  int64_t ms = 0;
+  if (!absl::SimpleAtoi(parts[0], &ms) || ms <= 0) return nullptr;
+  const std::string only = parts.size() > 1 ? parts[1] : "";
+  std::cerr << "test hook: ATTENTION_TEST_LOAD_DELAY_MS=" << value << "\n";
+  return [ms, only](const std::string& model, int64_t version,
+                    const std::function<bool()>& abandoned) {
+    if (!only.empty() && model != only) return absl::OkStatus();
+    std::cerr << "test hook: slowing the load of model '" << model << "' version " << version
+              << " by " << ms << " ms\n";
+    const absl::Time until = absl::Now() + absl::Milliseconds(ms);
+    while (absl::Now() < until) {
+      if (abandoned()) return absl::CancelledError("test hook: abandoned");
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return absl::OkStatus();
+  };
+}
+
+const char* SignalName(int signal_number) {
+  return signal_number == SIGTERM ? "SIGTERM" : "SIGINT";
+}
+
 int Run() {
   // Block the stop signals in every thread; this one waits for them.
   sigset_t stop_signals;
@@ -198,6 +238,7 @@ int Run() {
   }
   repo.poll_interval = absl::Seconds(absl::GetFlag(FLAGS_repository_poll_s));
   repo.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
+  repo.load_hook = SlowLoadHookForTesting();
   // A busy port is one line, before the plan's table or anything else.
   for (const auto& [port, flag] :
        {std::pair{options.port, "port"}, std::pair{options.metrics_port, "metrics_port"},
@@ -263,8 +304,41 @@ int Run() {
     std::cerr << server.status().message() << "\n";
     return 1;
   }
+  // A thread of its own takes the stop signals from here on, so that one
+  // during the start-up load abandons the load instead of waiting for it.
+  std::atomic<int> signal_number{0};
+  std::atomic<bool> loading{true};
+  std::atomic<bool> quiet{false};  // Woken to end, not by a signal.
+  absl::Notification stop;
+  std::thread signals([&, s = server->get()] {
+    int number = 0;
+    sigwait(&stop_signals, &number);
+    if (quiet.load()) return;
+    signal_number.store(number);
+    if (loading.load()) {
+      std::cerr << "received " << SignalName(number)
+                << " while loading models: the load is abandoned\n";
+      s->AbandonLoads();
+    }
+    stop.Notify();
+  });
+  auto end_signals = [&] {
+    if (!stop.HasBeenNotified()) {
+      quiet.store(true);
+      pthread_kill(signals.native_handle(), SIGTERM);
+    }
+    signals.join();
+  };
   const absl::Status loaded = (*server)->LoadModels();
+  loading.store(false);
   if (!loaded.ok()) {
+    const bool stopped = signal_number.load() != 0;
+    end_signals();
+    if (stopped) {
+      std::cerr << "stopped before serving (" << SignalName(signal_number.load())
+                << " during the start-up load)\n";
+      return 0;
+    }
     std::cerr << "cannot load models: " << loaded.message() << "\n";
     return 1;
   }
@@ -280,10 +354,10 @@ int Run() {
   std::cerr << "memory plan: resident " << resident << " bytes once ready (baseline planned "
             << plan->baseline_bytes() << ")"
             << (resident > plan->baseline_bytes() ? ": over the plan's baseline" : "") << "\n";
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
-  std::cerr << "received " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
-            << ": draining (up to " << absl::GetFlag(FLAGS_drain_timeout_s) << " s)\n";
+  stop.WaitForNotification();
+  signals.join();
+  std::cerr << "received " << SignalName(signal_number.load()) << ": draining (up to "
+            << absl::GetFlag(FLAGS_drain_timeout_s) << " s)\n";
   const bool drained = (*server)->Drain();
   std::cerr << "stopped" << (drained ? "" : " (drain timed out)") << "; peak resident "
             << PeakResidentBytes() << " bytes, " << trimmer.trims() << " allocator trim(s)\n";

@@ -1,14 +1,24 @@
 // attention-server as a process: start it on free ports, load it from
 // several threads, send SIGTERM in the middle, and check that every request
-// it accepted got a full, correct response and that it exits 0.
+// it accepted got a full, correct response and that it exits 0; SIGTERM
+// while models load (at start, and LoadModel calls queued) stops it promptly.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "core/mha_engine.h"
 #include "gmock/gmock.h"
@@ -104,6 +114,135 @@ TEST(ServerProcessTest, ABusyPortIsOneLineBeforeAnythingStarts) {
   ASSERT_EQ(lines.size(), 1u) << output;
   EXPECT_THAT(lines[0], HasSubstr("--port " + std::to_string(first.port()) + ": cannot listen on"));
   EXPECT_THAT(output, Not(HasSubstr("metrics on")));
+}
+
+// attention-server started with `args` and `env`, its stderr in a file; it
+// is not waited for (ServerProcess waits for SERVING).
+class LoggedServer {
+ public:
+  LoggedServer(const std::vector<std::string>& extra_args, const std::vector<std::string>& env)
+      : log_(::testing::TempDir() + "/server_process_" + std::to_string(getpid()) + "_" +
+             std::to_string(++count_) + ".log"),
+        port_(testing::FreePort()) {
+    std::vector<std::string> args = {ATTENTION_SERVER_BINARY, "--host=127.0.0.1",
+                                     "--port=" + std::to_string(port_), "--metrics_port=0",
+                                     "--http_port=0"};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 2);
+      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~LoggedServer() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  std::string Log() const {
+    std::ifstream in(log_);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+  // Waits (bounded, 30 s) until the log says `text`.
+  bool WaitForLog(const std::string& text) const {
+    for (int i = 0; i < 3000; ++i) {
+      if (Log().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+  void Terminate() { kill(pid_, SIGTERM); }
+  // Waits (bounded, 30 s) for the exit; its code, or -1 (killed by a
+  // signal, or still running: then killed).
+  int WaitExit() {
+    int status = 0;
+    for (int i = 0; i < 3000; ++i) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+  std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  static inline int count_ = 0;
+  const std::string log_;
+  const int port_;
+  int pid_ = -1;
+};
+
+// A stop signal while the models load at start is acted on at once: the
+// load is abandoned (the test hook makes it last a minute), the server never
+// reports ready, and it exits 0 (a stop that was asked for).
+TEST(ServerProcessTest, SigtermDuringTheInitialLoadStopsIt) {
+  LoggedServer server({}, {"ATTENTION_TEST_LOAD_DELAY_MS=60000"});
+  ASSERT_TRUE(server.WaitForLog("loading models from")) << server.Log();
+  server.Terminate();
+  EXPECT_EQ(server.WaitExit(), 0) << server.Log();
+  const std::string log = server.Log();
+  EXPECT_THAT(log, HasSubstr("abandoned"));
+  EXPECT_THAT(log, Not(HasSubstr("ready: serving")));
+}
+
+// SIGTERM with LoadModel calls queued (and one loading): the queued ones are
+// answered UNAVAILABLE at once, the one loading is abandoned at the drain
+// deadline (--drain_timeout_s=1), and the server exits 0.
+TEST(ServerProcessTest, SigtermCancelsQueuedLoadsAndAbandonsTheOneLoading) {
+  const std::string repo =
+      ::testing::TempDir() + "/server_process_loads_" + std::to_string(getpid());
+  std::filesystem::remove_all(repo);
+  auto model = *MhaModel::Random(testing::SelfAttentionSpec(32, 4), 7);
+  testing::WriteModelDir(*model, repo + "/m");
+  LoggedServer server(
+      {"--model_repository=" + repo, "--model_control=explicit", "--drain_timeout_s=1"},
+      {"ATTENTION_TEST_LOAD_DELAY_MS=60000:slow"});
+  ASSERT_TRUE(server.WaitForLog("ready: serving")) << server.Log();
+  testing::WriteModelDir(*model, repo + "/slow");  // Loaded on request only: slowly.
+  auto stub = v1::AttentionService::NewStub(
+      grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials()));
+  constexpr int kLoads = 4;
+  struct Call {
+    grpc::ClientContext context;
+    v1::LoadModelRequest request;
+    v1::LoadModelResponse response;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  absl::Mutex mu;
+  std::vector<grpc::Status> answers;  // Guarded by mu.
+  for (int i = 0; i < kLoads; ++i) {
+    calls.push_back(std::make_unique<Call>());
+    Call* c = calls.back().get();
+    c->request.set_name("slow");
+    c->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    stub->async()->LoadModel(&c->context, &c->request, &c->response, [&](grpc::Status s) {
+      absl::MutexLock lock(&mu);
+      answers.push_back(s);
+    });
+  }
+  ASSERT_TRUE(server.WaitForLog("test hook: slowing the load of model 'slow'")) << server.Log();
+  server.Terminate();
+  EXPECT_EQ(server.WaitExit(), 0) << server.Log();
+  absl::MutexLock lock(&mu);
+  auto all_answered = [&] { return answers.size() == kLoads; };
+  mu.AwaitWithTimeout(absl::Condition(&all_answered), absl::Seconds(30));
+  ASSERT_EQ(answers.size(), kLoads);
+  for (const grpc::Status& s : answers) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+  EXPECT_THAT(server.Log(), HasSubstr("abandoned"));
+  std::filesystem::remove_all(repo);
 }
 
 }  // namespace

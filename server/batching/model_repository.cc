@@ -12,11 +12,16 @@
 namespace attention::server {
 
 ModelRepository::ModelRepository(RepositoryOptions options, Metrics* metrics)
-    : options_(std::move(options)), metrics_(metrics), load_metrics_(*metrics->registry()) {
+    : options_(std::move(options)),
+      list_(options_.list_directory ? options_.list_directory : DirectoryLister(ListDirectory)),
+      abandon_(options_.abandon ? options_.abandon : std::make_shared<std::atomic<bool>>(false)),
+      metrics_(metrics),
+      load_metrics_(*metrics->registry()) {
   reaper_ = std::make_shared<VersionReaper>([this](const void* key, int64_t bytes) {
     {
       absl::MutexLock lock(&mu_);
       resident_bytes_ -= bytes;
+      ++frees_;  // Room may have freed: versions refused for room are retried.
     }
     if (options_.on_freed) options_.on_freed(key);
   });
@@ -28,7 +33,7 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(Repositor
   const RepositoryOptions& o = repo->options_;
   std::map<std::string, std::string> dirs;
   if (!o.path.empty()) {
-    ASSIGN_OR_RETURN(dirs, ScanRepository(o.path));
+    ASSIGN_OR_RETURN(dirs, ScanRepository(o.path, repo->list_));
     if (dirs.empty()) {
       return absl::NotFoundError(absl::StrCat("model repository '", o.path,
                                               "' has no model directory (a folder with "
@@ -56,20 +61,45 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(Repositor
         absl::StrCat("default model '", repo->default_model_,
                      "' is not among the loaded models: ", absl::StrJoin(names, ", ")));
   }
+  {
+    absl::MutexLock lock(&repo->mu_);
+    repo->worker_done_ = false;
+  }
   repo->worker_ = std::thread([r = repo.get()] { r->WorkLoop(); });
   return repo;
 }
 
 void ModelRepository::StopControl() {
+  std::deque<Task> left;
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    left.swap(tasks_);
+  }
+  for (Task& task : left) {
+    if (task.if_stopped) task.if_stopped();
+  }
+}
+
+bool ModelRepository::FinishControl(absl::Time deadline) {
+  bool finished = false;
+  {
+    absl::MutexLock lock(&mu_);
+    finished = mu_.AwaitWithDeadline(absl::Condition(&worker_done_), deadline);
+  }
+  if (!finished) {
+    std::cerr << "model control: still busy at the drain deadline: a load in progress is "
+                 "abandoned\n";
+    AbandonLoads();
   }
   if (worker_.joinable()) worker_.join();
+  return finished;
 }
 
 ModelRepository::~ModelRepository() {
   StopControl();
+  AbandonLoads();  // A load still running (no drain waited for it) stops.
+  if (worker_.joinable()) worker_.join();
   std::map<std::string, Entry> models;
   {
     absl::MutexLock lock(&mu_);
@@ -80,101 +110,6 @@ ModelRepository::~ModelRepository() {
     std::cerr << "model repository: versions still held 30 s after shutdown\n";
   }
   reaper_->Stop();
-}
-
-absl::Status ModelRepository::Sync(const std::string& name, const std::string& dir,
-                                   bool stable_only) {
-  absl::StatusOr<ModelLayout> layout = ScanModel(dir);
-  if (!layout.ok()) {
-    std::cerr << "model '" << name << "': " << layout.status().message() << "\n";
-    return layout.status();
-  }
-  std::vector<int64_t> loadable;  // Ascending.
-  std::map<int64_t, std::string> prints;
-  for (const auto& [v, vdir] : layout->versions) {
-    const std::string print = Fingerprint(vdir);
-    prints[v] = print;
-    bool changed = false;
-    {
-      absl::MutexLock lock(&mu_);
-      Entry& e = models_[name];
-      e.dir = dir;
-      if (e.serving.count(v)) {
-        loadable.push_back(v);
-        std::string& loaded = e.loaded_print[v];
-        if (stable_only && !loaded.empty() && loaded != print) {
-          std::cerr << "model '" << name << "' version " << v
-                    << ": its files changed after it was loaded; it keeps serving what was loaded "
-                       "(versions are immutable: write new weights as a new version)\n";
-          loaded = print;  // Said once per change.
-        }
-        continue;
-      }
-      auto refused = e.refused.find(v);
-      if (refused != e.refused.end() && refused->second.first == print) continue;
-      changed = e.seen[v] != print;
-      e.seen[v] = print;
-    }
-    if (stable_only && changed) continue;  // Seen once: wait for one more poll.
-    const absl::Status complete = CheckComplete(vdir);
-    if (!complete.ok()) {
-      // Unchanged since the last poll (or loaded on request): not a copy in
-      // progress but a broken version. Refused until its folder changes.
-      load_metrics_.Load(name, v, "failure", 0);
-      std::cerr << "model '" << name << "' version " << v << ": not loaded: " << complete.message()
-                << "\n";
-      absl::MutexLock lock(&mu_);
-      models_[name].refused[v] = {print, std::string(complete.message())};
-      continue;
-    }
-    loadable.push_back(v);
-  }
-  absl::Status last_error = absl::OkStatus();
-  for (;;) {
-    const std::set<int64_t> want = SelectVersions(layout->policy, loadable);
-    int64_t next = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      const Entry& e = models_[name];
-      for (int64_t v : want) {
-        if (!e.serving.count(v)) next = v;
-      }
-    }
-    if (next == 0) {
-      // Everything wanted serves: retire the rest (never before the new serve).
-      std::vector<int64_t> drop;
-      {
-        absl::MutexLock lock(&mu_);
-        for (const auto& [v, m] : models_[name].serving) {
-          if (!want.count(v)) drop.push_back(v);
-        }
-      }
-      for (int64_t v : drop) Unpublish(name, v);
-      break;
-    }
-    absl::StatusOr<std::shared_ptr<ServedModel>> loaded =
-        LoadVersion(name, next, layout->versions[next]);
-    absl::MutexLock lock(&mu_);
-    Entry& e = models_[name];
-    if (loaded.ok()) {
-      e.serving[next] = *std::move(loaded);
-      e.loaded_print[next] = prints[next];
-      e.refused.erase(next);
-      e.configured = true;  // Readiness now waits for it.
-      load_metrics_.SetReady(name, next, true);
-    } else {
-      last_error = loaded.status();
-      e.refused[next] = {prints[next], std::string(loaded.status().message())};
-      loadable.erase(std::find(loadable.begin(), loadable.end(), next));
-    }
-  }
-  absl::MutexLock lock(&mu_);
-  if (models_[name].serving.empty()) {
-    if (!last_error.ok()) return last_error;
-    return absl::NotFoundError(absl::StrCat("model '", name, "': no loadable version in '", dir,
-                                            "' (policy ", layout->policy.ToString(), ")"));
-  }
-  return absl::OkStatus();
 }
 
 void ModelRepository::Unpublish(const std::string& name, int64_t version) {
@@ -226,7 +161,7 @@ std::vector<VersionState> ModelRepository::Index(const std::string& name) const 
   for (const auto& [model, e] : models_) {
     if (!name.empty() && model != name) continue;
     std::map<int64_t, VersionState> versions;
-    for (const auto& [v, r] : e.refused) versions[v] = {model, v, "UNAVAILABLE", r.second};
+    for (const auto& [v, r] : e.refused) versions[v] = {model, v, "UNAVAILABLE", r.reason};
     for (const auto& [v, m] : e.serving) versions[v] = {model, v, "READY", ""};
     if (versions.empty()) versions[0] = {model, 0, "UNAVAILABLE", "unloaded"};
     for (auto& [v, s] : versions) out.push_back(std::move(s));
@@ -245,26 +180,6 @@ bool ModelRepository::AllServing() const {
     if (e.configured && e.serving.empty()) return false;
   }
   return true;
-}
-
-absl::Status ModelRepository::LoadModel(const std::string& name) {
-  absl::MutexLock serial(&load_mu_);
-  if (options_.path.empty()) {
-    return absl::FailedPreconditionError("model: this server serves the built-in demo model only");
-  }
-  ASSIGN_OR_RETURN(auto dirs, ScanRepository(options_.path));
-  auto it = dirs.find(name);
-  if (it == dirs.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("model: '", name, "' has no folder in the repository '", options_.path, "'"));
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    models_[name].refused.clear();  // An explicit load retries refused versions.
-  }
-  const absl::Status status = Sync(name, it->second, /*stable_only=*/false);
-  if (options_.on_change) options_.on_change();
-  return status;
 }
 
 absl::Status ModelRepository::UnloadModel(const std::string& name) {
@@ -289,32 +204,15 @@ absl::Status ModelRepository::UnloadModel(const std::string& name) {
   return absl::OkStatus();
 }
 
-void ModelRepository::Poll() {
-  absl::MutexLock serial(&load_mu_);
-  absl::StatusOr<std::map<std::string, std::string>> dirs = ScanRepository(options_.path);
-  if (!dirs.ok()) {
-    std::cerr << "model repository poll: " << dirs.status().message() << "\n";
-    return;
-  }
-  std::vector<std::pair<std::string, int64_t>> removed;
+void ModelRepository::Run(std::function<void()> task, std::function<void()> if_stopped) {
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [name, e] : models_) {
-      if (dirs->count(name)) continue;
-      e.configured = false;
-      for (const auto& [v, m] : e.serving) removed.emplace_back(name, v);
+    if (!stop_) {
+      tasks_.push_back({std::move(task), std::move(if_stopped)});
+      return;
     }
   }
-  for (const auto& [name, v] : removed) Unpublish(name, v);
-  for (const auto& [name, dir] : *dirs) {
-    Sync(name, dir, /*stable_only=*/true).IgnoreError();
-  }
-  if (options_.on_change) options_.on_change();
-}
-
-void ModelRepository::Run(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
-  tasks_.push_back(std::move(task));
+  if (if_stopped) if_stopped();
 }
 
 void ModelRepository::WorkLoop() {
@@ -329,9 +227,9 @@ void ModelRepository::WorkLoop() {
       } else {
         mu_.Await(absl::Condition(&wake));
       }
-      if (stop_) break;
+      if (stop_) break;  // StopControl answers what is still queued.
       if (!tasks_.empty()) {
-        task = std::move(tasks_.front());
+        task = std::move(tasks_.front().run);
         tasks_.pop_front();
       }
     }
@@ -342,13 +240,8 @@ void ModelRepository::WorkLoop() {
       next_poll = absl::Now() + options_.poll_interval;
     }
   }
-  // Tasks still queued are answered (their callers wait for them).
-  std::deque<std::function<void()>> left;
-  {
-    absl::MutexLock lock(&mu_);
-    left.swap(tasks_);
-  }
-  for (auto& task : left) task();
+  absl::MutexLock lock(&mu_);
+  worker_done_ = true;
 }
 
 void ModelRepository::StopAccepting() {

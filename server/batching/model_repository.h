@@ -16,16 +16,25 @@
 //   repository every poll_interval (a version folder is loaded only when
 //   complete and unchanged across two polls; never reloaded in place); with
 //   kExplicit only LoadModel/UnloadModel change what serves.
+// * What a poll or load may free, and when (server/batching/README.md,
+//   "Rollouts and drain"): a serving version the policy no longer selects
+//   is unloaded once what the policy selects serves; if nothing it selects
+//   serves yet and a replacement is on its way, the newest such version
+//   keeps serving until the replacement does. A scan that fails changes
+//   nothing. A drain answers queued loads UNAVAILABLE and abandons the one
+//   in progress at its deadline.
 //
 // Thread-safe. Find() returns a lease; raw pointers from models() are valid
 // only while the version serves (start-up wiring).
 #ifndef ATTENTION_SERVER_BATCHING_MODEL_REPOSITORY_H_
 #define ATTENTION_SERVER_BATCHING_MODEL_REPOSITORY_H_
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +72,18 @@ struct RepositoryOptions {
   std::function<void(const void*)> on_freed;
   // Called after what serves changed (a load, an unload, a poll).
   std::function<void()> on_change;
+  // Set (from any thread, e.g. on a stop signal): loads in progress stop at
+  // their next check (between chunks of reading, before the engine, between
+  // warm-up passes) and fail with UNAVAILABLE; later ones fail at once. Null:
+  // the repository makes its own (AbandonLoads, FinishControl).
+  std::shared_ptr<std::atomic<bool>> abandon;
+  // Test seam: how scans list folders (empty: ListDirectory).
+  DirectoryLister list_directory;
+  // Test hook: runs on a load's thread before the version's files are read;
+  // an error fails the load. A slow hook polls `abandoned` as reading does.
+  std::function<absl::Status(const std::string& model, int64_t version,
+                             const std::function<bool()>& abandoned)>
+      load_hook;
 };
 
 // One version of one model.
@@ -94,8 +115,9 @@ class ModelRepository {
   // has no model, or default_model is not among them.
   static absl::StatusOr<std::unique_ptr<ModelRepository>> Load(RepositoryOptions options,
                                                                Metrics* metrics);
-  // Stops polling, lets go of every version and waits (bounded) until all
-  // are freed: every request must have ended (see AttentionServer::Drain).
+  // Stops polling (abandoning a load in progress), lets go of every version
+  // and waits (bounded) until all are freed: every request must have ended
+  // (see AttentionServer::Drain).
   ~ModelRepository();
 
   // The version `version` (0: the newest serving) of the model `name`
@@ -122,16 +144,29 @@ class ModelRepository {
   // Stops serving every version of `name`; requests admitted finish first,
   // then each version is freed. NotFound when it has no serving version.
   absl::Status UnloadModel(const std::string& name);
-  // One scan of the repository (what kPoll does every poll_interval).
+  // One scan of the repository (what kPoll does every poll_interval). A
+  // scan that fails (the repository or a model folder cannot be listed, even
+  // part-way) changes nothing for what it could not read: the next poll
+  // retries.
   void Poll();
   // Runs `task` on the repository's worker thread, in order with polls (a
   // load takes seconds: gRPC reactions hand it over instead of blocking).
-  // Tasks queued when the repository goes still run, first.
-  void Run(std::function<void()> task);
+  // Once control stops (StopControl), a task not yet started runs
+  // `if_stopped` instead (may be null), at once.
+  void Run(std::function<void()> task, std::function<void()> if_stopped = nullptr);
 
-  // Stops the worker thread (queued tasks run first): no poll, load or
-  // unload after it returns.
+  // Starts no poll, load or unload from now on: queued tasks get their
+  // `if_stopped` now. Returns at once; the task in progress goes on (see
+  // FinishControl).
   void StopControl();
+  // After StopControl: waits until the task in progress ends, up to
+  // `deadline`, then abandons the loads still running (they fail with
+  // UNAVAILABLE at their next check) and joins the worker thread. False if
+  // a load had to be abandoned.
+  bool FinishControl(absl::Time deadline);
+  // Loads in progress stop at their next check; later ones fail at once.
+  // Thread-safe; for a shutdown (it cannot be undone).
+  void AbandonLoads() { abandon_->store(true); }
   // Stops every batcher from accepting requests; queued ones still complete.
   void StopAccepting();
   // Requests queued across all serving versions.
@@ -144,13 +179,21 @@ class ModelRepository {
   absl::Mutex* compute_mutex() { return &compute_mutex_; }
 
  private:
+  // A version that did not load, with the fingerprint its folder had.
+  struct Refusal {
+    std::string print;
+    std::string reason;
+    // Refused for room (--max_model_bytes, memory): retried once a version
+    // was freed since (frees_ moved on from `frees`). Else broken: retried
+    // only when its folder changes.
+    bool no_room = false;
+    int64_t frees = 0;
+  };
   struct Entry {
     std::string dir;
     std::map<int64_t, std::shared_ptr<ServedModel>> serving;
-    // Versions that failed to load, by the fingerprint they had: retried
-    // only when their folder changes. And versions seen incomplete or
-    // changing: the fingerprint of the last poll.
-    std::map<int64_t, std::pair<std::string, std::string>> refused;  // fingerprint, reason
+    std::map<int64_t, Refusal> refused;
+    // Versions seen incomplete or changing: the fingerprint of the last poll.
     std::map<int64_t, std::string> seen;
     std::map<int64_t, std::string> loaded_print;  // A serving version's files when loaded.
     bool configured = false;                      // Loaded at start: readiness needs it.
@@ -163,10 +206,18 @@ class ModelRepository {
   // Loads one version; the load's metrics are counted.
   absl::StatusOr<std::shared_ptr<ServedModel>> LoadVersion(const std::string& name, int64_t version,
                                                            const std::string& dir);
+  // Unpublishes the serving versions of `name` that `want` leaves out, per
+  // the rule in the header comment; `coming`: a version the policy would
+  // select is on its way (seen, not loadable yet).
+  void Retire(const std::string& name, const std::set<int64_t>& want, bool coming)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Unpublish(const std::string& name, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+  bool abandoned() const { return abandon_->load(std::memory_order_relaxed); }
   void WorkLoop();
 
   const RepositoryOptions options_;
+  const DirectoryLister list_;
+  const std::shared_ptr<std::atomic<bool>> abandon_;
   Metrics* const metrics_;
   ModelLoadMetrics load_metrics_;
   std::string default_model_;
@@ -175,8 +226,14 @@ class ModelRepository {
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> models_ ABSL_GUARDED_BY(mu_);
   int64_t resident_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t frees_ ABSL_GUARDED_BY(mu_) = 0;  // Versions freed so far.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool worker_done_ ABSL_GUARDED_BY(mu_) = true;  // No worker thread running.
+  struct Task {
+    std::function<void()> run;
+    std::function<void()> if_stopped;
+  };
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<VersionReaper> reaper_;
   std::thread worker_;  // Runs tasks, and polls in kPoll.
 };

@@ -57,11 +57,19 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
                                                                           const std::string& dir) {
   const absl::Time start = absl::Now();
   auto fail = [&](const absl::Status& status, const char* result) {
+    if (abandoned()) {  // Not a verdict on the version: not counted.
+      std::cerr << "model '" << name << "' version " << version
+                << ": load abandoned: the server is shutting down\n";
+      return absl::UnavailableError(absl::StrCat("model '", name, "' version ", version,
+                                                 ": load abandoned: the server is shutting down"));
+    }
     load_metrics_.Load(name, version, result, 0);
     std::cerr << "model '" << name << "' version " << version
               << ": not loaded: " << status.message() << "\n";
     return status;
   };
+  if (abandoned()) return fail(absl::CancelledError("abandoned"), "failure");
+  const std::function<bool()> stop = [this] { return abandoned(); };
   const int64_t bytes = dir.empty() ? 0 : WeightsBytes(dir);
   {
     absl::MutexLock lock(&mu_);
@@ -84,13 +92,20 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
   std::shared_ptr<ServedModel> served(
       raw, [reaper = reaper_](ServedModel* m) { reaper->Retire(m, m->bytes, [m] { delete m; }); });
   absl::Time read, prepared;
+  // Abandoned (a drain's deadline, a stop signal) between chunks of
+  // reading, before the engine and between warm-up passes.
   const absl::Status made = InBackground([&]() -> absl::Status {
+    if (options_.load_hook) {
+      const absl::Status hooked = options_.load_hook(name, version, stop);
+      if (!hooked.ok()) return hooked;
+    }
     absl::StatusOr<std::shared_ptr<const MhaModel>> model =
         dir.empty() ? absl::StatusOr<std::shared_ptr<const MhaModel>>(MhaModel::Demo())
-                    : MhaModel::LoadFromDirectory(dir);
+                    : MhaModel::LoadFromDirectory(dir, stop);
     if (!model.ok()) return model.status();
     served->model = *model;
     read = absl::Now();
+    if (stop()) return absl::CancelledError("abandoned");
     absl::StatusOr<std::unique_ptr<MhaEngine>> engine = MhaEngine::Create(served->model);
     if (!engine.ok()) return engine.status();
     served->engine = *std::move(engine);
@@ -100,14 +115,15 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
     // primitives are made per thread count.
     for (int threads : {1, options_.compute_threads}) {
       omp_set_num_threads(threads);
-      const absl::Status warm = WarmUp(*served->engine);
+      const absl::Status warm = WarmUp(*served->engine, stop);
+      if (!warm.ok() && stop()) return warm;
       if (!warm.ok()) {
         return absl::InternalError(absl::StrCat(name, ": warm-up: ", warm.message()));
       }
     }
     return absl::OkStatus();
   });
-  if (!made.ok()) return fail(made, "failure");
+  if (!made.ok() || abandoned()) return fail(made, "failure");
   const absl::Time warm = absl::Now();
   served->metrics = metrics_->AddModel(name);
   absl::StatusOr<std::unique_ptr<DynamicBatcher>> batcher = DynamicBatcher::Create(

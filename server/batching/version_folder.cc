@@ -1,7 +1,10 @@
 #include "server/batching/version_folder.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,8 +23,7 @@ constexpr char kWeights[] = "model.safetensors";
 
 // Hidden (".x", and so a projected volume's "..data" and "..2026_..." swap
 // folders) or temporary ("x.tmp", "x.part", "x.partial", "x~"): being written.
-bool Ignored(const fs::path& p) {
-  const std::string name = p.filename().string();
+bool Ignored(const std::string& name) {
   if (name.empty() || name[0] == '.' || name.back() == '~') return true;
   for (const char* suffix : {".tmp", ".part", ".partial"}) {
     const size_t n = std::strlen(suffix);
@@ -81,6 +83,13 @@ absl::StatusOr<VersionPolicy> ParsePolicy(const fs::path& file) {
   return policy;
 }
 
+// A versioned model's config.json: one that names a version_policy.
+bool IsPolicyFile(const fs::path& file) {
+  std::ifstream in(file);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return !j.is_discarded() && j.is_object() && j.contains("version_policy");
+}
+
 }  // namespace
 
 std::string VersionPolicy::ToString() const {
@@ -95,29 +104,76 @@ std::string VersionPolicy::ToString() const {
   return "";
 }
 
-absl::StatusOr<ModelLayout> ScanModel(const std::string& model_dir) {
-  ModelLayout layout;
+absl::StatusOr<std::vector<DirEntry>> ListDirectory(const std::string& dir) {
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(model_dir, ec)) {
-    if (Ignored(entry.path()) || !entry.is_directory(ec)) continue;
-    const int64_t v = VersionOf(entry.path().filename().string());
-    if (v > 0) layout.versions[v] = entry.path().string();
+  fs::directory_iterator it(dir, ec);
+  if (ec) {
+    if (ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory) {
+      return absl::NotFoundError(absl::StrCat(dir, ": ", ec.message()));
+    }
+    return absl::UnavailableError(absl::StrCat(dir, ": cannot list: ", ec.message()));
+  }
+  std::vector<DirEntry> out;
+  // Incremented with an error_code: a range-for's ++ throws on a failure.
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    DirEntry e;
+    e.name = it->path().filename().string();
+    e.path = it->path().string();
+    struct stat st;
+    e.symlink = lstat(e.path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+    if (stat(e.path.c_str(), &st) != 0) {
+      const int err = errno;
+      if (err == ENOENT) continue;  // Gone since listed, or a dangling symlink.
+      e.type = DirEntry::Type::kUnreadable;
+      e.error = std::strerror(err);
+    } else if (S_ISDIR(st.st_mode)) {
+      e.type = DirEntry::Type::kDirectory;
+    } else if (S_ISREG(st.st_mode)) {
+      e.type = DirEntry::Type::kFile;
+      e.size = static_cast<int64_t>(st.st_size);
+      e.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    }
+    out.push_back(std::move(e));
   }
   if (ec) {
-    return absl::NotFoundError(absl::StrCat(model_dir, ": cannot list: ", ec.message()));
+    return absl::UnavailableError(absl::StrCat(dir, ": listing failed part-way: ", ec.message()));
+  }
+  return out;
+}
+
+absl::StatusOr<ModelLayout> ScanModel(const std::string& model_dir, const DirectoryLister& list) {
+  absl::StatusOr<std::vector<DirEntry>> entries = list(model_dir);
+  if (!entries.ok()) return entries.status();
+  ModelLayout layout;
+  bool has_config = false, has_weights = false;
+  for (const DirEntry& e : *entries) {
+    if (Ignored(e.name)) continue;
+    const int64_t v = VersionOf(e.name);
+    if (e.type == DirEntry::Type::kUnreadable && (v > 0 || e.name == kConfig)) {
+      return absl::UnavailableError(absl::StrCat(e.path, ": cannot be examined: ", e.error));
+    }
+    if (e.name == kConfig) has_config = e.type == DirEntry::Type::kFile;
+    if (e.name == kWeights) has_weights = true;
+    if (v > 0 && e.type == DirEntry::Type::kDirectory) layout.versions[v] = e.path;
   }
   const fs::path config = fs::path(model_dir) / kConfig;
   if (layout.versions.empty()) {
-    if (!fs::exists(config, ec)) {
+    if (!has_config) {
       return absl::NotFoundError(absl::StrCat(
           model_dir,
           ": no model (config.json and model.safetensors, or numbered version folders)"));
+    }
+    if (!has_weights && IsPolicyFile(config)) {
+      // A versioned model's policy file and no version left (not a flat
+      // model: that one has its weights beside its config).
+      return absl::NotFoundError(
+          absl::StrCat(model_dir, ": no version folder left (only its config.json)"));
     }
     layout.flat = true;
     layout.versions[1] = model_dir;
     return layout;
   }
-  if (fs::exists(config, ec)) {
+  if (has_config) {
     absl::StatusOr<VersionPolicy> policy = ParsePolicy(config);
     if (!policy.ok()) return policy.status();
     layout.policy = *policy;
@@ -125,17 +181,24 @@ absl::StatusOr<ModelLayout> ScanModel(const std::string& model_dir) {
   return layout;
 }
 
-absl::StatusOr<std::map<std::string, std::string>> ScanRepository(const std::string& repository) {
-  std::error_code ec;
-  if (!fs::is_directory(repository, ec)) {
-    return absl::NotFoundError(
-        absl::StrCat("model repository '", repository, "' is not a directory"));
+absl::StatusOr<std::map<std::string, std::string>> ScanRepository(const std::string& repository,
+                                                                  const DirectoryLister& list) {
+  absl::StatusOr<std::vector<DirEntry>> entries = list(repository);
+  if (!entries.ok()) {
+    return absl::Status(entries.status().code(),
+                        absl::StrCat("model repository '", repository,
+                                     "' cannot be listed: ", entries.status().message()));
   }
   std::map<std::string, std::string> models;
-  for (const auto& entry : fs::directory_iterator(repository, ec)) {
-    if (Ignored(entry.path()) || !entry.is_directory(ec)) continue;
-    if (ScanModel(entry.path().string()).status().code() == absl::StatusCode::kNotFound) continue;
-    models[entry.path().filename().string()] = entry.path().string();
+  for (const DirEntry& e : *entries) {
+    if (Ignored(e.name)) continue;
+    if (e.type == DirEntry::Type::kDirectory &&
+        ScanModel(e.path, list).status().code() == absl::StatusCode::kNotFound) {
+      continue;
+    }
+    if (e.type == DirEntry::Type::kDirectory || e.type == DirEntry::Type::kUnreadable) {
+      models[e.name] = e.path;
+    }
   }
   return models;
 }
@@ -165,18 +228,26 @@ std::set<int64_t> SelectVersions(const VersionPolicy& policy,
 absl::Status CheckComplete(const std::string& version_dir) {
   std::error_code ec;
   const fs::path weights = fs::path(version_dir) / kWeights;
-  if (!fs::exists(fs::path(version_dir) / kConfig, ec)) {
+  const bool has_config = fs::exists(fs::path(version_dir) / kConfig, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat(version_dir, "/", kConfig, ": ", ec.message()));
+  }
+  if (!has_config) {
     return absl::FailedPreconditionError(absl::StrCat(version_dir, ": no config.json"));
   }
   const uintmax_t size = fs::file_size(weights, ec);
-  if (ec) {
+  if (ec == std::errc::no_such_file_or_directory) {
     return absl::FailedPreconditionError(absl::StrCat(weights.string(), ": ", ec.message()));
   }
+  if (ec) return absl::UnavailableError(absl::StrCat(weights.string(), ": ", ec.message()));
   std::ifstream in(weights, std::ios::binary);
   unsigned char len_bytes[8] = {};
-  if (size < 8 || !in.read(reinterpret_cast<char*>(len_bytes), 8)) {
+  if (size < 8) {
     return absl::FailedPreconditionError(absl::StrCat(
         weights.string(), ": ", size, " bytes, shorter than its 8-byte header length"));
+  }
+  if (!in.read(reinterpret_cast<char*>(len_bytes), 8)) {
+    return absl::UnavailableError(absl::StrCat(weights.string(), ": cannot read its header"));
   }
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
@@ -185,7 +256,9 @@ absl::Status CheckComplete(const std::string& version_dir) {
         absl::StrCat(weights.string(), ": header of ", header_len, " bytes in a file of ", size));
   }
   std::string header(header_len, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(header_len));
+  if (!in.read(header.data(), static_cast<std::streamsize>(header_len))) {
+    return absl::UnavailableError(absl::StrCat(weights.string(), ": cannot read its header"));
+  }
   nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::FailedPreconditionError(
@@ -210,15 +283,39 @@ absl::Status CheckComplete(const std::string& version_dir) {
   return absl::OkStatus();
 }
 
-std::string Fingerprint(const std::string& version_dir) {
-  std::string out;
-  std::error_code ec;
-  std::vector<std::string> lines;
-  for (const auto& entry : fs::recursive_directory_iterator(version_dir, ec)) {
-    if (!entry.is_regular_file(ec)) continue;
-    const auto mtime = fs::last_write_time(entry.path(), ec).time_since_epoch().count();
-    lines.push_back(absl::StrCat(entry.path().string(), ":", entry.file_size(ec), ":", mtime));
+namespace {
+
+absl::Status FingerprintLines(const std::string& dir, const DirectoryLister& list,
+                              std::vector<std::string>* lines) {
+  absl::StatusOr<std::vector<DirEntry>> entries = list(dir);
+  if (!entries.ok()) return entries.status();
+  for (const DirEntry& e : *entries) {
+    switch (e.type) {
+      case DirEntry::Type::kFile:
+        lines->push_back(absl::StrCat(e.path, ":", e.size, ":", e.mtime_ns));
+        break;
+      case DirEntry::Type::kDirectory: {
+        if (e.symlink) break;  // Not followed (a link to a parent would never end).
+        const absl::Status sub = FingerprintLines(e.path, list, lines);
+        if (!sub.ok()) return sub;
+        break;
+      }
+      case DirEntry::Type::kUnreadable:
+        return absl::UnavailableError(absl::StrCat(e.path, ": cannot be examined: ", e.error));
+      case DirEntry::Type::kOther:
+        break;
+    }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> Fingerprint(const std::string& version_dir,
+                                        const DirectoryLister& list) {
+  std::vector<std::string> lines;
+  const absl::Status status = FingerprintLines(version_dir, list, &lines);
+  if (!status.ok()) return status;
   std::sort(lines.begin(), lines.end());
   return absl::StrJoin(lines, "\n");
 }

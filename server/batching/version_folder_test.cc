@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "gtest/gtest.h"
 
@@ -81,10 +82,10 @@ TEST(VersionFolderTest, CompleteOnlyWhenSizesAgreeWithTheHeader) {
   EXPECT_NE(partial.message().find("incomplete"), std::string::npos) << partial;
   Write(dir + "/model.safetensors", SafeTensors(header, 16));
   EXPECT_TRUE(CheckComplete(dir).ok());
-  const std::string before = Fingerprint(dir);
+  const std::string before = *Fingerprint(dir);
   Write(dir + "/model.safetensors", SafeTensors(header, 20));  // Trailing bytes.
   EXPECT_EQ(CheckComplete(dir).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(Fingerprint(dir), before);
+  EXPECT_NE(*Fingerprint(dir), before);
   Write(dir + "/model.safetensors", std::string(4, '\0'));  // Shorter than its length field.
   EXPECT_EQ(CheckComplete(dir).code(), absl::StatusCode::kFailedPrecondition);
 }
@@ -138,6 +139,50 @@ TEST(VersionFolderTest, IgnoresProjectedVolumeSwapsAndTemporaryNames) {
   ASSERT_EQ(layout->versions.size(), 2u);
   EXPECT_EQ(layout->versions.rbegin()->first, 2);
   EXPECT_EQ(layout->versions.rbegin()->second, repo + "/m/2");
+}
+
+// What cannot be read is an error, never a shorter listing: "cannot read"
+// must not read as "gone".
+TEST(VersionFolderTest, ListingErrorsAreNotAbsence) {
+  const std::string repo = Dir("errors");
+  EXPECT_EQ(ListDirectory(repo + "/missing").status().code(), absl::StatusCode::kNotFound);
+  Write(repo + "/file", "x");
+  EXPECT_EQ(ListDirectory(repo + "/file").status().code(), absl::StatusCode::kNotFound);
+  fs::create_directories(repo + "/m/1");
+  Write(repo + "/m/1/config.json", "{}");
+  fs::create_symlink("nowhere", repo + "/m/dangling");  // Left out, as if absent.
+  fs::create_symlink("loop", repo + "/m/loop");         // ELOOP: cannot be examined.
+  auto entries = ListDirectory(repo + "/m");
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  std::map<std::string, DirEntry::Type> types;
+  for (const DirEntry& e : *entries) types[e.name] = e.type;
+  EXPECT_EQ(types, (std::map<std::string, DirEntry::Type>{{"1", DirEntry::Type::kDirectory},
+                                                          {"loop", DirEntry::Type::kUnreadable}}));
+  // An unreadable entry that is not a version name is not the model's business.
+  EXPECT_TRUE(ScanModel(repo + "/m").ok());
+  fs::create_symlink("2", repo + "/m/2");  // A version that cannot be examined.
+  EXPECT_EQ(ScanModel(repo + "/m").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Fingerprint(repo + "/m/2").status().code(), absl::StatusCode::kUnavailable);
+  fs::remove(repo + "/m/2");
+  // A model folder that cannot be examined stays in the repository's list.
+  fs::create_symlink("p", repo + "/p");
+  auto models = ScanRepository(repo);
+  ASSERT_TRUE(models.ok()) << models.status();
+  EXPECT_EQ(models->size(), 2u);
+  EXPECT_EQ(models->count("p"), 1u);
+  EXPECT_EQ(ScanModel(repo + "/p").status().code(), absl::StatusCode::kUnavailable);
+  // A lister failing part-way fails the scan.
+  const DirectoryLister failing = [&](const std::string& dir) {
+    if (dir == repo) {
+      return absl::StatusOr<std::vector<DirEntry>>(absl::UnavailableError("part-way"));
+    }
+    return ListDirectory(dir);
+  };
+  EXPECT_EQ(ScanRepository(repo, failing).status().code(), absl::StatusCode::kUnavailable);
+  // A versioned model's policy file with no version left: no model.
+  const std::string emptied = Dir("emptied");
+  Write(emptied + "/config.json", R"({"version_policy": {"latest": 1}})");
+  EXPECT_EQ(ScanModel(emptied).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(VersionFolderTest, ParsesModelControl) {

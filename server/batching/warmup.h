@@ -6,13 +6,16 @@
 #ifndef ATTENTION_SERVER_BATCHING_WARMUP_H_
 #define ATTENTION_SERVER_BATCHING_WARMUP_H_
 
+#include <functional>
+
 #include "absl/status/status.h"
 #include "core/mha_engine.h"
 
 namespace attention::server {
 
-// The engine's error when a pass fails.
-absl::Status WarmUp(const MhaEngine& engine);
+// The engine's error when a pass fails; Cancelled once `abandoned` (may be
+// null, asked before each pass) says true.
+absl::Status WarmUp(const MhaEngine& engine, const std::function<bool()>& abandoned = nullptr);
 
 }  // namespace attention::server
 

@@ -310,9 +310,18 @@ void RequestPath::ControlModel(const CallContext& call, const std::string& name,
     done(status);
     return;
   }
-  repository->Run([repository, name, load, done = std::move(done)] {
-    done(load ? repository->LoadModel(name) : repository->UnloadModel(name));
-  });
+  // Queued behind other loads; a drain answers it UNAVAILABLE if it has not
+  // started by then (ModelRepository::StopControl).
+  auto answer = std::make_shared<std::function<void(const absl::Status&)>>(std::move(done));
+  repository->Run(
+      [repository, name, load, answer] {
+        (*answer)(load ? repository->LoadModel(name) : repository->UnloadModel(name));
+      },
+      [name, load, answer] {
+        (*answer)(absl::UnavailableError(absl::StrCat("server is shutting down: the ",
+                                                      load ? "load" : "unload", " of model '", name,
+                                                      "' was not started")));
+      });
 }
 
 }  // namespace attention::server

@@ -154,7 +154,8 @@ class RequestPath {
   // repository is under explicit control (a poll would undo it); then
   // AuthorizeAdmin. The load or unload itself runs on the repository's
   // worker thread, which calls `done` with its outcome; a refusal calls
-  // `done` inline.
+  // `done` inline. Queued when a drain starts: `done` gets UNAVAILABLE
+  // "server is shutting down" then (on the draining thread).
   void ControlModel(const CallContext& call, const std::string& name, bool load,
                     std::function<void(const absl::Status&)> done);
   // OK when the caller of `call` may load and unload `model` (see
