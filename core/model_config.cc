@@ -96,13 +96,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
         c.serving.session_cache_dtype =
             it.value() == "float32" ? DType::kFloat32 : DType::kBFloat16;
       }
+    } else if (key == "batch_first") {
+      std::optional<bool> v;
+      set_bool(v);
+      c.serving.batch_first = v.value_or(true);
     } else {
       status = absl::InvalidArgumentError(absl::StrCat(
           "config.json: unknown key '", key,
           "': expected num_heads, embed_dim, kdim, vdim, bias, add_bias_kv, add_zero_attn, "
           "compute_dtype, max_batch_size, max_batch_tokens, max_queue_delay_us, "
           "max_queue_size, max_sessions, max_session_tokens, session_ttl_s, "
-          "session_cache_dtype"));
+          "session_cache_dtype, batch_first"));
     }
     if (!status.ok()) return status;
   }

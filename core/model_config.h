@@ -32,6 +32,13 @@ struct ServingConfig {
   std::optional<int64_t> max_session_tokens;  // Tokens one session may hold, >= 1.
   std::optional<int64_t> session_ttl_s;       // Default idle time before expiry, >= 1.
   std::optional<DType> session_cache_dtype;   // float32 or bfloat16 (approximate for float32).
+  // The layout of query, key, value and output on the wire, as the layer's
+  // torch.nn.MultiheadAttention(batch_first=...) takes them: true (the
+  // default, also for a config.json without the key) (N, L, E); false
+  // (L, N, E), PyTorch's own default. The engine computes batch-first either
+  // way: the server reorders at its boundary. Masks and attention weights
+  // have the same shapes in both layouts, as in PyTorch.
+  bool batch_first = true;
 };
 
 // config.json as written. Every field but num_heads is optional; the model

@@ -1,5 +1,6 @@
 #include "core/model_config.h"
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -49,6 +50,21 @@ TEST(ModelConfigTest, OnlyNumHeadsIsRequired) {
   EXPECT_EQ(c->compute_dtype, DType::kFloat32);
   EXPECT_FALSE(c->int8_weights);
   EXPECT_FALSE(c->serving.max_batch_size.has_value());
+}
+
+TEST(ModelConfigTest, BatchFirstDefaultsToTrueAndRecordsPyTorchsDefaultLayout) {
+  // Folders exported before the key existed were served batch-first.
+  auto absent = ParseModelConfig(R"({"num_heads": 2})");
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_TRUE(absent->serving.batch_first);
+  for (const bool batch_first : {false, true}) {
+    auto c = ParseModelConfig(
+        absl::StrCat(R"({"num_heads": 2, "batch_first": )", batch_first ? "true" : "false", "}"));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->serving.batch_first, batch_first);
+  }
+  ExpectInvalid(R"({"num_heads": 2, "batch_first": "false"})",
+                "'batch_first' must be true or false, got \"false\"");
 }
 
 TEST(ModelConfigTest, Int8MeansInt8ProjectionsAndBFloat16Attention) {

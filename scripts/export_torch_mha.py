@@ -5,6 +5,14 @@ A model directory holds config.json and model.safetensors whose tensor names are
 layer's state_dict names (in_proj_weight or q/k/v_proj_weight, in_proj_bias, out_proj.weight,
 out_proj.bias, bias_k, bias_v).
 
+The layout: torch.nn.MultiheadAttention(E, H) and nn.TransformerEncoderLayer default to
+batch_first=False, whose forward takes query (L, N, E), key (S, N, kdim), value (S, N, vdim).
+config.json records the layer's "batch_first", and the server takes and returns query, key,
+value and output in that layout; key_padding_mask (N, S), attn_mask (L, S) or (N*H, L, S) and
+the attention weights (N, L, S) are shaped as in PyTorch either way. A module carries
+batch_first; a state_dict does not, so exporting one needs --batch_first true|false: how the
+code that uses the layer calls it.
+
 From Python (Debian's /usr/bin/python3 with python3-torch):
 
     import torch
@@ -16,7 +24,7 @@ From Python (Debian's /usr/bin/python3 with python3-torch):
 From the command line:
 
     /usr/bin/python3 scripts/export_torch_mha.py --embed_dim 512 --num_heads 8 --out models/my_mha
-    /usr/bin/python3 scripts/export_torch_mha.py --num_heads 8 \\
+    /usr/bin/python3 scripts/export_torch_mha.py --num_heads 8 --batch_first false \\
         --state_dict trained.pt --out models/my_mha          # a saved state_dict of the layer
     build/bin/attention-server --model_repository models
 
@@ -28,10 +36,11 @@ with --model_control=poll picks it up complete):
 
     /usr/bin/python3 scripts/export_torch_mha.py --state_dict encoder.pt      # lists the layers
     /usr/bin/python3 scripts/export_torch_mha.py --state_dict encoder.pt --num_heads 8 \\
-        --prefix encoder.layers.3.self_attn. --repository models --model encoder   # models/encoder/N/
+        --batch_first false --prefix encoder.layers.3.self_attn. \\
+        --repository models --model encoder                    # models/encoder/N/
 
-embed_dim, kdim, vdim, bias and add_bias_kv are read from the weights; num_heads is not in a
-state_dict (a saved module carries it). Errors say what was found and what is missing, without
+embed_dim, kdim, vdim, bias and add_bias_kv are read from the weights; num_heads and batch_first
+are not in a state_dict (a saved module carries them). Errors say what was found and what is missing, without
 a traceback.
 """
 import argparse
@@ -85,6 +94,8 @@ def export_mha(module, out_dir, dtype="float32", compute_dtype="float32", extra_
                force=False):
     """Writes out_dir/config.json and out_dir/model.safetensors for `module`.
 
+    config.json records module.batch_first: the server then takes and returns the tensors as
+    the module does, (N, L, E) for batch_first=True and (L, N, E) for False (PyTorch's default).
     dtype: how the weights are stored (float32, bfloat16 or float16).
     compute_dtype: the engine's compute type: float32, bfloat16, or int8 (the projections quantized
         to int8 at load, attention in bfloat16).
@@ -92,6 +103,12 @@ def export_mha(module, out_dir, dtype="float32", compute_dtype="float32", extra_
     """
     if not isinstance(module, torch.nn.MultiheadAttention):
         raise TypeError("export_mha expects a torch.nn.MultiheadAttention")
+    batch_first = module_batch_first(module)
+    given = (extra_config or {}).get("batch_first", batch_first)
+    if given != batch_first:
+        raise ValueError(f"extra_config batch_first {given!r}, but the module's is {batch_first} "
+                         f"(set it on the module: torch.nn.MultiheadAttention(..., "
+                         f"batch_first=...))")
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
         raise FileExistsError(f"{out_dir} exists and is not empty (use force=True / --force)")
     os.makedirs(out_dir, exist_ok=True)
@@ -105,6 +122,7 @@ def export_mha(module, out_dir, dtype="float32", compute_dtype="float32", extra_
         "bias": module.in_proj_bias is not None,
         "add_bias_kv": module.bias_k is not None,
         "add_zero_attn": bool(module.add_zero_attn),
+        "batch_first": batch_first,
         "compute_dtype": compute_dtype,
     }
     config.update(extra_config or {})
@@ -114,6 +132,19 @@ def export_mha(module, out_dir, dtype="float32", compute_dtype="float32", extra_
         json.dump(config, f, indent=2)
         f.write("\n")
     return config
+
+
+def module_batch_first(module):
+    """module.batch_first (modules pickled before PyTorch 1.9 have none: they took (L, N, E))."""
+    return bool(getattr(module, "batch_first", False))
+
+
+def parse_batch_first(text):
+    """--batch_first's value: true or false."""
+    value = {"true": True, "false": False}.get(str(text).lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+    return value
 
 
 # The tensors of one nn.MultiheadAttention, by their state_dict names.
@@ -209,18 +240,28 @@ def config_from_weights(layer):
             "add_bias_kv": "bias_k" in layer}
 
 
-def module_from_state(layer, num_heads, add_zero_attn=False):
-    """An nn.MultiheadAttention holding `layer` (a bare layer's tensors)."""
+def module_from_state(layer, num_heads, add_zero_attn=False, batch_first=None):
+    """An nn.MultiheadAttention holding `layer` (a bare layer's tensors).
+
+    batch_first: the layout the code using the layer calls it in (required: not in the tensors).
+    """
     c = config_from_weights(layer)
     if num_heads is None:
         raise ExportError(f"--num_heads is required: a state_dict does not record it "
                           f"(embed_dim {c['embed_dim']} read from out_proj.weight)")
+    if batch_first is None:
+        raise ExportError(
+            "--batch_first true|false is required: a state_dict does not record the layout the "
+            "layer is called in. false: its forward takes query (L, N, E), key (S, N, kdim), "
+            "value (S, N, vdim), PyTorch's default for nn.MultiheadAttention and "
+            "nn.TransformerEncoderLayer; true: (N, L, E), ... (the layer was built with "
+            "batch_first=True). The server takes and returns the tensors in this layout")
     if c["embed_dim"] % num_heads:
         raise ExportError(f"--num_heads {num_heads} does not divide embed_dim {c['embed_dim']}")
     module = torch.nn.MultiheadAttention(c["embed_dim"], num_heads, bias=c["bias"],
                                          add_bias_kv=c["add_bias_kv"],
                                          add_zero_attn=add_zero_attn, kdim=c["kdim"],
-                                         vdim=c["vdim"], batch_first=True)
+                                         vdim=c["vdim"], batch_first=batch_first)
     expected = set(module.state_dict())
     missing = sorted(expected - set(layer))
     unexpected = sorted(set(layer) - expected)
@@ -334,7 +375,9 @@ def export_version(module, repository, model, version=None, **kwargs):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    layout = __doc__[__doc__.index("The layout:"):__doc__.index("From Python")].strip()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=layout,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--embed_dim", type=int, help="new layers; with --state_dict, read from it")
     p.add_argument("--num_heads", type=int, help="required unless a saved module carries it")
     p.add_argument("--kdim", type=int, default=None)
@@ -342,6 +385,13 @@ def main():
     p.add_argument("--no_bias", action="store_true")
     p.add_argument("--add_bias_kv", action="store_true")
     p.add_argument("--add_zero_attn", action="store_true")
+    p.add_argument("--batch_first", type=parse_batch_first, metavar="true|false",
+                   help="the layout the layer is called in: false, PyTorch's default for "
+                        "nn.MultiheadAttention and nn.TransformerEncoderLayer, takes query "
+                        "(L, N, E), key (S, N, kdim), value (S, N, vdim); true (N, L, E), ... "
+                        "Required for a --state_dict of tensors (a saved module carries it; "
+                        "it must agree if given); a new layer: default true. Recorded in "
+                        "config.json: the server takes and returns tensors in this layout")
     p.add_argument("--seed", type=int, default=0, help="initialisation seed (no --state_dict)")
     p.add_argument("--state_dict", metavar="FILE",
                    help="a torch.save()d state_dict, checkpoint or whole module to export from")
@@ -366,9 +416,15 @@ def main():
             loaded = load_checkpoint(args.state_dict, args.imports)
             if isinstance(loaded, torch.nn.Module):
                 module = module_layer(loaded, args.prefix).eval()
+                if (args.batch_first is not None and
+                        args.batch_first != module_batch_first(module)):
+                    raise ExportError(f"--batch_first {str(args.batch_first).lower()}, but the "
+                                      f"saved layer has batch_first="
+                                      f"{module_batch_first(module)}")
             else:
                 layer = layer_state_dict(loaded, args.prefix)
-                module = module_from_state(layer, args.num_heads, args.add_zero_attn)
+                module = module_from_state(layer, args.num_heads, args.add_zero_attn,
+                                           args.batch_first)
             if args.embed_dim is not None and args.embed_dim != module.embed_dim:
                 raise ExportError(f"--embed_dim {args.embed_dim}, but the layer's is "
                                   f"{module.embed_dim}")
@@ -383,7 +439,7 @@ def main():
             module = torch.nn.MultiheadAttention(
                 args.embed_dim, args.num_heads, bias=not args.no_bias,
                 add_bias_kv=args.add_bias_kv, add_zero_attn=args.add_zero_attn, kdim=args.kdim,
-                vdim=args.vdim, batch_first=True)
+                vdim=args.vdim, batch_first=True if args.batch_first is None else args.batch_first)
         if args.repository:
             out, config = export_version(module, args.repository, args.model, args.version,
                                          dtype=args.dtype, compute_dtype=args.compute_dtype)

@@ -12,12 +12,23 @@ namespace {
 // Copies an item's (rows, features) block into a float32 batch buffer whose
 // items hold `padded_rows` rows, and zeroes the padding rows: they are
 // masked or ignored, but stale bytes could hold NaN, and 0 x NaN is NaN.
-void CopyItem(const TensorView& src, int64_t item, int64_t rows, int64_t features, float* dst,
-              int64_t dst_item, int64_t padded_rows) {
+// `src` is (N, rows, features), or with `sequence_first` (rows, N, features):
+// the item's rows are then N rows apart.
+void CopyItem(const TensorView& src, bool sequence_first, int64_t item, int64_t rows,
+              int64_t features, float* dst, int64_t dst_item, int64_t padded_rows) {
   const size_t esize = DTypeSize(src.dtype);
-  const char* from = static_cast<const char*>(src.data) + item * rows * features * esize;
+  const char* base = static_cast<const char*>(src.data);
   float* to = dst + dst_item * padded_rows * features;
-  ConvertFloats(src.dtype, from, DType::kFloat32, to, static_cast<size_t>(rows * features));
+  if (!sequence_first) {
+    ConvertFloats(src.dtype, base + item * rows * features * esize, DType::kFloat32, to,
+                  static_cast<size_t>(rows * features));
+  } else {
+    const int64_t items = src.dim(1);
+    for (int64_t r = 0; r < rows; ++r) {
+      ConvertFloats(src.dtype, base + (r * items + item) * features * esize, DType::kFloat32,
+                    to + r * features, static_cast<size_t>(features));
+    }
+  }
   std::memset(to + rows * features, 0,
               static_cast<size_t>((padded_rows - rows) * features) * sizeof(float));
 }
@@ -78,11 +89,12 @@ std::vector<RequestOutcome> RunBatch(const MhaEngine& engine,
   for (const auto& r : batch) {
     const MhaCall& c = r->call;
     for (int64_t i = 0; i < c.batch; ++i, ++item) {
-      CopyItem(r->inputs.query, i, c.queries, e, query.as<float>(), item, max_l);
+      const bool seq = r->sequence_first;
+      CopyItem(r->inputs.query, seq, i, c.queries, e, query.as<float>(), item, max_l);
       if (!self_attention) {
         const TensorView& v = r->inputs.value ? *r->inputs.value : *r->inputs.key;
-        CopyItem(*r->inputs.key, i, c.keys, s.kdim, key.as<float>(), item, max_s);
-        CopyItem(v, i, c.keys, s.vdim, value.as<float>(), item, max_s);
+        CopyItem(*r->inputs.key, seq, i, c.keys, s.kdim, key.as<float>(), item, max_s);
+        CopyItem(v, seq, i, c.keys, s.vdim, value.as<float>(), item, max_s);
       }
       masks.push_back(c.items[i]);
     }
@@ -111,6 +123,8 @@ std::vector<RequestOutcome> RunBatch(const MhaEngine& engine,
     const DType out_dtype = r.inputs.output_dtype.value_or(r.inputs.query.dtype);
     const size_t out_size = DTypeSize(out_dtype);
     const int64_t l = c.queries, own_keys = c.keys, own_total = own_keys + s.extra_keys();
+    // The query's shape as sent: (N, L, E), (L, E), or (L, N, E) when
+    // sequence_first (each item's rows then N rows apart).
     out.output = OutputTensor::Sized(out_dtype, r.inputs.query.shape);
     const bool per_head = !r.inputs.average_attn_weights;
     if (r.inputs.need_weights) {
@@ -120,8 +134,16 @@ std::vector<RequestOutcome> RunBatch(const MhaEngine& engine,
       averaged.resize(static_cast<size_t>(own_total));
     }
     for (int64_t i = 0; i < c.batch; ++i, ++item) {
-      ConvertFloats(DType::kFloat32, output.as<float>() + item * max_l * e, out_dtype,
-                    out.output.bytes.data() + i * l * e * out_size, static_cast<size_t>(l * e));
+      if (!r.sequence_first) {
+        ConvertFloats(DType::kFloat32, output.as<float>() + item * max_l * e, out_dtype,
+                      out.output.bytes.data() + i * l * e * out_size, static_cast<size_t>(l * e));
+      } else {
+        for (int64_t q = 0; q < l; ++q) {
+          ConvertFloats(DType::kFloat32, output.as<float>() + (item * max_l + q) * e, out_dtype,
+                        out.output.bytes.data() + (q * c.batch + i) * e * out_size,
+                        static_cast<size_t>(e));
+        }
+      }
       if (!r.inputs.need_weights) continue;
       char* dst = out.attn_weights->bytes.data();
       // Row q of head h: the item's own keys, then the appended ones (stored

@@ -93,6 +93,13 @@ struct PendingRequest {
   std::shared_ptr<const void> version_lease;
   MhaInputs inputs;  // Views of the request's tensors.
   MhaCall call;      // From MhaEngine::Validate.
+  // The model takes PyTorch's batch_first=False layout (config.json
+  // "batch_first": false): the batched query, key and value in `inputs` are
+  // (L, N, E), (S, N, kdim), (S, N, vdim) as sent, and the output goes back
+  // (L, N, E); `call` counts N, L and S all the same. The batch runner reads
+  // and writes the rows in this order while it pads the batch (the engine
+  // stays batch-first). Masks and attention weights are the same either way.
+  bool sequence_first = false;
   absl::Time enqueued = absl::InfinitePast();
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> is_cancelled;  // Optional; polled while queued.

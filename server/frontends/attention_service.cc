@@ -45,6 +45,7 @@ void DescribeModel(const ServedModel& model, bool is_default, const ModelReposit
   info->set_add_bias_kv(s.add_bias_kv);
   info->set_add_zero_attn(s.add_zero_attn);
   info->set_compute_dtype(wire::ToProtoDType(s.compute_dtype));
+  info->set_batch_first(model.model->serving().batch_first);
   const BatchingOptions& b = model.batcher->options();
   info->mutable_batching()->set_max_batch_size(b.max_batch_size);
   info->mutable_batching()->set_max_batch_tokens(b.max_batch_tokens);

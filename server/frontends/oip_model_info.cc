@@ -48,6 +48,9 @@ void DescribeModelMetadata(const ServedModel& model, const std::string& name, bo
   metadata->add_versions("1");
   metadata->set_platform("attention_mha");
   // Inputs also accept FP16 and BF16 (masks: BOOL or FP32); -1: any size.
+  // [-1, -1, E] is (N, L, E) or, for a batch_first=False model, (L, N, E)
+  // (ModelConfig's parameters["batch_first"] says which); key_padding_mask
+  // (N, S) and attn_weights (N, L, S') are the same in both, as in PyTorch.
   AddTensor("query", "FP32", {-1, -1, s.embed_dim}, metadata->add_inputs());
   if (!stateful) {  // A sequence step sends only its query.
     AddTensor("key", "FP32", {-1, -1, s.kdim}, metadata->add_inputs());
@@ -85,6 +88,10 @@ void DescribeModelConfig(const ServedModel& model, const std::string& name,
   config->mutable_model_transaction_policy()->set_decoupled(false);
   (*config->mutable_parameters())["stateful_alias"].set_string_value(
       sequence_idle ? model.name : SequenceAlias(model.name));
+  // The dims above hold in both layouts; this says which: "false" for (L, N, E)
+  // query and output, (S, N, ·) key and value (a sequence step: [T, 1, E]).
+  (*config->mutable_parameters())["batch_first"].set_string_value(
+      model.model->serving().batch_first ? "true" : "false");
 }
 
 void DescribeModelStatistics(const ServedModel& model, const std::string& name,

@@ -33,7 +33,9 @@ void DescribeModelMetadata(const ServedModel& model, const std::string& name, bo
 
 // `model`'s configuration under `name`: with `sequence_idle` (the alias),
 // sequence batching with that idle timeout and the query as the only input;
-// else dynamic batching and every input.
+// else dynamic batching and every input. parameters["batch_first"] is "true"
+// or "false" (config.json's: the order of the query's, key's, value's and
+// output's first two dims).
 void DescribeModelConfig(const ServedModel& model, const std::string& name,
                          std::optional<absl::Duration> sequence_idle,
                          inference::ModelConfig* config);

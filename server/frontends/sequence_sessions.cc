@@ -37,6 +37,23 @@ absl::StatusOr<std::optional<int64_t>> ExpectedLength(const inference::ModelInfe
 // The sequence id as the caller sent it (without the decoder's "n:"/"s:").
 std::string SentId(const std::string& sequence_id) { return sequence_id.substr(2); }
 
+// A step's query is one sequence's tokens: (T, E), or one batch item in the
+// layout of the version that computes it, (1, T, E), or (T, 1, E) for a
+// batch_first=False model. Makes *tokens (T, E) and returns the batch axis
+// the outputs get back (-1: none). InvalidArgument for a batch of more.
+absl::StatusOr<int> OneItem(const ServedModel& model, TensorView* tokens) {
+  if (tokens->rank() != 3) return -1;  // (T, E), or refused by the session path.
+  const int axis = model.model->serving().batch_first ? 0 : 1;
+  if (tokens->dim(axis) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "inputs['query']: a sequence step is one item, shape ",
+        axis == 0 ? "[1, T, E]" : "[T, 1, E] (the model takes batch_first=False tensors)",
+        " or [T, E], got batch ", tokens->dim(axis), " in ", ShapeToString(tokens->shape)));
+  }
+  tokens->shape.erase(tokens->shape.begin() + axis);
+  return axis;
+}
+
 }  // namespace
 
 SequenceSessions::SequenceSessions(SessionPath* sessions) : sessions_(sessions) {}
@@ -143,7 +160,8 @@ struct SequenceSessions::Step {
   SessionPath::PreparedAppend prepared;
   int64_t tokens = 0;
   int64_t request_bytes = 0;
-  bool batched = false, start = false, end = false;
+  int batch_axis = -1;  // Where the outputs get the query's batch of 1 back (-1: unbatched).
+  bool start = false, end = false;
 };
 
 int64_t SequenceSessions::ResponseBytes(const Step& step) { return step.prepared.response_bytes; }
@@ -161,16 +179,7 @@ absl::StatusOr<std::shared_ptr<SequenceSessions::Step>> SequenceSessions::Prepar
   RETURN_IF_ERROR(CheckIdentifier(*decoded.sequence_id, "parameters['sequence_id']"));
   RETURN_IF_ERROR(CheckIdentifier(request.id(), "id"));
   SessionPath::Step step;
-  step.tokens = in.query;
-  const bool batched = in.query.rank() == 3;
-  if (batched) {
-    if (in.query.dim(0) != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "inputs['query']: a sequence step is one item, shape [1, T, E] or [T, E], got batch ",
-          in.query.dim(0)));
-    }
-    step.tokens.shape.erase(step.tokens.shape.begin());
-  }
+  step.tokens = in.query;  // Made (T, E) below, in the layout of the version computing it.
   step.need_weights = in.need_weights;
   step.average_attn_weights = in.average_attn_weights;
   step.output_dtype = in.output_dtype;
@@ -181,7 +190,6 @@ absl::StatusOr<std::shared_ptr<SequenceSessions::Step>> SequenceSessions::Prepar
   out->owner = caller != nullptr ? caller->id : "";
   out->key = Key(out->owner, model->name, *decoded.sequence_id);
   out->model = model;
-  out->batched = batched;
   out->start = decoded.sequence_start;
   out->end = decoded.sequence_end;
   out->request_bytes = static_cast<int64_t>(request.ByteSizeLong());
@@ -191,15 +199,16 @@ absl::StatusOr<std::shared_ptr<SequenceSessions::Step>> SequenceSessions::Prepar
   }
   // A start is validated and admitted before its session exists.
   int64_t held_keys = 0;
-  if (step.tokens.rank() == 2) out->tokens = step.tokens.dim(0);
   if (!out->start) {
     ASSIGN_OR_RETURN(out->session, Find(out->key, call.leases.get()));
     // A later step runs on the version its sequence started on (a newer one
     // may serve by now): validated against that one.
     session_model = out->session->model;
     out->model = session_model->served;
-    held_keys = SessionPath::HeldKeys(out->session, out->tokens, &out->queued);
   }
+  ASSIGN_OR_RETURN(out->batch_axis, OneItem(*out->model, &step.tokens));
+  if (step.tokens.rank() == 2) out->tokens = step.tokens.dim(0);
+  if (!out->start) held_keys = SessionPath::HeldKeys(out->session, out->tokens, &out->queued);
   RETURN_IF_ERROR(sessions_->PrepareStep(step, *session_model, /*cross=*/false, held_keys,
                                          std::move(keep_alive), call, &out->prepared));
   if (decoded.timeout) {
@@ -235,14 +244,17 @@ absl::Status SequenceSessions::Commit(const std::shared_ptr<Step>& step, Admissi
   }
   SessionPath::PreparedAppend& prepared = step->prepared;
   sessions_->Attach(session, std::move(step->queued), admission, step->request_bytes, &prepared);
-  const bool batched = step->batched, start = step->start, end = step->end;
+  const int batch_axis = step->batch_axis;
+  const bool start = step->start, end = step->end;
   const std::string session_id = session->id;
   const int64_t version = session->model->served->version;
-  prepared.pending->done = [this, batched, start, end, key, session_id, version,
+  prepared.pending->done = [this, batch_axis, start, end, key, session_id, version,
                             done = std::move(done)](RequestOutcome outcome) mutable {
     outcome.model_version = version;
-    if (batched) {  // Shaped like the stateless call's results.
-      outcome.output.shape.insert(outcome.output.shape.begin(), 1);
+    if (batch_axis >= 0) {  // Shaped like the stateless call's results.
+      // (1, T, E) or (T, 1, E): the same bytes as (T, E). The weights are
+      // (N, ...) in both layouts, as PyTorch returns them.
+      outcome.output.shape.insert(outcome.output.shape.begin() + batch_axis, 1);
       if (outcome.attn_weights) {
         outcome.attn_weights->shape.insert(outcome.attn_weights->shape.begin(), 1);
       }

@@ -10,6 +10,7 @@
 #include "core/status_macros.h"
 #include "server/batching/batch_runner.h"
 #include "server/requests/identifiers.h"
+#include "server/requests/wire_layout.h"
 
 namespace attention::server {
 namespace {
@@ -241,7 +242,9 @@ absl::StatusOr<const ServedModel*> RequestPath::Admissible(const CallContext& ca
 absl::Status RequestPath::Finalize(std::unique_ptr<PendingRequest> pending, size_t id_bytes,
                                    std::shared_ptr<const void> keep_alive, const CallContext& call,
                                    Prepared* prepared) {
-  ASSIGN_OR_RETURN(pending->call, prepared->model->engine->Validate(pending->inputs));
+  // In the model's layout on the wire: (L, N, E) for batch_first=False ones.
+  ASSIGN_OR_RETURN(pending->call, ValidateInWireLayout(*prepared->model->engine, pending->inputs,
+                                                       &pending->sequence_first));
   RETURN_IF_ERROR(CheckResponseSize(*prepared->model, pending->inputs, pending->call, id_bytes,
                                     &prepared->response_bytes));
   pending->keep_alive = std::move(keep_alive);

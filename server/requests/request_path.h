@@ -101,9 +101,11 @@ class RequestPath {
   absl::StatusOr<const ServedModel*> Admissible(const CallContext& call, const std::string& model,
                                                 std::shared_ptr<const Principal>* caller = nullptr,
                                                 int64_t version = 0);
-  // The last steps: validates `pending->inputs` against prepared->model,
-  // sizes the response (RESOURCE_EXHAUSTED when too large), binds the call's
-  // deadline and cancellation, and stores the request in *prepared.
+  // The last steps: validates `pending->inputs` against prepared->model in
+  // the layout it takes (wire_layout.h: (L, N, E) for a batch_first=False
+  // model, marking the request sequence_first), sizes the response
+  // (RESOURCE_EXHAUSTED when too large), binds the call's deadline and
+  // cancellation, and stores the request in *prepared.
   absl::Status Finalize(std::unique_ptr<PendingRequest> pending, size_t id_bytes,
                         std::shared_ptr<const void> keep_alive, const CallContext& call,
                         Prepared* prepared);

@@ -1,9 +1,10 @@
 """scripts/export_torch_mha.py on real checkpoints, and what it writes served by attention-server.
 
-Checkpoints of a seeded torch.nn.TransformerEncoder (4 layers, E=32, 4 heads, non-zero biases)
-saved three ways (a state_dict, a {"model_state_dict": ...} training checkpoint, the whole module
-with torch.save), and of a module of a class defined here holding a cross-attention layer with
-kdim 24 and vdim 16 (separate q/k/v projections), saved whole.
+Checkpoints of a seeded torch.nn.TransformerEncoder (4 layers, E=32, 4 heads, non-zero biases,
+batch_first=True) saved three ways (a state_dict, a {"model_state_dict": ...} training checkpoint,
+the whole module with torch.save), of one built with PyTorch's default batch_first=False (saved
+whole and as a state_dict), and of a module of a class defined here holding a cross-attention
+layer with kdim 24 and vdim 16 (separate q/k/v projections), saved whole.
 
 Checked:
 * without --prefix, and with a prefix that matches nothing, the command fails (exit 1) listing
@@ -12,10 +13,14 @@ Checked:
   no output has a Python traceback;
 * --repository/--model writes version folders 1, 2, 3 ... renamed into place (nothing hidden
   or temporary is left behind), and refuses a flat model folder;
+* config.json records "batch_first": a saved module's own (false for the default encoder), or
+  for a state_dict of tensors --batch_first true|false, which is then required (the error names
+  it) and must agree with a saved module if given; export_mha() from Python records the module's;
 * attention-server (--model_control=poll, --repository_poll_s=0.2) serves what was written, and
   a version exported while it runs is picked up: each version's REST output (JSON) is within
   1e-5 + 1e-5 |want| of the exported torch layer in float64 (need_weights off), and says which
-  version computed it.
+  version computed it; a batch_first=False layer is sent and answers (L, N, E) with N 2, as the
+  module takes and returns them.
 
 Run by CTest as export_torch_mha_test (ATTENTION_SERVER_BINARY, ATTENTION_REPO set there), with
 /usr/bin/python3 (Debian's python3-torch).
@@ -86,6 +91,15 @@ class ExportTorchMhaTest(unittest.TestCase):
         broken = cls.encoder.state_dict()
         del broken["layers.1.self_attn.out_proj.weight"]
         torch.save(broken, cls.path("broken.pt"))
+        # PyTorch's default layout: the layers' forward takes (L, N, E).
+        seq_layer = torch.nn.TransformerEncoderLayer(E, HEADS)
+        cls.seq_encoder = torch.nn.TransformerEncoder(seq_layer, 2).eval()
+        with torch.no_grad():
+            for name, p in cls.seq_encoder.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0, 0.1, generator=g)
+        torch.save(cls.seq_encoder, cls.path("seq_whole.pt"))
+        torch.save(cls.seq_encoder.state_dict(), cls.path("seq_state_dict.pt"))
         with open(cls.path("not_a_checkpoint.pt"), "w") as f:
             f.write("weights, honestly\n")
         # The cross block: its class lives in a file of its own, imported as torch would.
@@ -143,8 +157,8 @@ class ExportTorchMhaTest(unittest.TestCase):
                               "layers.1.self_attn.", "--out", self.path("b")],
                              "--num_heads is required", "embed_dim 32")
         self.assertFailsWith(["--state_dict", self.path("state_dict.pt"), "--num_heads", "5",
-                              "--prefix", "layers.1.self_attn.", "--out", self.path("b")],
-                             "--num_heads 5 does not divide embed_dim 32")
+                              "--batch_first", "true", "--prefix", "layers.1.self_attn.", "--out",
+                              self.path("b")], "--num_heads 5 does not divide embed_dim 32")
         self.assertFailsWith(["--state_dict", self.path("not_a_checkpoint.pt"), "--num_heads",
                               "4", "--out", self.path("b")], "not a torch.save() file")
         self.assertFailsWith(["--state_dict", self.path("cross_whole.pt"), "--out",
@@ -155,8 +169,52 @@ class ExportTorchMhaTest(unittest.TestCase):
         code, out = export("--embed_dim", "8", "--num_heads", "2", "--out",
                            os.path.join(flat, "m"))
         self.assertEqual(code, 0, out)
+        self.assertIs(self.config(os.path.join(flat, "m"))["batch_first"], True)  # New: default.
         self.assertFailsWith(["--embed_dim", "8", "--num_heads", "2", "--repository", flat,
                               "--model", "m"], "flat model", "/1/")
+
+    def config(self, out):
+        with open(os.path.join(out, "config.json")) as f:
+            return json.load(f)
+
+    def test_records_batch_first_and_requires_it_for_a_state_dict(self):
+        # A bare state_dict cannot tell: the flag is required and named.
+        args = ["--state_dict", self.path("state_dict.pt"), "--num_heads", "4", "--prefix",
+                "layers.0.self_attn."]
+        out = self.path("bf_state_dict")
+        self.assertFailsWith(args + ["--out", out], "--batch_first true|false is required",
+                             "(L, N, E)")
+        self.assertFalse(os.path.exists(out))
+        for value, want in (("false", False), ("true", True)):
+            code, text = export(*args, "--batch_first", value, "--out", out, "--force")
+            self.assertEqual(code, 0, text)
+            self.assertIs(self.config(out)["batch_first"], want)
+        code, text = export(*args, "--batch_first", "yes", "--out", self.path("bf_yes"))
+        self.assertEqual(code, 2, text)  # argparse's usage error.
+        self.assertIn("argument --batch_first: expected true or false, got 'yes'", text)
+        # A saved module carries it: read (PyTorch's default here), and a contradiction refused
+        # (the batch-first whole.pt and a new layer: test_versions_written_..., test_errors_...).
+        out = self.path("bf_seq_whole")
+        code, text = export("--state_dict", self.path("seq_whole.pt"), "--prefix",
+                            "layers.0.self_attn.", "--out", out)
+        self.assertEqual(code, 0, text)
+        self.assertIs(self.config(out)["batch_first"], False)
+        self.assertFailsWith(["--state_dict", self.path("seq_whole.pt"), "--prefix",
+                              "layers.0.self_attn.", "--batch_first", "true", "--out",
+                              self.path("bf_contradiction")],
+                             "--batch_first true, but the saved layer has batch_first=False")
+
+    def test_export_mha_from_python_records_the_modules_layout(self):
+        sys.path.insert(0, os.path.dirname(SCRIPT))
+        from export_torch_mha import export_mha
+        for batch_first in (False, True):
+            out = self.path(f"py_{batch_first}")
+            layer = torch.nn.MultiheadAttention(8, 2, batch_first=batch_first)
+            self.assertIs(export_mha(layer, out)["batch_first"], batch_first)
+            self.assertIs(self.config(out)["batch_first"], batch_first)
+        with self.assertRaisesRegex(ValueError, "batch_first"):
+            export_mha(torch.nn.MultiheadAttention(8, 2), self.path("py_conflict"),
+                       extra_config={"batch_first": True})
 
     def rest(self, path, body=None):
         request = urllib.request.Request(
@@ -170,10 +228,11 @@ class ExportTorchMhaTest(unittest.TestCase):
         except OSError:
             return -1, None
 
-    def check_served(self, model, version, layer, cross=False):
-        """REST output of `version` of `model` against `layer` in float64."""
+    def check_served(self, model, version, layer, cross=False, batch_first=True):
+        """REST output of `version` of `model` against `layer` in float64, both called with the
+        tensors in the layer's layout: (N, L, E), or (L, N, E) with N = 2 when not batch_first."""
         g = torch.Generator().manual_seed(version)
-        q = torch.randn(1, 5, E, generator=g)
+        q = torch.randn(1, 5, E, generator=g) if batch_first else torch.randn(5, 2, E, generator=g)
         k = torch.randn(1, 7, 24, generator=g) if cross else q
         v = torch.randn(1, 7, 16, generator=g) if cross else q
         inputs = [{"name": "query", "datatype": "FP32", "shape": list(q.shape),
@@ -187,10 +246,11 @@ class ExportTorchMhaTest(unittest.TestCase):
         self.assertEqual(status, 200, response)
         self.assertEqual(response["model_version"], str(version))
         oracle = torch.nn.MultiheadAttention(E, HEADS, kdim=layer.kdim, vdim=layer.vdim,
-                                             batch_first=True).double().eval()
+                                             batch_first=layer.batch_first).double().eval()
         oracle.load_state_dict({n: t.double() for n, t in layer.state_dict().items()})
         with torch.no_grad():
             want = oracle(q.double(), k.double(), v.double(), need_weights=False)[0]
+        self.assertEqual(response["outputs"][0]["shape"], list(q.shape))
         got = response["outputs"][0]["data"]
         want = want.reshape(-1).tolist()
         self.assertEqual(len(got), len(want))
@@ -201,14 +261,21 @@ class ExportTorchMhaTest(unittest.TestCase):
         repo = self.path("models")
         layer = lambda i: self.encoder.layers[i].self_attn  # noqa: E731
         runs = [  # (args, model, version, torch layer)
-            (["--state_dict", self.path("state_dict.pt"), "--num_heads", "4", "--prefix",
-              "layers.3.self_attn."], "enc", 1, layer(3)),
+            (["--state_dict", self.path("state_dict.pt"), "--num_heads", "4", "--batch_first",
+              "true", "--prefix", "layers.3.self_attn."], "enc", 1, layer(3)),
             (["--state_dict", self.path("whole.pt"), "--prefix", "layers.1.self_attn"],
              "enc", 2, layer(1)),
             (["--state_dict", self.path("cross_whole.pt"), "--import",
               self.path("cross_block.py"), "--prefix", "cross."], "cross", 1, self.cross),
-            (["--state_dict", self.path("cross_layer.pt"), "--num_heads", "4"], "cross", 2,
+            (["--state_dict", self.path("cross_layer.pt"), "--num_heads", "4",
+              "--batch_first", "true"], "cross", 2,
              self.cross),  # A bare layer's state_dict: no prefix needed.
+            # batch_first=False, read from the saved module, and given for its state_dict.
+            (["--state_dict", self.path("seq_whole.pt"), "--prefix", "layers.0.self_attn."],
+             "seq", 1, self.seq_encoder.layers[0].self_attn),
+            (["--state_dict", self.path("seq_state_dict.pt"), "--num_heads", "4",
+              "--batch_first", "false", "--prefix", "layers.1.self_attn."], "seq", 2,
+             self.seq_encoder.layers[1].self_attn),
         ]
         for args, model, version, _ in runs:
             code, out = export(*args, "--repository", repo, "--model", model)
@@ -216,10 +283,12 @@ class ExportTorchMhaTest(unittest.TestCase):
             self.assertIn(os.path.join(repo, model, str(version)), out)
         self.assertEqual(sorted(os.listdir(os.path.join(repo, "enc"))), ["1", "2"])
         self.assertEqual(sorted(os.listdir(os.path.join(repo, "cross"))), ["1", "2"])
-        with open(os.path.join(repo, "enc", "config.json"), "w") as f:
-            json.dump({"version_policy": "all"}, f)  # Serve every version, to compare each.
-        with open(os.path.join(repo, "cross", "config.json"), "w") as f:
-            json.dump({"version_policy": "all"}, f)
+        for model, version, batch_first in (("enc", 2, True), ("seq", 1, False)):  # Modules'.
+            self.assertIs(self.config(os.path.join(repo, model, str(version)))["batch_first"],
+                          batch_first)
+        for model in ("enc", "cross", "seq"):  # Serve every version, to compare each.
+            with open(os.path.join(repo, model, "config.json"), "w") as f:
+                json.dump({"version_policy": "all"}, f)
 
         http = free_port()
         self.url = f"http://127.0.0.1:{http}"
@@ -234,12 +303,13 @@ class ExportTorchMhaTest(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, "the server did not become ready")
             time.sleep(0.02)
         for _, model, version, torch_layer in runs:
-            self.check_served(model, version, torch_layer, cross=model == "cross")
+            self.check_served(model, version, torch_layer, cross=model == "cross",
+                              batch_first=model != "seq")
 
         # A version exported while the server polls: picked up once renamed into place.
         code, out = export("--state_dict", self.path("checkpoint.pt"), "--num_heads", "4",
-                           "--prefix", "layers.0.self_attn.", "--repository", repo, "--model",
-                           "enc")
+                           "--batch_first", "true", "--prefix", "layers.0.self_attn.",
+                           "--repository", repo, "--model", "enc")
         self.assertEqual(code, 0, out)
         deadline = time.monotonic() + 30
         while self.rest("/v2/models/enc/versions/3/ready")[0] != 200:

@@ -503,6 +503,9 @@ class AttentionClient:
             "name": m.name, "embed_dim": m.embed_dim, "num_heads": m.num_heads,
             "kdim": m.kdim, "vdim": m.vdim, "bias": m.bias, "add_bias_kv": m.add_bias_kv,
             "add_zero_attn": m.add_zero_attn,
+            # False: the model takes (L, N, E) tensors (torch's batch_first=False); unset on
+            # servers before the field: True.
+            "batch_first": m.batch_first if m.HasField("batch_first") else True,
             "compute_dtype": attention_pb2.DataType.Name(m.compute_dtype),
             "is_default": m.is_default,
             "batching": {"max_batch_size": m.batching.max_batch_size,
