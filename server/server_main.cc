@@ -7,7 +7,6 @@
 // report SERVING. SIGTERM or SIGINT: report NOT_SERVING, refuse new work
 // with UNAVAILABLE, finish every accepted request (up to --drain_timeout_s),
 // exit 0.
-#include <malloc.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -307,12 +306,13 @@ int main(int argc, char** argv) {
   // glibc returns freed blocks above its mmap threshold to the OS, and the
   // next call's buffers of the same size fault in again, a page at a time
   // (expensive on these VMs). Serve up to 32 MiB from the heap and keep up
-  // to 256 MiB of freed memory there for reuse.
+  // to 256 MiB of freed memory there for reuse, in one arena, so that the
+  // AllocatorTrimmer can return what exceeds the plan's reserve (see
+  // ConfigureAllocator). Before any thread starts.
+  attention::server::ConfigureAllocator();
   // Debian's Abseil checks every Mutex acquisition for lock-order cycles
   // (GraphCycles::GetId was ~3% of the server's CPU under load): off.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   absl::ParseCommandLine(argc, argv);
   return attention::server::Run();
 }
