@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/workspace.h"
+#include "server/accept_guard.h"
 #include "server/allocator_trimmer.h"
 #include "server/attention_server.h"
 #include "server/memory_limit.h"
@@ -207,6 +208,8 @@ int Run() {
       return 1;
     }
   }
+  // Before gRPC listens: its listener must never see accept4() fail.
+  std::cerr << InstallAcceptGuard() << "\n";
   // Every memory budget from one plan (see MemoryPlan), logged as a table.
   MemoryPlanInputs plan_inputs;
   if (absl::GetFlag(FLAGS_memory_limit_bytes) > 0) {
