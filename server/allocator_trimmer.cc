@@ -2,11 +2,18 @@
 
 #include <malloc.h>
 
+#include <cstdlib>
 #include <utility>
 
 #include "server/memory_limit.h"
 
 namespace attention::server {
+
+void ConfigureAllocator() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr) mallopt(M_ARENA_MAX, 1);
+}
 
 AllocatorTrimmer::AllocatorTrimmer(Options options) : options_(std::move(options)) {
   if (options_.period > absl::ZeroDuration()) thread_ = std::thread([this] { Loop(); });

@@ -2,16 +2,22 @@
 //
 // Keeps the memory malloc holds freed-but-resident within a budget (the
 // memory plan's allocator reserve). glibc keeps freed blocks for reuse: each
-// arena (one per thread group, up to M_ARENA_MAX) keeps what it once held
-// unless its top grows past M_TRIM_THRESHOLD, and holes between live blocks
-// are never returned. Under a flood of large requests, gRPC's threads and
-// the batcher allocate 16 MiB messages in different arenas, and the process
-// then holds the sum of every arena's peak: measured 750 MiB of free memory
-// resident at rest after one flood under a 1 GiB limit. Setting the
+// arena keeps what it once held unless its top grows past M_TRIM_THRESHOLD,
+// and holes between live blocks are never returned. Under a flood of large
+// requests, gRPC's threads and the batcher allocate 16 MiB messages, and the
+// process then holds the sum of every arena's peak: measured 750 MiB of free
+// memory resident at rest after one flood under a 1 GiB limit. Setting the
 // thresholds low would fault pages in again on every steady-state call;
 // instead, a thread checks the resident set every `period` and, when what
-// malloc holds free exceeds the budget, calls malloc_trim(), which returns
-// every free page of every arena to the system.
+// malloc holds free exceeds the budget, calls malloc_trim(). That returns
+// every free page of the main arena (holes and top), but of a thread's own
+// arena only the holes: the free top of a thread arena (where a large block
+// freed last ends up) is released only by free() itself, and only past
+// M_TRIM_THRESHOLD. So the server runs with one arena (ConfigureAllocator).
+// Measured: one stream of refused 30 MiB messages left about 115 MiB free
+// resident in thread arenas for good (95 trims in 10 s, none effective);
+// with one arena the flood of tests/server_receive_memory_test.cc ends
+// within the reserve.
 //
 // Thread-safe: Check() may be called from any thread (the tests call it
 // directly); the destructor stops and joins the thread.
@@ -29,6 +35,14 @@
 #include "absl/time/time.h"
 
 namespace attention::server {
+
+// The allocator settings the trimmer relies on, for the server's main()
+// before any thread starts: blocks up to 32 MiB from the heap, up to 256 MiB
+// of a free top kept for reuse (the trimmer bounds both), and one arena, so
+// that malloc_trim() reaches every free page. MALLOC_ARENA_MAX in the
+// environment, if set, is left in force (more arenas: less lock contention
+// between threads, but free memory the trimmer cannot return).
+void ConfigureAllocator();
 
 class AllocatorTrimmer {
  public:

@@ -9,6 +9,9 @@
 //   max_inflight_bytes        requests accepted and not yet answered, their
 //                             responses and the working memory computing them
 //   grpc_receive_quota_bytes  gRPC's buffers of messages being received
+//                             (not counted anywhere: the parsed copy of a
+//                             message the service has not yet admitted or
+//                             refused, one per gRPC callback thread)
 //   session_memory_bytes      every session's key/value cache
 //   workspaces_kept           engine scratch buffers threads keep between calls
 //   allocator_reserve         freed memory malloc may keep (AllocatorTrimmer)

@@ -12,7 +12,6 @@
 // Test hook (server_process_test): ATTENTION_TEST_LOAD_DELAY_MS=<ms>[:<model>]
 // makes every load (of <model>) wait <ms> before reading its files, as a
 // large model's would, and stop early when abandoned.
-#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -38,6 +37,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "core/workspace.h"
+#include "server/accept_guard.h"
 #include "server/allocator_trimmer.h"
 #include "server/attention_server.h"
 #include "server/memory_limit.h"
@@ -249,6 +249,8 @@ int Run() {
       return 1;
     }
   }
+  // Before gRPC listens: its listener must never see accept4() fail.
+  std::cerr << InstallAcceptGuard() << "\n";
   // Every memory budget from one plan (see MemoryPlan), logged as a table.
   MemoryPlanInputs plan_inputs;
   if (absl::GetFlag(FLAGS_memory_limit_bytes) > 0) {
@@ -381,12 +383,13 @@ int main(int argc, char** argv) {
   // glibc returns freed blocks above its mmap threshold to the OS, and the
   // next call's buffers of the same size fault in again, a page at a time
   // (expensive on these VMs). Serve up to 32 MiB from the heap and keep up
-  // to 256 MiB of freed memory there for reuse.
+  // to 256 MiB of freed memory there for reuse, in one arena, so that the
+  // AllocatorTrimmer can return what exceeds the plan's reserve (see
+  // ConfigureAllocator). Before any thread starts.
+  attention::server::ConfigureAllocator();
   // Debian's Abseil checks every Mutex acquisition for lock-order cycles
   // (GraphCycles::GetId was ~3% of the server's CPU under load): off.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   absl::ParseCommandLine(argc, argv);
   return attention::server::Run();
 }

@@ -2,6 +2,11 @@
 // concurrent large requests than the budget admits. Every request gets a
 // correct answer or RESOURCE_EXHAUSTED naming the limit, the server process's
 // peak RSS stays within the budget plus a stated margin, and it keeps serving.
+// And a flood of connections past the server's file-descriptor limit: it
+// closes what it cannot accept, says so, and accepts again afterwards.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <grpcpp/grpcpp.h>
@@ -19,6 +24,7 @@
 #include "attention/v1/attention.grpc.pb.h"
 #include "core/mha_engine.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/server_test_util.h"
 #include "tests/test_util.h"
@@ -51,6 +57,23 @@ int64_t ProcStatusBytes(int pid, const std::string& field) {
     }
   }
   return -1;
+}
+
+// "N open, limit M" for process `pid`'s file descriptors.
+std::string Descriptors(int pid) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::error_code ec;
+  int64_t open = 0;
+  for (auto it = std::filesystem::directory_iterator(proc + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++open;
+  }
+  std::ifstream limits(proc + "/limits");
+  std::string line, limit = "?";
+  while (std::getline(limits, line)) {
+    if (line.rfind("Max open files", 0) == 0) limit = line.substr(26);
+  }
+  return absl::StrCat(open, " open, limit (soft hard) ", limit);
 }
 
 TEST(FloodTest, InflightBytesBoundMemoryAndEveryRequestIsAnsweredOrRefused) {
@@ -118,7 +141,19 @@ TEST(FloodTest, InflightBytesBoundMemoryAndEveryRequestIsAnsweredOrRefused) {
   std::vector<std::thread> clients;
   for (int c = 0; c < kClients; ++c) {
     clients.emplace_back([&] {
-      auto stub = v1::AttentionService::NewStub(channel());
+      // Connected before the flood starts: a connection attempt that fails
+      // is retried (with gRPC's backoff) rather than failing the calls, and
+      // one that cannot be made says why.
+      const std::shared_ptr<grpc::Channel> connection = channel();
+      if (!connection->WaitForConnected(std::chrono::system_clock::now() +
+                                        std::chrono::seconds(30))) {
+        ADD_FAILURE() << "cannot connect to the server (channel state "
+                      << connection->GetState(false) << "); this process: " << Descriptors(getpid())
+                      << "; the server: " << Descriptors(server.pid());
+        other += kEach;
+        return;
+      }
+      auto stub = v1::AttentionService::NewStub(connection);
       for (int i = 0; i < kEach; ++i) {
         grpc::ClientContext context;
         context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
@@ -172,6 +207,73 @@ TEST(FloodTest, InflightBytesBoundMemoryAndEveryRequestIsAnsweredOrRefused) {
   EXPECT_GE(
       testing::MetricValue(metrics, "attention_refusals_total", {"code=\"RESOURCE_EXHAUSTED\""}),
       refused.load());
+  EXPECT_EQ(server.Stop(), 0);
+}
+
+// gRPC 1.51 stops listening for good when accept4() fails for want of a
+// descriptor; the server must close what it cannot accept, say so, and
+// accept again once descriptors are free.
+TEST(FloodTest, RunningOutOfFileDescriptorsDoesNotStopTheServerAccepting) {
+  const std::string dir = ::testing::TempDir() + "/fd_flood_test_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(32, 4), 1), dir + "/m");
+  testing::ServerProcessOptions process;
+  process.stderr_path = dir + "/server.log";
+  process.max_open_files = 64;  // Soft and hard: the server cannot raise it.
+  testing::ServerProcess server(ATTENTION_SERVER_BINARY,
+                                {"--model_repository=" + dir, "--threads=1", "--warmup=false"},
+                                "127.0.0.1", 0, process);
+  ASSERT_TRUE(server.ok());
+  auto log = [&] {
+    std::ifstream in(process.stderr_path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  EXPECT_THAT(log(), HasSubstr("file descriptors: limit 64"));
+
+  // Twice as many connections as the server has descriptors, held open
+  // (the kernel completes them; the server accepts what it can).
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server.port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> held;
+  for (int i = 0; i < 128; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0) << "this process: " << Descriptors(getpid());
+    ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0)
+        << errno;
+    held.push_back(fd);
+  }
+  // The server ran out: it says so (gRPC alone said "Failed accept4" and
+  // never accepted again).
+  std::string text = log();
+  for (int i = 0;
+       i < 200 && text.find("refused a connection: no file descriptor left") == std::string::npos &&
+       text.find("Failed accept4") == std::string::npos;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    text = log();
+  }
+  EXPECT_THAT(text, HasSubstr("refused a connection: no file descriptor left to accept it (Too "
+                              "many open files;"));
+  for (int fd : held) close(fd);
+
+  // Descriptors free again: a new client connects and is served.
+  {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto health = grpc::health::v1::Health::NewStub(
+        grpc::CreateCustomChannel(server.target(), grpc::InsecureChannelCredentials(), args));
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::health::v1::HealthCheckResponse response;
+    const grpc::Status status = health->Check(&context, {}, &response);
+    EXPECT_TRUE(status.ok()) << status.error_code() << " " << status.error_message()
+                             << "; the server: " << Descriptors(server.pid()) << "\n"
+                             << log();
+    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  }  // Its connection closed: an idle one would hold the drain.
   EXPECT_EQ(server.Stop(), 0);
 }
 

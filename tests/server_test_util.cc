@@ -1,8 +1,10 @@
 #include "tests/server_test_util.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -83,7 +85,7 @@ double MetricValue(const std::string& exposition, const std::string& name,
 }
 
 ServerProcess::ServerProcess(const std::string& binary, const std::vector<std::string>& extra_args,
-                             const std::string& host, int port)
+                             const std::string& host, int port, const ServerProcessOptions& options)
     : host_(host) {
   port_ = port > 0 ? port : FreePort();
   metrics_port_ = FreePort();
@@ -94,6 +96,16 @@ ServerProcess::ServerProcess(const std::string& binary, const std::vector<std::s
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_ = fork();
   if (pid_ == 0) {
+    if (!options.stderr_path.empty()) {
+      const int fd = open(options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(126);
+      close(fd);
+    }
+    if (options.max_open_files > 0) {
+      const rlimit limit = {static_cast<rlim_t>(options.max_open_files),
+                            static_cast<rlim_t>(options.max_open_files)};
+      if (setrlimit(RLIMIT_NOFILE, &limit) != 0) _exit(126);
+    }
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

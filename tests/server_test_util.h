@@ -30,6 +30,14 @@ std::string HttpGet(int port, const std::string& path, const std::string& host =
 double MetricValue(const std::string& exposition, const std::string& name,
                    const std::vector<std::string>& must_contain);
 
+// How a ServerProcess's child is started, beyond its arguments.
+struct ServerProcessOptions {
+  // Its standard error goes to this file (truncated) instead of the test's.
+  std::string stderr_path;
+  // Set: its RLIMIT_NOFILE, soft and hard (the child cannot raise it).
+  int max_open_files = 0;
+};
+
 // attention-server as a child process on free loopback ports.
 class ServerProcess {
  public:
@@ -37,7 +45,8 @@ class ServerProcess {
   // (0: a free one), a free --metrics_port and --http_port, and `extra_args`; waits (bounded,
   // 30 s) for health SERVING. Check ok().
   ServerProcess(const std::string& binary, const std::vector<std::string>& extra_args,
-                const std::string& host = "127.0.0.1", int port = 0);
+                const std::string& host = "127.0.0.1", int port = 0,
+                const ServerProcessOptions& options = {});
   // Kills the process if it is still running.
   ~ServerProcess();
 

@@ -4,6 +4,7 @@
 
 #include "proto/codec/status_codes.h"
 #include "server/frontends/grpc_call.h"
+#include "server/requests/identifiers.h"
 #include "server/requests/request_path.h"
 
 namespace attention::server {
@@ -51,7 +52,9 @@ void AsyncInferCall::Start() {
   path->Received();
   call_ = CallOf(context_, Method::kInfer,
                  [this] { return cancelled_.load(std::memory_order_relaxed); });
-  response_.set_request_id(request_.request_id());
+  // Cut to what an answer echoes: a refused request's id is unchecked, and
+  // the response lives until gRPC is done with the call.
+  response_.set_request_id(Echoed(request_.request_id()));
   RequestPath::Prepared prepared;
   absl::Status status = queue_->Prepare(request_, *call_, &prepared);
   model_ = prepared.model;

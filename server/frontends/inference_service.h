@@ -34,7 +34,7 @@ namespace attention::server {
 // error_message, a result in infer_response.
 template <>
 struct StreamCodec<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
-  static std::string Id(const inference::ModelInferRequest& request) { return request.id(); }
+  static const std::string& Id(const inference::ModelInferRequest& request) { return request.id(); }
   static void Complete(const std::string& id, const absl::Status& status,
                        inference::ModelStreamInferResponse* response) {
     if (!status.ok()) response->set_error_message(std::string(status.message().substr(0, 4096)));

@@ -57,7 +57,7 @@ namespace attention::server {
 // other protocols specialize it.
 template <typename Request, typename Response>
 struct StreamCodec {
-  static std::string Id(const Request& request) { return request.request_id(); }
+  static const std::string& Id(const Request& request) { return request.request_id(); }
   // Completes `response` (without id or error so far) with both.
   static void Complete(const std::string& id, const absl::Status& status, Response* response) {
     if (!status.ok()) {
@@ -187,7 +187,10 @@ void StreamReactor<Request, Response>::OnReadDone(bool ok) {
   const absl::Time received = absl::Now();
   path_->Received();
   auto request = std::shared_ptr<Request>(incoming_.release());
-  const std::string id = StreamCodec<Request, Response>::Id(*request);
+  // Only the part an answer echoes is kept: a refused request's id is
+  // unchecked, as large as its message, and held here, in the reply and in
+  // the reply's std::function it would be three more copies of it.
+  const std::string id = Echoed(StreamCodec<Request, Response>::Id(*request));
   const CallRef call = RequestOf(*call_);
   Prepared prepared = start_(request, *call);
   const int64_t request_bytes = static_cast<int64_t>(request->ByteSizeLong());
