@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <limits>
 #include <set>
 #include <utility>
 #include <vector>
@@ -27,6 +28,15 @@ namespace {
 
 constexpr char kServiceName[] = "attention.v1.AttentionService";
 constexpr char kSessionServiceName[] = "attention.v1.SessionService";
+
+// A duration as a gRPC channel argument in milliseconds: from INT_MAX on
+// (infinite included) INT_MAX, which gRPC reads as no limit.
+int GrpcMilliseconds(absl::Duration d) {
+  if (d >= absl::Milliseconds(std::numeric_limits<int>::max())) {
+    return std::numeric_limits<int>::max();
+  }
+  return static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
+}
 
 }  // namespace
 
@@ -132,13 +142,13 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   // would start and silently take half the connections (and half of every
   // client's sessions). Refuse to start instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // GOAWAY after the age stops new calls on the connection; the calls open on
+  // it keep running for the grace (INT_MAX: gRPC's "no limit").
   if (options.max_connection_age > absl::ZeroDuration()) {
-    builder.AddChannelArgument(
-        GRPC_ARG_MAX_CONNECTION_AGE_MS,
-        static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
-    builder.AddChannelArgument(
-        GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
-        static_cast<int>(absl::ToInt64Milliseconds(options.connection_age_grace)));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               GrpcMilliseconds(options.max_connection_age));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               GrpcMilliseconds(options.connection_age_grace));
   }
   // gRPC's own buffers (messages being received, before the service can
   // refuse them) come from a quota: the memory plan's, or by default twice

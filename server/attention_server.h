@@ -59,11 +59,16 @@ struct ServerOptions {
   int64_t max_stream_pending_bytes = int64_t{256} << 20;
   absl::Duration drain_timeout = absl::Seconds(30);
   // A client connection is told to go away (GOAWAY) after this long, so that
-  // clients reconnect and re-resolve the service's name: replicas added by an
-  // autoscaler get their share. Calls in flight then get `connection_age_grace`
-  // to finish. Zero: connections live for ever.
+  // clients open their new calls on a new connection and re-resolve the
+  // service's name: replicas added by an autoscaler get their share. Zero:
+  // connections live for ever. Calls already open on an aged connection (a
+  // stream in use, a long call) may then run `connection_age_grace` more
+  // before gRPC closes the connection under them; infinite by default, so
+  // a stream is never cut for its connection's age (the drain's deadline
+  // bounds every call at shutdown). Both are rounded to milliseconds; from
+  // about 24.8 days (INT_MAX ms) on they mean no limit.
   absl::Duration max_connection_age = absl::Seconds(60);
-  absl::Duration connection_age_grace = absl::Seconds(30);
+  absl::Duration connection_age_grace = absl::InfiniteDuration();
   // After the last accepted request is answered, how long new ones are still
   // refused with UNAVAILABLE before the listener closes.
   absl::Duration drain_grace = absl::Milliseconds(500);

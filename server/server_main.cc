@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -81,9 +82,12 @@ ABSL_FLAG(int64_t, max_stream_pending_bytes, int64_t{256} << 20,
           "their responses before the stream stops reading.");
 ABSL_FLAG(double, max_connection_age_s, 60,
           "Connections are closed gracefully (GOAWAY) after this many seconds so that clients "
-          "re-resolve the service name and reach new replicas; 0: never.");
-ABSL_FLAG(double, max_connection_age_grace_s, 30,
-          "How long calls in flight on a connection past its age may still take.");
+          "open new calls on a new connection, re-resolving the service name and reaching new "
+          "replicas; 0: never.");
+ABSL_FLAG(double, max_connection_age_grace_s, std::numeric_limits<double>::infinity(),
+          "How long calls already open on a connection past its age (streams in use, long "
+          "calls) may still run before the connection is closed under them; inf (the "
+          "default): to their end (--drain_timeout_s bounds them at shutdown).");
 ABSL_FLAG(int, drain_timeout_s, 30,
           "On SIGTERM/SIGINT, how long accepted requests and a model load in progress may take "
           "to finish (the load is then abandoned).");
@@ -214,6 +218,15 @@ int Run() {
   options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
   options.max_connection_age = absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_s));
   options.connection_age_grace = absl::Seconds(absl::GetFlag(FLAGS_max_connection_age_grace_s));
+  for (const auto& [flag, value] :
+       {std::pair{"max_connection_age_s", absl::GetFlag(FLAGS_max_connection_age_s)},
+        std::pair{"max_connection_age_grace_s", absl::GetFlag(FLAGS_max_connection_age_grace_s)}}) {
+    if (!(value >= 0)) {
+      std::cerr << "--" << flag << ": expected a number of seconds >= 0 (or inf), got " << value
+                << "\n";
+      return 2;
+    }
+  }
   RepositoryOptions& repo = options.repository;
   repo.path = absl::GetFlag(FLAGS_model_repository);
   repo.default_model = absl::GetFlag(FLAGS_default_model);
