@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping, Optional
 
 import grpc
 
+from . import _reopen
 from ._stubs import attention_pb2, attention_pb2_grpc, sessions_pb2, sessions_pb2_grpc
 from .client import (MAX_MESSAGE_BYTES, InferResult, _channel_options, _decode, _encode,
                      _health_request, _health_status, _HEALTH_STATUS_NAMES, _infer_result,
@@ -103,27 +104,24 @@ class AsyncAttentionClient:
                            timeout: Optional[float] = None) -> AsyncIterator[InferResult]:
         """As AttentionClient.infer_stream: an async iterator of InferResult (out of order;
         a failed request's result has `error`). `requests` may be an iterable or an async
-        iterable of dicts of infer()'s keyword arguments."""
-        async def messages():
-            index = 0
-            if hasattr(requests, "__aiter__"):
-                async for kwargs in requests:
-                    yield self._numbered(kwargs, index)
-                    index += 1
-            else:
-                for kwargs in requests:
-                    yield self._numbered(kwargs, index)
-                    index += 1
+        iterable of dicts of infer()'s keyword arguments. Reopened as AttentionClient's when
+        the server closes it (UNAVAILABLE)."""
+        def key(message):
+            return _reopen.echoed(message.request_id)
 
-        call = self._stub.InferStream(messages(), timeout=timeout or self.timeout,
-                                      metadata=self._metadata)
+        outbox = _reopen.AsyncOutbox(requests, lambda index, kwargs: self._numbered(kwargs, index),
+                                     key)
+        responses = _reopen.async_stream(
+            lambda messages, left: self._stub.InferStream(messages, timeout=left,
+                                                          metadata=self._metadata),
+            outbox, key, timeout or self.timeout)
         try:
-            async for response in call:
+            async for response in responses:
                 yield _infer_result(response)
         except grpc.aio.AioRpcError as e:
             raise await self._error(e) from None
         finally:
-            call.cancel()
+            await responses.aclose()
 
     @staticmethod
     def _numbered(kwargs, index):

@@ -1,6 +1,5 @@
 """AttentionClient: infer(), models(), health() and sessions (session.py) over gRPC channels."""
 import collections
-import itertools
 import json
 import os
 import threading
@@ -571,22 +570,11 @@ class AttentionClient:
         arguments (query required). A request that failed yields a result whose `error` is an
         AttentionError (output None); the stream goes on. The stream's deadline is `timeout`
         seconds (default: the client's timeout) for all of it; an error of the stream itself
-        raises AttentionError. Requests are read from the iterable as the stream sends them."""
-        def messages():
-            for index, kwargs in enumerate(requests):
-                kwargs = dict(kwargs)
-                if not kwargs.get("request_id"):
-                    kwargs["request_id"] = str(index)
-                yield self._infer_request(**kwargs)
-
-        call = self._stub.InferStream(messages(), timeout=timeout or self.timeout)
-        try:
-            for response in call:
-                yield _infer_result(response)
-        except grpc.RpcError as e:
-            raise self._error(e) from None
-        finally:
-            call.cancel()
+        raises AttentionError. Requests are read from the iterable as the stream sends them.
+        When the server closes the stream (UNAVAILABLE: a drain, a connection recycled), a new
+        one is opened and the unanswered requests are sent again (attention_client._reopen)."""
+        from ._streams import infer_stream
+        return infer_stream(self, requests, timeout or self.timeout)
 
     def session_stream(self, appends: Iterable[Mapping[str, Any]],
                        timeout: Optional[float] = None) -> Iterator["AppendResult"]:
@@ -596,59 +584,14 @@ class AttentionClient:
         (a Session, or a session id); a Session's `length` is updated from its results.
         Every session of a stream must live on one replica (the first append's session's).
         A failed append yields a result whose `error` is an AttentionError; the stream goes
-        on. ReplayingSession is refused (TypeError): its history would miss stream appends."""
-        from .session import AppendResult, ReplayingSession, Session, _append_request
-        appends = iter(appends)
-        first = next(appends, None)
-        if first is None:
-            return
-        sessions = {}
+        on. ReplayingSession is refused (TypeError): its history would miss stream appends.
 
-        def session_id(append):
-            session = append["session"]
-            if isinstance(session, ReplayingSession):
-                raise TypeError("session_stream: a ReplayingSession cannot append on a stream "
-                                "(its history would miss the appends): use Session")
-            if isinstance(session, Session):
-                return session.session_id
-            return session
-
-        stub = self.session_stub(session_id(first))
-
-        def messages():
-            for index, append in enumerate(itertools.chain([first], appends)):
-                kwargs = dict(append)
-                session = kwargs.pop("session")
-                if not kwargs.get("request_id"):
-                    kwargs["request_id"] = str(index)
-                request = _append_request(session_id(append), **kwargs)
-                if isinstance(session, Session):
-                    sessions[kwargs["request_id"]] = session
-                yield request
-
-        call = stub.SessionStream(messages(), timeout=timeout or self.timeout)
-        try:
-            for response in call:
-                if response.HasField("error") and response.error.code != 0:
-                    sessions.pop(response.request_id, None)
-                    yield AppendResult(output=None, attn_weights=None, length=0, queue_us=0,
-                                       compute_us=0, batch_requests=0,
-                                       request_id=response.request_id,
-                                       session_id=response.session_id,
-                                       error=AttentionError(status_code(response.error.code),
-                                                            response.error.message))
-                    continue
-                session = sessions.pop(response.request_id, None)
-                if session is not None:
-                    session.length = response.length
-                yield AppendResult(output=_decode(response.output),
-                                   attn_weights=_decode(response.attn_weights),
-                                   length=response.length, queue_us=response.queue_us,
-                                   compute_us=response.compute_us,
-                                   batch_requests=response.batch_requests,
-                                   request_id=response.request_id,
-                                   session_id=response.session_id)
-        except grpc.RpcError as e:
-            raise self._error(e) from None
-        finally:
-            call.cancel()
+        An append to a Session carries expected_length (the session's length plus the tokens
+        of the stream's earlier appends to it), so an append after a failed one of the same
+        session fails FAILED_PRECONDITION "expected_length: ..." instead of landing after a
+        gap. When the server closes the stream (UNAVAILABLE), a new one is opened on the same
+        replica and the unanswered appends are sent again: safe with expected_length (an
+        append already applied is refused, not applied twice). An unanswered append to a bare
+        session id has none; the stream's error is then raised."""
+        from ._streams import session_stream
+        return session_stream(self, appends, timeout or self.timeout)

@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence
 import grpc
 import numpy as np
 
+from . import _reopen
 from ._stubs import grpc_predict_v2_pb2 as pb
 from ._stubs import grpc_predict_v2_pb2_grpc as pb_grpc
 from .client import AttentionClient, bfloat16_to_float32, float32_to_bfloat16
@@ -175,17 +176,27 @@ class InferenceClient:
                      timeout: Optional[float] = None) -> Iterator[InferenceResult]:
         """ModelStreamInfer: each request a dict of infer()'s keyword arguments; yields an
         InferenceResult per request as answered (match them by id: a request without one gets
-        its index). A failed request's result has `error`; the stream goes on."""
-        def messages():
-            for index, kwargs in enumerate(requests):
-                kwargs = dict(kwargs)
-                if not kwargs.get("request_id"):
-                    kwargs["request_id"] = str(index)
-                yield make_request(**kwargs)
+        its index). A failed request's result has `error`; the stream goes on. When the server
+        closes the stream (UNAVAILABLE), a new one is opened and the unanswered requests are
+        sent again, unless one is a sequence step without parameters["expected_length"] (it
+        may have been applied): the error is then raised."""
+        def prepare(index, kwargs):
+            kwargs = dict(kwargs)
+            if not kwargs.get("request_id"):
+                kwargs["request_id"] = str(index)
+            return make_request(**kwargs)
 
-        call = self._stub.ModelStreamInfer(messages(), timeout=timeout or self.timeout)
+        def resendable(request):
+            return ("sequence_id" not in request.parameters
+                    or "expected_length" in request.parameters)
+
+        outbox = _reopen.SyncOutbox(requests, prepare, lambda r: _reopen.echoed(r.id),
+                                    resendable)
+        responses = _reopen.stream(
+            lambda messages, left: self._stub.ModelStreamInfer(messages, timeout=left), outbox,
+            lambda response: _reopen.echoed(response.infer_response.id), timeout or self.timeout)
         try:
-            for response in call:
+            for response in responses:
                 if response.error_message:
                     yield InferenceResult(model_name=response.infer_response.model_name,
                                           model_version=response.infer_response.model_version,
@@ -196,7 +207,7 @@ class InferenceClient:
         except grpc.RpcError as e:
             raise self._client._error(e) from None
         finally:
-            call.cancel()
+            responses.close()
 
     def sequence(self, model, sequence_id, parameters=None):
         """A Sequence (Triton's sequence_id/sequence_start/sequence_end over ModelInfer)."""
