@@ -5,6 +5,7 @@
 const crypto = require('crypto');
 const grpc = require('@grpc/grpc-js');
 const common = require('./common.js');
+const reopen = require('./reopen.js');
 
 const {AttentionError} = common;
 
@@ -88,29 +89,22 @@ class AttentionClient {
   // Many requests on one InferStream: an async iterator of results as the server answers
   // (possibly out of order: match requestId; a request without one gets its index). A failed
   // request's result has `error` (an AttentionError) and the stream goes on. `requests`: an
-  // iterable or async iterable of infer()'s options.
+  // iterable or async iterable of infer()'s options. When the server closes the stream
+  // (UNAVAILABLE: a drain, a connection recycled), a new one is opened and the requests not
+  // yet answered are sent again (lib/reopen.js).
   async* inferStream(requests, deadlineMs) {
-    const call = this._stub.InferStream(this.security.metadata.clone(),
-                                        {deadline: this._deadline(deadlineMs)});
-    const sent = (async () => {
-      let index = 0;
-      try {
-        for await (const opts of requests) {
-          const request = common.inferRequest({requestId: String(index), ...opts});
-          index += 1;
-          if (!call.write(request)) await new Promise((r) => call.once('drain', r));
-        }
-      } finally {
-        call.end();
-      }
-    })();
-    sent.catch(() => call.cancel());
+    const deadline = this._deadline(deadlineMs);
+    const key = (message) => reopen.echoed(message.request_id);
+    const outbox = new reopen.Outbox(
+        requests, (index, opts) => common.inferRequest({requestId: String(index), ...opts}), key);
+    const answers = reopen.reopeningStream(
+        () => this._stub.InferStream(this.security.metadata.clone(), {deadline}), outbox, key,
+        deadline);
     try {
-      for await (const response of call) yield common.inferResult(response);
+      for await (const response of answers) yield common.inferResult(response);
     } catch (err) {
       throw await this._error(err);
     }
-    await sent;
   }
 
   async models() {

@@ -2,9 +2,10 @@
 // Tests of the attention-client Node.js package: its channel settings, target checks, error
 // names and hints, retries and balancing against in-process fake replicas (grpc-js servers);
 // then the library (infer, inferStream, sessions with replay, health, waitReady, message
-// limits) and the examples against live attention-servers on free loopback ports, plaintext
-// and with mutual TLS and a bearer token (certificates made with openssl), and the hints for
-// TLS mistakes.
+// limits; inferStream reopened when the server closes it, against a fake server and a server
+// whose connections live 0.3 s) and the examples against live attention-servers on free
+// loopback ports, plaintext and with mutual TLS and a bearer token (certificates made with
+// openssl), and the hints for TLS mistakes.
 //
 // Run by CTest twice: node_client_test against the source tree (client/node), and
 // node_package_test (installed_test.sh) against the package installed from its `npm pack`
@@ -247,6 +248,92 @@ async function fakeReplicaTests(lib) {
   }
 }
 
+// A grpc-js server whose first `cuts` InferStreams each answer `answer` requests, read one more
+// and end with UNAVAILABLE without answering it; later streams answer everything. Records the
+// request ids every stream read.
+async function fakeCutter(grpc, v1, cuts, answer) {
+  const cutter = {streams: []};
+  cutter.server = new grpc.Server();
+  cutter.server.addService(v1.AttentionService.service, {
+    InferStream: (call) => {
+      const seen = [];
+      cutter.streams.push(seen);
+      const cut = cutter.streams.length <= cuts;
+      let ended = false;
+      call.on('data', (request) => {
+        if (ended) return;
+        seen.push(request.request_id);
+        if (cut && seen.length > answer) {
+          ended = true;
+          call.emit('error', {code: grpc.status.UNAVAILABLE, details: 'connection closed (test)'});
+          return;
+        }
+        call.write({request_id: request.request_id});
+      });
+      call.on('end', () => {
+        if (!ended) call.end();
+      });
+    },
+  });
+  const port = await new Promise((resolve, reject) => {
+    cutter.server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(),
+                            (err, p) => (err ? reject(err) : resolve(p)));
+  });
+  cutter.address = `127.0.0.1:${port}`;
+  return cutter;
+}
+
+// inferStream survives the server closing it: the requests a closed stream read but did not
+// answer go first on the next one, and each request is answered once.
+async function reopenTests(lib) {
+  const grpc = require('@grpc/grpc-js');
+  const cutter = await fakeCutter(grpc, lib.loadProtos(), 2, 2);
+  const client = new lib.AttentionClient(cutter.address, {lbPolicy: 'pick_first', env: {}});
+  try {
+    const ids = [];
+    const requests = Array.from({length: 8}, () => ({query: zeros(lib, 1, 2, 8)}));
+    for await (const r of client.inferStream(requests)) ids.push(r.requestId);
+    assert.deepStrictEqual(ids.map(Number).sort((a, b) => a - b), [0, 1, 2, 3, 4, 5, 6, 7]);
+    assert.strictEqual(cutter.streams.length, 3);
+    assert.deepStrictEqual(cutter.streams[0].slice(0, 3), ['0', '1', '2']);
+    assert.strictEqual(cutter.streams[1][0], '2');
+    assert.strictEqual(cutter.streams[2][0], cutter.streams[1][2]);
+    ok('inferStream: a stream the server closed is reopened, unanswered requests sent again');
+  } finally {
+    client.close();
+    cutter.server.forceShutdown();
+  }
+}
+
+// Against a server whose connections live 0.2 s + 0.1 s (GOAWAY, then closed under the streams
+// still open): a paced inferStream of 1.2 s or more is cut at least three times, and every
+// request is answered once, as a unary call answers it.
+async function cutStreamTests(lib, target) {
+  const client = new lib.AttentionClient(target, {deadlineMs: 60000, env: {}});
+  try {
+    assert.strictEqual(await client.waitReady(30000), true);
+    const queries = Array.from({length: 30}, (_, i) => randn(lib, 1 + i % 2, 3, 256));
+    async function* paced() {
+      for (const query of queries) {
+        await new Promise((r) => setTimeout(r, 40));
+        yield {query};
+      }
+    }
+    const results = [];
+    for await (const r of client.inferStream(paced())) results.push(r);
+    assert.deepStrictEqual(results.map((r) => Number(r.requestId)).sort((a, b) => a - b),
+                           queries.map((_, i) => i));
+    for (const r of results) {
+      assert.strictEqual(r.error, null);
+      const want = await client.infer({query: queries[Number(r.requestId)]});
+      assert.ok(maxDiff(r.output.data, want.output.data) < 1e-6);
+    }
+    ok('inferStream: streams cut by the connection age are reopened transparently');
+  } finally {
+    client.close();
+  }
+}
+
 async function liveTests(lib, target, smallTarget) {
   const client = new lib.AttentionClient(target, {env: {}});
   try {
@@ -461,13 +548,18 @@ async function main() {
   }
   offlineTests(lib);
   await fakeReplicaTests(lib);
+  await reopenTests(lib);
   const server = await startServer();
   const small = await startServer(['--max_message_bytes=1048576']);
+  const aging = await startServer(['--max_connection_age_s=0.2',
+                                   '--max_connection_age_grace_s=0.1']);
   try {
     await liveTests(lib, server.target, small.target);
+    await cutStreamTests(lib, aging.target);
     await tlsTests(lib, server.target);
   } finally {
-    assert.deepStrictEqual([await stopServer(server), await stopServer(small)], [0, 0],
+    assert.deepStrictEqual([await stopServer(server), await stopServer(small),
+                            await stopServer(aging)], [0, 0, 0],
                            'attention-server exits 0 on SIGTERM');
   }
   console.log(`${passed} passed, 0 failed`);
