@@ -144,6 +144,42 @@ TEST_F(ClientCliTest, LoadWritesItsTable) {
   ASSERT_EQ(Client("load --concurrency=2 --requests=10 --rpc=stream", &out), 0) << out;
 }
 
+// Against a server whose connections live 0.2 s + 0.1 s (GOAWAY, then closed
+// under the calls still open): the stream load's streams are cut several
+// times in 2 s, reopened and their requests re-sent, without an error; the
+// decode load's appends (with expected_length, re-sent if cut) run without
+// one either.
+TEST(ClientCliConnectionAgeTest, LoadsRunThroughConnectionsClosedUnderThem) {
+  testing::ServerProcess server(ATTENTION_SERVER_BINARY,
+                                {"--max_connection_age_s=0.2", "--max_connection_age_grace_s=0.1"});
+  ASSERT_TRUE(server.ok());
+  const std::string json =
+      ::testing::TempDir() + "/client_cli_age_" + std::to_string(getpid()) + ".json";
+  std::string out;
+  ASSERT_EQ(testing::RunCommand(std::string(ATTENTION_CLIENT_BINARY) +
+                                    " load --rpc=stream --concurrency=2 --duration=2s --seq_len=4"
+                                    " --json=" +
+                                    json + " --server=" + server.target(),
+                                &out),
+            0)
+      << out;
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_EQ(j.size(), 1u);
+  EXPECT_TRUE(j[0]["errors"].empty()) << j.dump();
+  EXPECT_GT(j[0]["reopens"].get<int>(), 0);  // The streams were cut, and reopened.
+  EXPECT_GT(j[0]["requests"].get<int>(), 0);
+  ASSERT_EQ(testing::RunCommand(
+                std::string(ATTENTION_CLIENT_BINARY) +
+                    " load --sessions=2 --context=16 --steps=40 --server=" + server.target(),
+                &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("errors 0"));
+  std::filesystem::remove(json);
+  EXPECT_EQ(server.Stop(), 0);
+}
+
 TEST_F(ClientCliTest, WrongShapeFileIsAClearError) {
   std::mt19937 rng(4);
   ASSERT_TRUE(client::WriteNpy(Path("bad.npy"), testing::RandomTensor({1, 4, 100}, rng)).ok());

@@ -13,13 +13,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cli/client_util.h"
 #include "client/cli/oip_request.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
-#include "nlohmann/json.hpp"
 #include "proto/codec/tensor_codec.h"
 
 namespace attention::client {
@@ -34,6 +34,7 @@ struct Sample {
 struct WorkerStats {
   std::vector<Sample> samples;
   std::map<std::string, int64_t> errors;
+  int64_t reopens = 0;  // Streams opened again after the server closed one.
 };
 
 struct PooledRequest {
@@ -149,30 +150,49 @@ void UnaryLoop(const std::vector<PooledRequest>& pool, size_t next, int64_t dead
   }
 }
 
-// One worker's stream loop: one stream at a time (`open(context)`); a broken
-// stream is one error (its status), and the worker reopens a stream and
-// keeps its concurrency.
+// One worker's stream loop: one stream at a time (`open(context)`), one
+// request in flight on it. A stream the server closes with UNAVAILABLE (a
+// drain, a connection recycled, a finite --max_connection_age_grace_s) is
+// opened again and the request in flight re-sent (attention requests have no
+// side effects), up to kMaxReopens times in a row; a stream broken otherwise,
+// or still failing then, is one error (its status), and the worker opens a
+// new stream for its next request.
+constexpr int kMaxReopens = 3;
+
 template <typename Request, typename Response, typename Open>
 void StreamLoop(const std::vector<PooledRequest>& pool, size_t next, int64_t stream_deadline_ms,
                 const std::function<bool()>& take, std::atomic<int64_t>* done, Open open,
                 WorkerStats* st) {
+  static constexpr absl::Duration kBackoff[kMaxReopens] = {
+      absl::Milliseconds(50), absl::Milliseconds(200), absl::Milliseconds(500)};
   std::unique_ptr<grpc::ClientContext> ctx;
   std::unique_ptr<grpc::ClientReaderWriter<Request, Response>> stream;
   while (take()) {
-    if (stream == nullptr) {
-      ctx = std::make_unique<grpc::ClientContext>();
-      SetDeadline(ctx.get(), stream_deadline_ms);
-      stream = open(ctx.get());
-    }
     const PooledRequest& p = pool[next++ % pool.size()];
+    const Request& request = RequestOf(p, static_cast<const Request*>(nullptr));
     const absl::Time t0 = absl::Now();
     Response response;
     ++*done;
-    if (!stream->Write(RequestOf(p, static_cast<const Request*>(nullptr))) ||
-        !stream->Read(&response)) {
-      const grpc::Status status = stream->Finish();
-      ++st->errors[status.ok() ? "STREAM_BROKEN" : CodeName(status.error_code())];
+    bool answered = false;
+    grpc::Status broken;
+    for (int reopen = 0; !answered && reopen <= kMaxReopens; ++reopen) {
+      if (reopen > 0) {
+        absl::SleepFor(kBackoff[reopen - 1]);
+        ++st->reopens;
+      }
+      if (stream == nullptr) {
+        ctx = std::make_unique<grpc::ClientContext>();
+        SetDeadline(ctx.get(), stream_deadline_ms);
+        stream = open(ctx.get());
+      }
+      answered = stream->Write(request) && stream->Read(&response);
+      if (answered) break;
+      broken = stream->Finish();
       stream.reset();
+      if (broken.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    }
+    if (!answered) {
+      ++st->errors[broken.ok() ? "STREAM_BROKEN" : CodeName(broken.error_code())];
       continue;
     }
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
@@ -308,6 +328,7 @@ absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& o) {
         batch += static_cast<double>(s.batch_requests);
       }
       for (const auto& [code, count] : st.errors) r.errors[code] += count;
+      r.reopens += st.reopens;
     }
     std::sort(latencies.begin(), latencies.end());
     std::sort(overheads.begin(), overheads.end());
@@ -328,71 +349,6 @@ absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& o) {
     results.push_back(std::move(r));
   }
   return results;
-}
-
-namespace {
-
-std::string ErrorsText(const LevelResult& r) {
-  if (r.errors.empty()) return "0";
-  std::string s;
-  for (const auto& [code, count] : r.errors)
-    absl::StrAppend(&s, s.empty() ? "" : " ", code, "=", count);
-  return s;
-}
-
-}  // namespace
-
-std::string FormatTable(const std::vector<LevelResult>& results) {
-  std::string out = absl::StrFormat(
-      "%-11s %9s %10s %12s %8s %8s %8s %8s %8s %9s %10s %7s %12s  %s\n", "concurrency", "requests",
-      "req/s", "tokens/s", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms", "queue_us",
-      "compute_us", "batch", "overhead_p50", "errors");
-  for (const LevelResult& r : results) {
-    absl::StrAppend(
-        &out, absl::StrFormat("%-11d %9d %10.1f %12.0f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f "
-                              "%10.0f %7.2f %10.0fus  %s\n",
-                              r.concurrency, r.ok, r.requests_per_s, r.tokens_per_s, r.p50_ms,
-                              r.p90_ms, r.p95_ms, r.p99_ms, r.max_ms, r.queue_us, r.compute_us,
-                              r.batch_requests, r.overhead_p50_us, ErrorsText(r)));
-  }
-  return out;
-}
-
-std::string FormatCsv(const std::vector<LevelResult>& results) {
-  std::string out =
-      "concurrency,requests,errors,requests_per_s,tokens_per_s,p50_ms,p90_ms,p95_ms,p99_ms,"
-      "max_ms,queue_us,compute_us,batch_requests,overhead_p50_us,errors_by_code\n";
-  for (const LevelResult& r : results) {
-    absl::StrAppend(&out, absl::StrFormat("%d,%d,%d,%.3f,%.1f,%.4f,%.4f,%.4f,%.4f,%.4f,%.1f,%.1f,"
-                                          "%.3f,%.1f,\"%s\"\n",
-                                          r.concurrency, r.ok, r.total_errors(), r.requests_per_s,
-                                          r.tokens_per_s, r.p50_ms, r.p90_ms, r.p95_ms, r.p99_ms,
-                                          r.max_ms, r.queue_us, r.compute_us, r.batch_requests,
-                                          r.overhead_p50_us, ErrorsText(r)));
-  }
-  return out;
-}
-
-std::string FormatJson(const std::vector<LevelResult>& results) {
-  nlohmann::json array = nlohmann::json::array();
-  for (const LevelResult& r : results) {
-    array.push_back({{"concurrency", r.concurrency},
-                     {"requests", r.ok},
-                     {"errors", r.errors},
-                     {"seconds", r.seconds},
-                     {"requests_per_s", r.requests_per_s},
-                     {"tokens_per_s", r.tokens_per_s},
-                     {"p50_ms", r.p50_ms},
-                     {"p90_ms", r.p90_ms},
-                     {"p95_ms", r.p95_ms},
-                     {"p99_ms", r.p99_ms},
-                     {"max_ms", r.max_ms},
-                     {"queue_us", r.queue_us},
-                     {"compute_us", r.compute_us},
-                     {"batch_requests", r.batch_requests},
-                     {"overhead_p50_us", r.overhead_p50_us}});
-  }
-  return array.dump(2) + "\n";
 }
 
 }  // namespace attention::client

@@ -3,7 +3,8 @@
 // A closed-loop load generator in the manner of Triton's perf_analyzer: for
 // each concurrency level, that many workers each keep one request in flight
 // (unary calls, or one bidi stream per worker), for a duration or a number
-// of requests. It measures client-side latency percentiles, throughput,
+// of requests; a stream the server closes is reopened and its request in
+// flight re-sent. It measures client-side latency percentiles, throughput,
 // errors by status code, and the server's own split (queue vs compute, and
 // batch size, from the response timing fields). Every response's shape is
 // checked; a mismatch counts as an error.
@@ -54,6 +55,9 @@ struct LevelResult {
   int concurrency = 0;
   int64_t ok = 0;
   std::map<std::string, int64_t> errors;  // By status code name (or SHAPE_MISMATCH).
+  // --rpc stream: streams opened again after the server closed one
+  // (UNAVAILABLE), their request re-sent (JSON only).
+  int64_t reopens = 0;
   double seconds = 0;
   double requests_per_s = 0;
   double tokens_per_s = 0;  // Query tokens.

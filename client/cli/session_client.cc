@@ -5,6 +5,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cli/client_util.h"
 #include "proto/codec/routing_key.h"
 #include "proto/codec/tensor_codec.h"
@@ -87,6 +89,38 @@ absl::StatusOr<v1::AppendResponse> SessionClient::Append(const v1::AppendRequest
   v1::AppendResponse response;
   const grpc::Status status = StubFor(request.session_id())->Append(&context, request, &response);
   if (!status.ok()) return FromGrpc(status);
+  return response;
+}
+
+absl::StatusOr<v1::AppendResponse> SessionClient::AppendResending(const v1::AppendRequest& request,
+                                                                  int* resends) {
+  if (!request.has_expected_length()) {
+    return absl::InvalidArgumentError(
+        "expected_length: required to send an append again (AppendResending), absent");
+  }
+  static constexpr absl::Duration kBackoff[kMaxResends] = {
+      absl::Milliseconds(50), absl::Milliseconds(200), absl::Milliseconds(500)};
+  absl::StatusOr<v1::AppendResponse> response = Append(request);
+  for (int resend = 0;
+       resend < kMaxResends && response.status().code() == absl::StatusCode::kUnavailable;
+       ++resend) {
+    absl::SleepFor(kBackoff[resend]);
+    if (resends != nullptr) ++*resends;
+    response = Append(request);
+    bool refused = false;  // FAILED_PRECONDITION "expected_length: ...".
+    if (!response.ok()) (void)Lost(response.status(), &refused);
+    if (!refused) continue;
+    // Refused for its expected_length: the first attempt may have been applied.
+    const int64_t tokens = request.tokens().shape_size() > 0 ? request.tokens().shape(0) : 0;
+    auto info = Get(request.session_id());
+    if (info.ok() && info->length() == request.expected_length() + tokens) {
+      return absl::DataLossError(absl::StrCat(
+          "append to session ", request.session_id(), " at length ", request.expected_length(),
+          ": applied, but its answer was lost when the call was cut (UNAVAILABLE); the session "
+          "holds ",
+          info->length(), " tokens"));
+    }
+  }
   return response;
 }
 

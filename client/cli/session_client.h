@@ -12,6 +12,8 @@
 //     from the id alone (proto/codec/routing_key.h);
 //   * a single server: the same calls, on the default channel.
 // Sessions are created through the default channel (balanced over replicas).
+// AppendResending sends an append again after UNAVAILABLE, safely thanks to
+// its expected_length (the decode load's appends go through it).
 //
 // ReplayingSession is the documented recovery helper: it remembers the
 // tokens appended and the session's length, sends that length with every
@@ -52,6 +54,17 @@ class SessionClient {
   absl::StatusOr<v1::SessionInfo> Create(const v1::CreateSessionRequest& request,
                                          std::string key = "");
   absl::StatusOr<v1::AppendResponse> Append(const v1::AppendRequest& request);
+  // Append, sent again when it fails UNAVAILABLE (its connection closed
+  // under it, a replica draining), up to kMaxResends times. `request` must
+  // carry expected_length (INVALID_ARGUMENT otherwise): a copy that finds
+  // the append already applied is then refused (FAILED_PRECONDITION
+  // "expected_length: ...") instead of applied twice. When a resend is so
+  // refused and the session holds expected_length + T tokens, the first
+  // attempt was applied and only its answer lost: DATA_LOSS (the session is
+  // intact, the rows are gone). `resends` (if set) counts the resends.
+  static constexpr int kMaxResends = 3;
+  absl::StatusOr<v1::AppendResponse> AppendResending(const v1::AppendRequest& request,
+                                                     int* resends = nullptr);
   absl::StatusOr<v1::SessionInfo> Get(const std::string& session_id);
   absl::StatusOr<int64_t> Close(const std::string& session_id);
 

@@ -135,6 +135,7 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
   std::vector<std::vector<double>> step_ms(o.sessions);
   std::vector<double> batch_sum(o.sessions, 0);
   std::atomic<int64_t> errors{0};
+  std::atomic<int64_t> resent{0};  // Appends sent again after UNAVAILABLE.
   absl::Mutex error_mu;
   std::string first_error;
   auto failed = [&](const absl::Status& status) {
@@ -152,9 +153,20 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
       create.set_kind(v1::SESSION_KIND_SELF);
       auto info = client.Create(create);
       std::string id = info.ok() ? info->session_id() : "";
+      // Every append carries the session's length (expected_length), so one
+      // whose call was cut (UNAVAILABLE) is sent again safely; one applied
+      // whose answer was lost (DATA_LOSS) still counts as done.
+      auto append = [&](int64_t at, int64_t count) {
+        v1::AppendRequest request = AppendOf(id, Rows(x, at, count));
+        request.set_expected_length(at);
+        int sent_again = 0;
+        auto response = client.AppendResending(request, &sent_again);
+        resent += sent_again;
+        return response;
+      };
       for (int64_t at = 0; info.ok() && at < o.context; at += chunk) {
-        auto prefill = client.Append(AppendOf(id, Rows(x, at, std::min(chunk, o.context - at))));
-        if (!prefill.ok()) {
+        auto prefill = append(at, std::min(chunk, o.context - at));
+        if (!prefill.ok() && prefill.status().code() != absl::StatusCode::kDataLoss) {
           failed(prefill.status());
           break;
         }
@@ -163,7 +175,8 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
       if (prefilled->Block()) delete prefilled;
       for (int64_t i = 0; info.ok() && i < o.steps; ++i) {
         const absl::Time start = absl::Now();
-        auto response = client.Append(AppendOf(id, Rows(x, o.context + i, 1)));
+        auto response = append(o.context + i, 1);
+        if (!response.ok() && response.status().code() == absl::StatusCode::kDataLoss) continue;
         if (!response.ok()) {
           failed(response.status());
           break;
@@ -192,9 +205,9 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
   std::printf("decode load: %lld sessions x %lld steps after a %lld-token context (model %s)\n",
               static_cast<long long>(o.sessions), static_cast<long long>(o.steps),
               static_cast<long long>(o.context), model->name().c_str());
-  std::printf("tokens/s %.1f, step latency %s, mean batch %.2f, errors %lld\n", tokens_per_s,
-              Latencies(all).c_str(), all.empty() ? 0.0 : batches / all.size(),
-              static_cast<long long>(errors.load()));
+  std::printf("tokens/s %.1f, step latency %s, mean batch %.2f, errors %lld, resent %lld\n",
+              tokens_per_s, Latencies(all).c_str(), all.empty() ? 0.0 : batches / all.size(),
+              static_cast<long long>(errors.load()), static_cast<long long>(resent.load()));
   if (!o.json.empty()) {
     nlohmann::json j = {{"sessions", o.sessions},
                         {"steps", o.steps},
@@ -204,6 +217,7 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
                         {"p90_ms", Percentile(all, 0.9)},
                         {"p99_ms", Percentile(all, 0.99)},
                         {"errors", errors.load()},
+                        {"resent", resent.load()},
                         {"mean_batch", all.empty() ? 0.0 : batches / all.size()}};
     std::ofstream(o.json) << j.dump(1) << "\n";
   }
