@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping, Optional
 
 import grpc
 
-from . import _reopen
+from . import _lifetime, _reopen
 from ._stubs import attention_pb2, attention_pb2_grpc, sessions_pb2, sessions_pb2_grpc
 from .client import (MAX_MESSAGE_BYTES, InferResult, _channel_options, _decode, _encode,
                      _health_request, _health_status, _HEALTH_STATUS_NAMES, _infer_result,
@@ -49,8 +49,9 @@ class AsyncAttentionClient:
                                           token_file=token_file)
         self.tls = self._security.credentials is not None
         self._client_certificate = bool(tls_cert_file)
-        # On plaintext the token goes as per-call metadata (grpc.aio has no call credentials
-        # there, and its interceptors differ from grpcio's).
+        # The token goes as per-call metadata, over TLS and plaintext alike (not as call
+        # credentials: see client._BearerTokenInterceptor; grpc.aio's interceptors differ
+        # from grpcio's).
         self._metadata = ()
         if self._security.interceptor is not None:
             self._metadata = (self._security.interceptor._header,)
@@ -58,6 +59,7 @@ class AsyncAttentionClient:
         self._stub = attention_pb2_grpc.AttentionServiceStub(self._channel)
         self._session_stub = sessions_pb2_grpc.SessionServiceStub(self._channel)
         self._replicas = {}  # address -> (channel, SessionServiceStub)
+        _lifetime.track(self)  # Released at exit if the program does not close it.
 
     def _make_channel(self, target, config, extra_options=()):
         options = (_channel_options(config, self.max_message_bytes) + self._security.options
@@ -69,10 +71,25 @@ class AsyncAttentionClient:
         return grpc.aio.insecure_channel(target, options=options)
 
     async def close(self):
-        await self._channel.close()
-        replicas, self._replicas = self._replicas, {}
-        for channel, _ in replicas.values():
+        """Closes the client's channels and lets them go (once the last grpc.aio channel is
+        freed, grpc.aio stops its poller thread); later calls raise ValueError."""
+        _lifetime.untrack(self)
+        for channel in self._drop():
             await channel.close()
+
+    def _drop(self):
+        """Replaces the channels and stubs with Closed; returns the channels still open."""
+        channels = [] if isinstance(self._channel, _lifetime.Closed) else [self._channel]
+        channels += [channel for channel, _ in self._replicas.values()]
+        closed = _lifetime.Closed(f"AsyncAttentionClient({self.target!r})")
+        self._channel = self._stub = self._session_stub = closed
+        self._replicas = {}
+        return channels
+
+    def _release(self):
+        """At exit, outside any event loop: drops the channels; grpc.aio closes each as it is
+        freed."""
+        self._drop()
 
     async def __aenter__(self):
         return self
@@ -180,7 +197,7 @@ class AsyncAttentionClient:
 
     def session_stub(self, session_id=""):
         at = session_id.find("@")
-        if at < 0:
+        if at < 0 or isinstance(self._channel, _lifetime.Closed):
             return self._session_stub
         address = session_id[at + 1:]
         if address not in self._replicas:

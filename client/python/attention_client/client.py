@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional
 import grpc
 import numpy as np
 
+from . import _lifetime
 from ._stubs import attention_pb2, attention_pb2_grpc, sessions_pb2, sessions_pb2_grpc
 from .errors import AttentionError, check_target, from_rpc_error
 
@@ -186,7 +187,7 @@ def routing_key_of(session_id):
 TOKEN_ENV = "ATTENTION_TOKEN"  # The bearer token when neither token nor token_file is given.
 
 # How the client's channels reach the server: TLS credentials (None: plaintext), extra channel
-# options (the TLS server name) and, on plaintext channels, the interceptor adding the token.
+# options (the TLS server name) and the interceptor adding the token (None: no token).
 _Security = collections.namedtuple("_Security", ("credentials", "options", "interceptor"))
 
 
@@ -230,8 +231,12 @@ class _BearerTokenInterceptor(grpc.UnaryUnaryClientInterceptor,
                               grpc.UnaryStreamClientInterceptor,
                               grpc.StreamUnaryClientInterceptor,
                               grpc.StreamStreamClientInterceptor):
-    """Adds `authorization: Bearer <token>` to every call of a plaintext channel (gRPC refuses
-    call credentials there)."""
+    """Adds `authorization: Bearer <token>` to every call of a channel, plaintext or TLS, in
+    the caller's thread. Not gRPC's call credentials (grpc.access_token_call_credentials):
+    gRPC refuses those on plaintext, and over TLS they are Python code that gRPC Core calls,
+    and finally frees, on threads of its own; when it frees them after the interpreter has
+    finalized (a connection torn down as the process exits), the process dies with SIGSEGV
+    (seen with Debian's grpcio 1.51)."""
 
     def __init__(self, token):
         self._header = ("authorization", f"Bearer {token}")
@@ -266,19 +271,15 @@ def channel_security(tls=False, tls_ca_file=None, tls_cert_file=None, tls_key_fi
         raise ValueError("tls_cert_file: required with tls_key_file (a private key needs its "
                          "certificate)")
     token = resolve_token(token, token_file)
+    interceptor = _BearerTokenInterceptor(token) if token else None
     if not (tls or tls_ca_file or tls_cert_file or tls_server_name):
-        interceptor = _BearerTokenInterceptor(token) if token else None
         return _Security(credentials=None, options=[], interceptor=interceptor)
     credentials = grpc.ssl_channel_credentials(
         root_certificates=_read_file("tls_ca_file", tls_ca_file) if tls_ca_file else None,
         private_key=_read_file("tls_key_file", tls_key_file) if tls_key_file else None,
         certificate_chain=_read_file("tls_cert_file", tls_cert_file) if tls_cert_file else None)
-    if token:
-        # Call credentials: gRPC sends them only over a secure channel.
-        credentials = grpc.composite_channel_credentials(
-            credentials, grpc.access_token_call_credentials(token))
     options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
-    return _Security(credentials=credentials, options=options, interceptor=None)
+    return _Security(credentials=credentials, options=options, interceptor=interceptor)
 
 
 def add_security_flags(parser):
@@ -332,8 +333,8 @@ class AttentionClient:
     (implies TLS; one without the other is a ValueError). tls_server_name: the name expected
     in the server's certificate instead of the target's host (implies TLS).
     token: a bearer token sent on every call as `authorization: Bearer <token>` (None: read
-    from token_file, else the environment variable ATTENTION_TOKEN; "": no token). Over TLS
-    it goes as call credentials; on a plaintext channel through an interceptor.
+    from token_file, else the environment variable ATTENTION_TOKEN; "": no token), added by
+    a channel interceptor over TLS and plaintext alike (see _BearerTokenInterceptor).
     """
 
     def __init__(self, target, timeout=30.0, load_balancing="round_robin", tls=False,
@@ -364,6 +365,7 @@ class AttentionClient:
         self._health_check = self._health_channel.unary_unary(
             "/grpc.health.v1.Health/Check", request_serializer=_health_request,
             response_deserializer=_health_status)
+        _lifetime.track(self)  # Closed at exit if the program does not (see _lifetime).
 
     def _make_channel(self, target, config, extra_options=()):
         """A channel to `target` with service config `config` and the client's security."""
@@ -376,19 +378,30 @@ class AttentionClient:
             # on the pick_first health channel, then infer() or models() here.
             options.append(("grpc.use_local_subchannel_pool", 1))
         if self._security.credentials is not None:
-            return grpc.secure_channel(target, self._security.credentials, options=options)
-        channel = grpc.insecure_channel(target, options=options)
+            channel = grpc.secure_channel(target, self._security.credentials, options=options)
+        else:
+            channel = grpc.insecure_channel(target, options=options)
         if self._security.interceptor is not None:
             channel = grpc.intercept_channel(channel, self._security.interceptor)
         return channel
 
     def close(self):
-        self._channel.close()
-        self._health_channel.close()
+        """Closes the client's channels (calls in progress are cancelled) and lets them go;
+        later calls raise ValueError. A client left open is closed at interpreter exit."""
+        _lifetime.untrack(self)
+        self._release()
+
+    def _release(self):
+        closed = _lifetime.Closed(f"AttentionClient({self.target!r})")
         with self._replicas_lock:
-            replicas, self._replicas = self._replicas, {}
-        for channel, _ in replicas.values():
-            channel.close()
+            channels = [self._channel, self._health_channel]
+            channels += [channel for channel, _ in self._replicas.values()]
+            self._replicas = {}
+            self._channel = self._health_channel = closed
+            self._stub = self._session_stub = self._health_check = closed
+        for channel in channels:
+            if not isinstance(channel, _lifetime.Closed):
+                channel.close()
 
     def __enter__(self):
         return self
@@ -467,6 +480,8 @@ class AttentionClient:
             return self._session_stub
         address = session_id[at + 1:]
         with self._replicas_lock:
+            if isinstance(self._channel, _lifetime.Closed):
+                return self._session_stub  # Raises ValueError when called.
             replica = self._replicas.get(address)
             if replica is None:
                 channel = self._make_channel(address, service_config("pick_first"))

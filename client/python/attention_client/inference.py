@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence
 import grpc
 import numpy as np
 
-from . import _reopen
+from . import _lifetime, _reopen
 from ._stubs import grpc_predict_v2_pb2 as pb
 from ._stubs import grpc_predict_v2_pb2_grpc as pb_grpc
 from .client import AttentionClient, bfloat16_to_float32, float32_to_bfloat16
@@ -118,8 +118,16 @@ class InferenceClient:
         self._client = AttentionClient(target, **kwargs)
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._client._channel)
         self.timeout = self._client.timeout
+        _lifetime.track(self)  # Closed at exit if the program does not (see _lifetime).
 
     def close(self):
+        """Closes the client's channels; later calls raise ValueError. A client left open is
+        closed at interpreter exit."""
+        _lifetime.untrack(self)
+        self._release()
+
+    def _release(self):
+        self._stub = _lifetime.Closed(f"InferenceClient({self._client.target!r})")
         self._client.close()
 
     def __enter__(self):

@@ -13,7 +13,7 @@ set -euo pipefail
 repo=$1 server=$2 version=$3
 shift 3
 modules=("$@")
-[[ ${#modules[@]} -gt 0 ]] || modules=(test_usage test_client test_security)
+[[ ${#modules[@]} -gt 0 ]] || modules=(test_usage test_client test_security test_exit)
 
 work=$(mktemp -d /tmp/attention-python-package.XXXXXX)
 trap 'rm -rf "$work"' EXIT

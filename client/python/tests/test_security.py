@@ -3,8 +3,8 @@
 Certificates are made at test time with the openssl tool (two CAs; a server certificate for
 localhost/127.0.0.1 signed by the first, a client certificate signed by each); the tokens file
 holds SHA-256 hashes of random tokens. Three servers, started once and shared: TLS with tokens,
-mutual TLS with tokens, and plaintext with tokens (the token then goes through an interceptor,
-not call credentials).
+mutual TLS with tokens, and plaintext with tokens (the token goes through an interceptor on
+every channel, not as call credentials).
 
 Run by CTest as python_client_security_test (ATTENTION_SERVER_BINARY, ATTENTION_PY_GEN and
 PYTHONPATH set there) and by python_package_test against the installed package; by hand:
@@ -247,7 +247,7 @@ class SecurityTest(unittest.TestCase):
                               **self.mtls_kwargs("client-ca2"))
         self.assertCode(grpc.StatusCode.UNAVAILABLE, lambda: foreign.infer(self.query))
 
-    # Bearer tokens, over TLS (call credentials) and plaintext (an interceptor).
+    # Bearer tokens, over TLS and plaintext (an interceptor either way).
 
     def test_right_token(self):
         self.assertWorks(self.tls_client(token="carol"))
