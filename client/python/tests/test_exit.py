@@ -5,7 +5,8 @@ some clients and leaving others open as programs do, each end with exit code 0 (
 python_package_test's interpreter once died with SIGSEGV after its last test, gRPC Core
 freeing the token's call credentials, Python code, after the interpreter had finalized), and
 with no grpcio helper thread left when the interpreter starts finalizing (the client's exit
-hook closed what was left open, attention_client._lifetime).
+hook closed what was left open, attention_client._lifetime). And a closed client (sync,
+asyncio, InferenceClient) refuses later calls with ValueError.
 
 Run by CTest in python_package_test (tests/installed_test.sh) against the installed package;
 by hand: ATTENTION_PY_GEN=build/client/python/gen PYTHONPATH=client/python
@@ -127,6 +128,34 @@ class ExitTest(unittest.TestCase):
                                  f"-11 SIGSEGV); stderr: {result.stderr[-3000:]}")
                 self.assertEqual(result.stdout.splitlines(),
                                  ["done", "grpc threads at exit: []"], result.stderr[-3000:])
+
+    def test_a_closed_client_refuses_calls_and_lets_its_channels_go(self):
+        import asyncio
+        import numpy as np
+        from attention_client import AttentionClient, InferenceClient
+        from attention_client.aio import AsyncAttentionClient
+        q = np.zeros((1, 2, 256), np.float32)
+        token = self.servers.tokens["alice"]
+        client = AttentionClient(self.servers.plain, timeout=20, token=token)
+        client.infer(q)
+        client.close()
+        client.close()  # Twice is fine.
+        for call in (lambda: client.infer(q), client.models, client.session,
+                     lambda: client.session_info("x@127.0.0.1:1")):
+            with self.assertRaisesRegex(ValueError, "AttentionClient.* is closed"):
+                call()
+        oip = InferenceClient(self.servers.plain, timeout=20, token=token)
+        oip.close()
+        with self.assertRaisesRegex(ValueError, "InferenceClient.* is closed"):
+            oip.server_live()
+
+        async def run():
+            a = AsyncAttentionClient(self.servers.plain, timeout=20, token=token)
+            await a.infer(q)
+            await a.close()
+            with self.assertRaisesRegex(ValueError, "AsyncAttentionClient.* is closed"):
+                await a.infer(q)
+        asyncio.run(run())
 
 
 if __name__ == "__main__":
