@@ -51,6 +51,7 @@ class Outbox:
         self._resend = collections.deque()    # Unanswered requests the open stream sends first.
         self._sequence = itertools.count()
         self._unanswered = {}                 # Send sequence -> request, in sending order.
+        self._resent = set()                  # Send sequences of requests sent again.
         self._by_key = collections.defaultdict(collections.deque)  # Key -> send sequences.
 
     # Bookkeeping (under _lock).
@@ -82,13 +83,18 @@ class Outbox:
     # The caller's side.
 
     def answered(self, key):
-        """Marks the oldest unanswered request with this key answered."""
+        """Marks the oldest unanswered request with this key answered; returns it and whether
+        it was sent again (None, False for an unknown key)."""
         with self._lock:
             numbers = self._by_key.get(key)
-            if numbers:
-                self._unanswered.pop(numbers.popleft(), None)
-                if not numbers:
-                    del self._by_key[key]
+            if not numbers:
+                return None, False
+            number = numbers.popleft()
+            if not numbers:
+                del self._by_key[key]
+            resent = number in self._resent
+            self._resent.discard(number)
+            return self._unanswered.pop(number, None), resent
 
     def reopen(self):
         """After the open stream ended with UNAVAILABLE: True when a new stream is to be opened
@@ -102,6 +108,7 @@ class Outbox:
                 return False
             self._generation += 1
             self._resend = collections.deque(self._unanswered.values())
+            self._resent.update(self._unanswered)
             return True
 
     def generation(self):
@@ -217,8 +224,10 @@ def _remaining(deadline):
 
 
 def stream(open_call, outbox, key_of, timeout):
-    """Yields the answers of one logical stream: open_call(requests, timeout) opens a gRPC
-    stream (grpcio); key_of(answer) gives the id the answer echoes. Raises grpc.RpcError."""
+    """Yields (answer, request, resent) for each answer of one logical stream: open_call(
+    requests, timeout) opens a gRPC stream (grpcio); key_of(answer) gives the id the answer
+    echoes; request is the request answered (None if unknown), resent whether it was sent
+    again on a reopened stream. Raises grpc.RpcError."""
     deadline = None if timeout is None else time.monotonic() + timeout
     reopens = 0
     while True:
@@ -226,8 +235,8 @@ def stream(open_call, outbox, key_of, timeout):
         try:
             for answer in call:
                 reopens = 0
-                outbox.answered(key_of(answer))
-                yield answer
+                request, resent = outbox.answered(key_of(answer))
+                yield answer, request, resent
             return
         except grpc.RpcError as error:
             again = _reopenable(error, outbox, reopens, deadline)
@@ -250,8 +259,8 @@ async def async_stream(open_call, outbox, key_of, timeout):
         try:
             async for answer in call:
                 reopens = 0
-                outbox.answered(key_of(answer))
-                yield answer
+                request, resent = outbox.answered(key_of(answer))
+                yield answer, request, resent
             return
         except grpc.aio.AioRpcError as error:
             again = _reopenable(error, outbox, reopens, deadline)

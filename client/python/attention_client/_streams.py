@@ -3,6 +3,7 @@ each reopened when the server closes it (_reopen). Generators: nothing is sent u
 caller iterates, and closing the generator cancels the stream."""
 import collections
 import itertools
+import re
 
 import grpc
 
@@ -27,7 +28,7 @@ def infer_stream(client, requests, timeout):
         lambda messages, left: client._stub.InferStream(messages, timeout=left), outbox, key,
         timeout)
     try:
-        for response in responses:
+        for response, _, _ in responses:
             yield _infer_result(response)
     except grpc.RpcError as e:
         raise client._error(e) from None
@@ -86,15 +87,16 @@ def session_stream(client, appends, timeout):
     responses = _reopen.stream(
         lambda messages, left: stub.SessionStream(messages, timeout=left), outbox, key, timeout)
     try:
-        for response in responses:
+        for response, request, resent in responses:
             session = session_of(response)
             if response.HasField("error") and response.error.code != 0:
+                error = AttentionError(status_code(response.error.code), response.error.message)
+                if resent and _refused_for_length(error):
+                    error = _answer_lost(request, session, error)
                 yield AppendResult(output=None, attn_weights=None, length=0, queue_us=0,
                                    compute_us=0, batch_requests=0,
                                    request_id=response.request_id,
-                                   session_id=response.session_id,
-                                   error=AttentionError(status_code(response.error.code),
-                                                        response.error.message))
+                                   session_id=response.session_id, error=error)
                 continue
             if session is not None:
                 session.length = response.length
@@ -108,3 +110,25 @@ def session_stream(client, appends, timeout):
         raise client._error(e) from None
     finally:
         responses.close()
+
+
+def _refused_for_length(error):
+    return (error.code == grpc.StatusCode.FAILED_PRECONDITION
+            and (error.details or "").startswith("expected_length:"))
+
+
+def _answer_lost(request, session, error):
+    """For an append sent again and refused for its expected_length: DATA_LOSS when the
+    session then held expected_length + T tokens, as the refusal says (the first copy was
+    applied; its answer was lost with the stream; a Session's length is updated), else
+    `error`. (Not GetSession: the stream's later appends may have been applied since.)"""
+    held = re.search(r"the session holds (\d+) tokens", error.details or "")
+    tokens = request.tokens.shape[0] if request.tokens.shape else 0
+    if held is None or int(held.group(1)) != request.expected_length + tokens:
+        return error
+    if session is not None:
+        session.length = int(held.group(1))
+    return AttentionError(grpc.StatusCode.DATA_LOSS,
+                          f"append {request.request_id!r} to session {request.session_id}: "
+                          "applied, but its answer was lost when the server closed the stream "
+                          f"(UNAVAILABLE); the session then held {held.group(1)} tokens")

@@ -133,7 +133,7 @@ class AsyncAttentionClient:
                                                           metadata=self._metadata),
             outbox, key, timeout or self.timeout)
         try:
-            async for response in responses:
+            async for response, _, _ in responses:
                 yield _infer_result(response)
         except grpc.aio.AioRpcError as e:
             raise await self._error(e) from None

@@ -606,7 +606,8 @@ class AttentionClient:
         session fails FAILED_PRECONDITION "expected_length: ..." instead of landing after a
         gap. When the server closes the stream (UNAVAILABLE), a new one is opened on the same
         replica and the unanswered appends are sent again: safe with expected_length (an
-        append already applied is refused, not applied twice). An unanswered append to a bare
-        session id has none; the stream's error is then raised."""
+        append already applied is refused, not applied twice; its result is then DATA_LOSS:
+        applied, its rows lost with the stream). An unanswered append to a bare session id
+        has none; the stream's error is then raised."""
         from ._streams import session_stream
         return session_stream(self, appends, timeout or self.timeout)

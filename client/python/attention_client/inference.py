@@ -204,7 +204,7 @@ class InferenceClient:
             lambda messages, left: self._stub.ModelStreamInfer(messages, timeout=left), outbox,
             lambda response: _reopen.echoed(response.infer_response.id), timeout or self.timeout)
         try:
-            for response in responses:
+            for response, _, _ in responses:
                 if response.error_message:
                     yield InferenceResult(model_name=response.infer_response.model_name,
                                           model_version=response.infer_response.model_version,

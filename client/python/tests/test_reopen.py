@@ -96,23 +96,27 @@ class CutStreamsTest(unittest.TestCase):
     def test_session_stream(self):
         x, y = self.randn(REQUESTS, 256), self.randn(REQUESTS, 256)
         with self.client.session() as a, self.client.session() as b:
-            appends = []
+            appends, rows = [], {}  # rows: request id -> (session, its rows of one causal call)
+            want_a = self.client.infer(x, is_causal=True).output
+            want_b = self.client.infer(y[:REQUESTS // 2], is_causal=True).output
             for i in range(REQUESTS // 2):
                 appends += [{"session": a, "tokens": x[2 * i:2 * i + 2]},
                             {"session": b, "tokens": y[i:i + 1]}]
+                rows[str(2 * i)] = (a.session_id, want_a[2 * i:2 * i + 2])
+                rows[str(2 * i + 1)] = (b.session_id, want_b[i:i + 1])
             results = list(self.client.session_stream(paced(appends)))
-            self.assertEqual(len(results), REQUESTS)
-            self.assertEqual([r.error for r in results], [None] * REQUESTS)
-            rows = {a.session_id: [], b.session_id: []}
+            self.assertEqual(sorted(int(r.request_id) for r in results), list(range(REQUESTS)))
             for r in results:
-                rows[r.session_id].append(r.output)
-            np.testing.assert_allclose(np.concatenate(rows[a.session_id]),
-                                       self.client.infer(x, is_causal=True).output, atol=1e-5)
-            np.testing.assert_allclose(np.concatenate(rows[b.session_id]),
-                                       self.client.infer(y[:REQUESTS // 2], is_causal=True)
-                                       .output, atol=1e-5)
+                session_id, want = rows[r.request_id]
+                if r.error is not None:
+                    # Applied, its answer lost as the server cut the stream: never applied
+                    # twice (the lengths below), never a wrong row.
+                    self.assertEqual(r.error.code, grpc.StatusCode.DATA_LOSS, r.error)
+                    continue
+                self.assertEqual(r.session_id, session_id)
+                np.testing.assert_allclose(r.output, want, atol=1e-5)
             self.assertEqual((a.length, b.length), (REQUESTS, REQUESTS // 2))
-            self.assertEqual(a.info().length, REQUESTS)
+            self.assertEqual((a.info().length, b.info().length), (REQUESTS, REQUESTS // 2))
 
     def test_stream_infer(self):
         queries = [self.randn(1, 2, 256) for _ in range(REQUESTS)]
@@ -151,11 +155,13 @@ SESSION_STREAM = "/attention.v1.SessionService/SessionStream"
 
 class _Cutter(grpc.GenericRpcHandler):
     """A fake server whose first `cuts` streams each answer `answer` requests, read one more
-    and end with UNAVAILABLE without answering it; later streams answer everything. Records
-    every stream's request ids (and expected_length of appends)."""
+    and end with UNAVAILABLE without answering it (an append applied first if
+    `apply_cut`); later streams answer everything. Records every stream's requests. Its one
+    session ("s", `length` tokens) refuses an append whose expected_length differs, with
+    attention-server's message."""
 
-    def __init__(self, cuts=1, answer=2):
-        self.cuts, self.answer = cuts, answer
+    def __init__(self, cuts=1, answer=2, apply_cut=False, length=0):
+        self.cuts, self.answer, self.apply_cut, self.length = cuts, answer, apply_cut, length
         self.streams = []
         self._lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -185,6 +191,8 @@ class _Cutter(grpc.GenericRpcHandler):
         for request in requests:
             seen.append(request)
             if cut and len(seen) > self.answer:
+                if self.apply_cut:
+                    answer_of(request)  # Applied; the answer is lost with the stream.
                 context.abort(grpc.StatusCode.UNAVAILABLE, "connection closed (test)")
             yield answer_of(request)
 
@@ -192,10 +200,20 @@ class _Cutter(grpc.GenericRpcHandler):
         return self._stream(requests, context,
                             lambda r: attention_pb2.InferResponse(request_id=r.request_id))
 
+    def _apply(self, request):
+        if request.expected_length != self.length:
+            return sessions_pb2.AppendResponse(
+                request_id=request.request_id, session_id=request.session_id,
+                error=attention_pb2.Error(
+                    code=grpc.StatusCode.FAILED_PRECONDITION.value[0],
+                    message=f"expected_length: the session holds {self.length} tokens, the "
+                            f"append expected {request.expected_length}"))
+        self.length += request.tokens.shape[0]
+        return sessions_pb2.AppendResponse(request_id=request.request_id,
+                                           session_id=request.session_id, length=self.length)
+
     def _append(self, requests, context):
-        return self._stream(requests, context, lambda r: sessions_pb2.AppendResponse(
-            request_id=r.request_id, session_id=r.session_id,
-            length=r.expected_length + r.tokens.shape[0]))
+        return self._stream(requests, context, self._apply)
 
 
 class ReopenTest(unittest.TestCase):
@@ -230,7 +248,7 @@ class ReopenTest(unittest.TestCase):
 
     def test_session_appends_are_sent_again_with_their_expected_length(self):
         from attention_client import Session
-        cutter = _Cutter(cuts=1, answer=1)
+        cutter = _Cutter(cuts=1, answer=1, length=5)
         client = self.client(cutter)
         session = Session.__new__(Session)  # Not created on the (fake) server.
         session.session_id, session.length = "s", 5
@@ -243,6 +261,20 @@ class ReopenTest(unittest.TestCase):
         self.assertEqual([r.expected_length for r in first[:2]], [5, 7])
         self.assertEqual(second[0].request_id, "1")
         self.assertEqual([r.expected_length for r in second], [7, 9, 11])
+
+    def test_an_append_applied_whose_answer_was_lost_is_data_loss(self):
+        from attention_client import Session
+        cutter = _Cutter(cuts=1, answer=1, apply_cut=True, length=5)
+        client = self.client(cutter)
+        session = Session.__new__(Session)
+        session.session_id, session.length = "s", 5
+        tokens = np.zeros((2, 8), np.float32)
+        results = list(client.session_stream({"session": session, "tokens": tokens}
+                                             for _ in range(4)))
+        self.assertEqual([r.error.code if r.error else r.length for r in results],
+                         [7, grpc.StatusCode.DATA_LOSS, 11, 13])
+        self.assertIn("applied, but its answer was lost", results[1].error.details)
+        self.assertEqual((session.length, cutter.length), (13, 13))  # Each applied once.
 
     def test_an_unanswered_append_to_a_bare_session_id_is_not_sent_again(self):
         cutter = _Cutter(cuts=1, answer=1)
