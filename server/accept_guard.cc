@@ -69,7 +69,13 @@ bool RefuseOne(int listener, Accept4 real, int error) {
   if (g_spare < 0) return false;
   close(g_spare);
   g_spare = -1;
-  const int connection = real(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  // Retried when interrupted or when the client gave up (the listener is
+  // edge-triggered: returning EAGAIN with connections still queued would
+  // leave them waiting for the next client's wake-up).
+  int connection;
+  do {
+    connection = real(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  } while (connection < 0 && (errno == EINTR || errno == ECONNABORTED));
   if (connection >= 0) {
     close(connection);
     g_refused.fetch_add(1);

@@ -263,8 +263,10 @@ absl::Status AttentionServer::LoadModels() {
 bool AttentionServer::Drain() {
   drained_ = true;
   if (server_ == nullptr) return true;  // Listen failed: nothing started.
-  SetHealth(false);
+  // Draining first: a load or poll finishing now must not report SERVING
+  // again (on_change sets health only while not draining).
   requests_->StartDraining();
+  SetHealth(false);
   if (sessions_ != nullptr) sessions_->StopAccepting();
   if (repository_ != nullptr) {
     // No load, unload or poll starts from here on: queued loads are answered

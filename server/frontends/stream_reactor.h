@@ -62,7 +62,7 @@ struct StreamCodec {
   static void Complete(const std::string& id, const absl::Status& status, Response* response) {
     if (!status.ok()) {
       response->mutable_error()->set_code(static_cast<int>(status.code()));
-      response->mutable_error()->set_message(std::string(status.message().substr(0, 4096)));
+      response->mutable_error()->set_message(std::string(Utf8Prefix(status.message(), 4096)));
     }
     response->set_request_id(Echoed(id));
   }

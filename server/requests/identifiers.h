@@ -22,10 +22,21 @@ namespace attention::server {
 inline constexpr size_t kMaxIdentifierBytes = 1024;
 inline constexpr size_t kShownBytes = 128;
 
+// The first `n` bytes of `value` at most, cut before a UTF-8 character that
+// would not fit whole (a cut string goes into proto3 string fields, which
+// clients refuse to parse when they hold invalid UTF-8).
+inline absl::string_view Utf8Prefix(absl::string_view value, size_t n) {
+  if (value.size() <= n) return value;
+  size_t end = n;
+  // Back over continuation bytes (10xxxxxx) to the start of the character.
+  while (end > 0 && (static_cast<unsigned char>(value[end]) & 0xC0) == 0x80) --end;
+  return value.substr(0, end);
+}
+
 // `value` itself when short; else its first kShownBytes bytes and its size.
 inline std::string Shown(absl::string_view value) {
   if (value.size() <= kShownBytes) return std::string(value);
-  return absl::StrCat(value.substr(0, kShownBytes), "... (", value.size(), " bytes)");
+  return absl::StrCat(Utf8Prefix(value, kShownBytes), "... (", value.size(), " bytes)");
 }
 
 // OK, or INVALID_ARGUMENT naming `field` when `value` is longer than the limit.
@@ -38,7 +49,7 @@ inline absl::Status CheckIdentifier(absl::string_view value, absl::string_view f
 
 // `value` cut to kMaxIdentifierBytes, for echoing a refused request's id.
 inline std::string Echoed(absl::string_view value) {
-  return std::string(value.substr(0, kMaxIdentifierBytes));
+  return std::string(Utf8Prefix(value, kMaxIdentifierBytes));
 }
 
 }  // namespace attention::server

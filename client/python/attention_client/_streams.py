@@ -69,10 +69,12 @@ def session_stream(client, appends, timeout):
             kwargs["request_id"] = str(index)
         request = _append_request(session_id(append), **kwargs)
         if isinstance(session, Session):
-            expected = planned.get(id(session), session.length)
+            # By the session's id, not the object's: a dropped Session's address may be
+            # reused by the next one opened on this stream.
+            expected = planned.get(session.session_id, session.length)
             request.expected_length = expected
-            planned[id(session)] = expected + (request.tokens.shape[0] if request.tokens.shape
-                                               else 0)
+            planned[session.session_id] = expected + (request.tokens.shape[0]
+                                                      if request.tokens.shape else 0)
             sessions[key(request)].append(session)
         else:
             sessions[key(request)].append(None)
