@@ -1,7 +1,9 @@
 // Poll-mode rollouts and drain while loads are pending (issue 33, items 3
 // and 4): a version refused for --max_model_bytes is retried once room
-// frees; a version folder replaced between two polls keeps the old version
-// serving until the new one serves (per policy); a scan that fails part-way
+// frees, one that ran out of memory loading is not retried at every poll;
+// a version folder replaced between two polls, or a poll between the
+// removal and the rename, keeps the old version serving until the new one
+// serves (per policy); a scan that fails part-way
 // keeps what serves; a drain answers queued loads UNAVAILABLE and abandons
 // the load in progress at its deadline.
 #include <grpcpp/grpcpp.h>
@@ -39,6 +41,44 @@ void ReplaceVersion(const std::string& model_dir, int64_t remove, int64_t v, uin
 int64_t ServingVersion(AttentionServer& server, const std::string& model, int64_t version = 0) {
   auto m = server.repository()->Find(model, version);
   return m == nullptr ? 0 : m->version;
+}
+
+// A load that runs out of memory after its version was made (the hook
+// stands for MhaModel's or MhaEngine's bad_alloc, RESOURCE_EXHAUSTED) is a
+// failure, not a refusal for room: freeing its own half-made version is no
+// room for it, so later polls do not load it again until its folder changes.
+TEST(ModelRolloutTest, ALoadOutOfMemoryIsNotRetriedAtEveryPoll) {
+  const std::string repo = NewRepo("oom");
+  fs::create_directories(repo + "/m");
+  WriteVersion(repo + "/m", 1, 90);
+  const int64_t one = static_cast<int64_t>(fs::file_size(repo + "/m/1/model.safetensors"));
+  std::atomic<int> loads_of_2{0};
+  auto server = Start(repo, ModelControl::kPoll, [&](ServerOptions& o) {
+    o.repository.load_hook = [&](const std::string&, int64_t version,
+                                 const std::function<bool()>&) {
+      if (version != 2) return absl::OkStatus();
+      ++loads_of_2;
+      return absl::ResourceExhaustedError("model load: out of memory (std::bad_alloc)");
+    };
+  });
+  WriteVersion(repo + "/m", 2, 91);
+  server->repository()->Poll();  // Seen once.
+  server->repository()->Poll();  // Loaded: out of memory.
+  ASSERT_EQ(loads_of_2.load(), 1);
+  // Its own half-made version is freed (on the reaper's thread).
+  ASSERT_TRUE(Eventually([&] { return server->repository()->resident_bytes() == one; }));
+  for (int i = 0; i < 3; ++i) server->repository()->Poll();
+  EXPECT_EQ(loads_of_2.load(), 1);
+  EXPECT_EQ(LoadCount(*server, "m", "2", "failure"), 1);
+  EXPECT_EQ(ServingVersion(*server, "m"), 1);
+  EXPECT_TRUE(server->repository()->AllServing());
+  // Its folder changes (rewritten): tried again, once.
+  fs::remove_all(repo + "/m/2");
+  WriteVersion(repo + "/m", 2, 92);
+  for (int i = 0; i < 3; ++i) server->repository()->Poll();
+  EXPECT_EQ(loads_of_2.load(), 2);
+  EXPECT_EQ(ServingVersion(*server, "m"), 1);
+  server->Drain();
 }
 
 // A version refused for room is not a broken folder: it is retried on a
@@ -120,10 +160,54 @@ TEST(ModelRolloutTest, AReplacedVersionFolderKeepsTheOldServingUntilTheNewServes
   EXPECT_TRUE(server->repository()->AllServing());
 
   // A version removed with no replacement on its way goes (as Triton and
-  // TF Serving do): the model's folder has no version left.
+  // TF Serving do): the model's folder has no version left. The first poll
+  // that sees it so may be mid-swap (see the next test): the version goes
+  // at the second.
   fs::remove_all(repo + "/m/2");
   server->repository()->Poll();
+  EXPECT_EQ(ServingVersion(*server, "m"), 2);
+  server->repository()->Poll();
   EXPECT_EQ(ServingVersion(*server, "m"), 0);
+  EXPECT_TRUE(server->repository()->AllServing());  // Readiness no longer waits for it.
+  server->Drain();
+}
+
+// A poll between `rm -r m/1` and `mv m/.2.tmp m/2` sees the model's folder
+// with only its config.json (the version policy): not a model gone, so
+// version 1 keeps serving (and the server ready) until version 2 serves.
+TEST(ModelRolloutTest, APollBetweenRemoveAndRenameKeepsTheOldVersionServing) {
+  const std::string repo = NewRepo("mid_swap");
+  fs::create_directories(repo + "/m");
+  std::ofstream(repo + "/m/config.json") << R"({"version_policy": {"latest": 1}})";
+  WriteVersion(repo + "/m", 1, 80);
+  auto server = Start(repo, ModelControl::kPoll);
+  auto stub = v1::AttentionService::NewStub(server->InProcessChannel());
+  std::mt19937 rng(8);
+  const Tensor q = RandomTensor({1, 3, kE}, rng);
+  auto expect_served_by = [&](int64_t version) {
+    v1::InferResponse r;
+    const grpc::Status s = Infer(*stub, q, 0, &r);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(r.model_version(), version);
+    EXPECT_TRUE(server->repository()->AllServing());
+  };
+
+  const std::string tmp = repo + "/m/.2.tmp";
+  testing::WriteModelDir(*RandomModel(81), tmp);
+  fs::remove_all(repo + "/m/1");
+  server->repository()->Poll();  // Only m/config.json (and the hidden .2.tmp).
+  EXPECT_EQ(ServingVersion(*server, "m"), 1);
+  expect_served_by(1);
+
+  fs::rename(tmp, repo + "/m/2");
+  server->repository()->Poll();  // Version 2 seen once.
+  EXPECT_EQ(ServingVersion(*server, "m"), 1);
+  expect_served_by(1);
+  server->repository()->Poll();  // Unchanged: loaded; version 1 unloads.
+  EXPECT_EQ(ServingVersion(*server, "m"), 2);
+  EXPECT_EQ(ServingVersion(*server, "m", 1), 0);
+  expect_served_by(2);
+  EXPECT_EQ(LoadCount(*server, "m", "1", "success"), 1);  // Never reloaded.
   server->Drain();
 }
 

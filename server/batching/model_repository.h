@@ -20,7 +20,10 @@
 //   "Rollouts and drain"): a serving version the policy no longer selects
 //   is unloaded once what the policy selects serves; if nothing it selects
 //   serves yet and a replacement is on its way, the newest such version
-//   keeps serving until the replacement does. A scan that fails changes
+//   keeps serving until the replacement does; a model folder found with no
+//   version keeps its newest serving until the next poll (mid-swap). Only
+//   max_model_bytes's refusal is retried once room frees (a load out of
+//   memory is a failure, as a broken version). A scan that fails changes
 //   nothing. A drain answers queued loads UNAVAILABLE and abandons the one
 //   in progress at its deadline.
 //
@@ -183,9 +186,10 @@ class ModelRepository {
   struct Refusal {
     std::string print;
     std::string reason;
-    // Refused for room (--max_model_bytes, memory): retried once a version
-    // was freed since (frees_ moved on from `frees`). Else broken: retried
-    // only when its folder changes.
+    // Refused for room by --max_model_bytes (before anything was made):
+    // retried once a version was freed since (frees_ moved on from `frees`).
+    // Else broken (a failure, out of memory too): retried only when its
+    // folder changes.
     bool no_room = false;
     int64_t frees = 0;
   };
@@ -197,15 +201,22 @@ class ModelRepository {
     std::map<int64_t, std::string> seen;
     std::map<int64_t, std::string> loaded_print;  // A serving version's files when loaded.
     bool configured = false;                      // Loaded at start: readiness needs it.
+    bool emptied = false;                         // The last poll found its folder with no version.
   };
 
   ModelRepository(RepositoryOptions options, Metrics* metrics);
   // Brings `name` (folder `dir`) in line with its policy. `stable_only`:
   // load a version only once seen complete and unchanged on the last scan.
   absl::Status Sync(const std::string& name, const std::string& dir, bool stable_only);
-  // Loads one version; the load's metrics are counted.
+  // Loads one version; the load's metrics are counted. `no_room` (may be
+  // null) is set when max_model_bytes refused it (nothing was made).
   absl::StatusOr<std::shared_ptr<ServedModel>> LoadVersion(const std::string& name, int64_t version,
-                                                           const std::string& dir);
+                                                           const std::string& dir,
+                                                           bool* no_room = nullptr);
+  // A known model the poll's scan left out: its folder `dir` is gone, or
+  // holds no version (kept one poll: it may be mid-swap), or cannot be read
+  // (nothing changes).
+  void LeftOut(const std::string& name, const std::string& dir) ABSL_LOCKS_EXCLUDED(mu_);
   // Unpublishes the serving versions of `name` that `want` leaves out, per
   // the rule in the header comment; `coming`: a version the policy would
   // select is on its way (seen, not loadable yet).

@@ -54,7 +54,8 @@ int64_t WeightsBytes(const std::string& dir) {
 
 absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const std::string& name,
                                                                           int64_t version,
-                                                                          const std::string& dir) {
+                                                                          const std::string& dir,
+                                                                          bool* no_room) {
   const absl::Time start = absl::Now();
   auto fail = [&](const absl::Status& status, const char* result) {
     if (abandoned()) {  // Not a verdict on the version: not counted.
@@ -74,6 +75,7 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
   {
     absl::MutexLock lock(&mu_);
     if (options_.max_model_bytes > 0 && resident_bytes_ + bytes > options_.max_model_bytes) {
+      if (no_room != nullptr) *no_room = true;
       return fail(absl::ResourceExhaustedError(
                       absl::StrCat("model '", name, "' version ", version, ": its ", bytes,
                                    " bytes of weights do not fit beside the ", resident_bytes_,

@@ -21,6 +21,10 @@ absl::Status ModelRepository::Sync(const std::string& name, const std::string& d
               << "\n";
     return layout.status();
   }
+  {
+    absl::MutexLock lock(&mu_);
+    models_[name].emptied = false;  // It has versions again.
+  }
   std::vector<int64_t> ready;   // Ascending: serving, or complete and stable: loadable now.
   std::vector<int64_t> coming;  // Seen, not loadable yet: changing, or unreadable this time.
   std::map<int64_t, std::string> prints;
@@ -98,8 +102,9 @@ absl::Status ModelRepository::Sync(const std::string& name, const std::string& d
       frees = frees_;  // Before the load: a free during it means a retry.
     }
     if (next == 0) break;
+    bool no_room = false;
     absl::StatusOr<std::shared_ptr<ServedModel>> loaded =
-        LoadVersion(name, next, layout->versions[next]);
+        LoadVersion(name, next, layout->versions[next], &no_room);
     if (!loaded.ok() && abandoned()) return loaded.status();  // Nothing recorded or unloaded.
     absl::MutexLock lock(&mu_);
     Entry& e = models_[name];
@@ -111,7 +116,9 @@ absl::Status ModelRepository::Sync(const std::string& name, const std::string& d
       load_metrics_.SetReady(name, next, true);
     } else {
       last_error = loaded.status();
-      const bool no_room = loaded.status().code() == absl::StatusCode::kResourceExhausted;
+      // Only --max_model_bytes's refusal waits for room. A load that ran out
+      // of memory made a version first, and freeing it moves frees_: counted
+      // as room, it would be loaded again at every poll.
       e.refused[next] = {prints[next], std::string(loaded.status().message()), no_room, frees};
       ready.erase(std::find(ready.begin(), ready.end(), next));
     }
@@ -133,6 +140,34 @@ absl::Status ModelRepository::Sync(const std::string& name, const std::string& d
                                             "' (policy ", layout->policy.ToString(), ")"));
   }
   return absl::OkStatus();
+}
+
+void ModelRepository::LeftOut(const std::string& name, const std::string& dir) {
+  absl::StatusOr<std::vector<DirEntry>> listed =
+      dir.empty() ? absl::StatusOr<std::vector<DirEntry>>(absl::NotFoundError("no folder"))
+                  : list_(dir);
+  if (!listed.ok() && listed.status().code() != absl::StatusCode::kNotFound) {
+    std::cerr << "model '" << name << "': " << listed.status().message()
+              << " (what serves keeps serving; retried at the next poll)\n";
+    return;
+  }
+  // Its folder is there with no version: perhaps mid-swap (`rm -r m/1`, then
+  // `mv m/.2.tmp m/2`), as a replacement on its way: the newest version
+  // serves until the next poll. Still no version then, or the folder gone:
+  // the model unloads and readiness no longer waits for it.
+  bool keep = false;
+  {
+    absl::MutexLock lock(&mu_);
+    Entry& e = models_[name];
+    keep = listed.ok() && !e.emptied && !e.serving.empty();
+    e.emptied = keep;
+    if (!keep) e.configured = false;
+  }
+  if (keep) {
+    std::cerr << "model '" << name << "': its folder holds no version (a replacement may be on "
+              << "its way); unloaded if the next poll finds none\n";
+  }
+  Retire(name, {}, keep);
 }
 
 void ModelRepository::Retire(const std::string& name, const std::set<int64_t>& want, bool coming) {
@@ -188,16 +223,14 @@ void ModelRepository::Poll() {
               << " (nothing changed; retried at the next poll)\n";
     return;
   }
-  std::vector<std::pair<std::string, int64_t>> removed;
+  std::vector<std::pair<std::string, std::string>> left_out;  // Name, folder.
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [name, e] : models_) {
-      if (dirs->count(name)) continue;
-      e.configured = false;
-      for (const auto& [v, m] : e.serving) removed.emplace_back(name, v);
+    for (const auto& [name, e] : models_) {
+      if (!dirs->count(name)) left_out.emplace_back(name, e.dir);
     }
   }
-  for (const auto& [name, v] : removed) Unpublish(name, v);
+  for (const auto& [name, dir] : left_out) LeftOut(name, dir);
   for (const auto& [name, dir] : *dirs) {
     if (abandoned()) break;
     Sync(name, dir, /*stable_only=*/true).IgnoreError();
