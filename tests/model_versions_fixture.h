@@ -72,6 +72,20 @@ inline std::string NewRepo(const std::string& name) {
   return dir;
 }
 
+// A new repository holding model "m" with version 1 (random, `seed`).
+inline std::string NewModelRepo(const std::string& name, uint64_t seed) {
+  const std::string repo = NewRepo(name);
+  fs::create_directories(repo + "/m");
+  WriteVersion(repo + "/m", 1, seed);
+  return repo;
+}
+
+// The bytes of version `version`'s weights file of model "m" in `repo`.
+inline int64_t ModelBytes(const std::string& repo, int64_t version) {
+  return static_cast<int64_t>(
+      fs::file_size(repo + "/m/" + std::to_string(version) + "/model.safetensors"));
+}
+
 inline std::unique_ptr<AttentionServer> Start(
     const std::string& repo, ModelControl control,
     const std::function<void(ServerOptions&)>& tweak = {}) {

@@ -21,11 +21,6 @@ namespace {
 using namespace ::attention::model_versions_test;  // NOLINT: the shared helpers.
 namespace fs = std::filesystem;
 
-int64_t ModelBytes(const std::string& repo, int64_t version) {
-  return static_cast<int64_t>(
-      fs::file_size(repo + "/m/" + std::to_string(version) + "/model.safetensors"));
-}
-
 // A one-step sequence start of (1, 2, E) tokens on version `version` of "m".
 inference::ModelInferRequest SequenceStart(const Tensor& query, const std::string& version) {
   inference::ModelInferRequest request;
@@ -104,9 +99,7 @@ uint64_t HistogramCount(AttentionServer& server, const std::string& name) {
 // unloaded version resident (nor refuse a load under --max_model_bytes).
 // Before, the response waiting to be written held the request's leases.
 TEST(VersionHoldsReviewTest, AnUnreadStreamResponseHoldsNoVersion) {
-  const std::string repo = NewRepo("unread_stream");
-  fs::create_directories(repo + "/m");
-  WriteVersion(repo + "/m", 1, 71);
+  const std::string repo = NewModelRepo("unread_stream", 71);
   auto server = Start(repo, ModelControl::kExplicit);
   std::mt19937 rng(9);
   const Tensor query = RandomTensor({1, 2, kE}, rng);
@@ -150,9 +143,7 @@ TEST(VersionHoldsReviewTest, AnUnreadStreamResponseHoldsNoVersion) {
 // address) and the late ForgetModel then freed the newer state while a
 // call still held its version (CreateSession read a freed SessionModel).
 TEST(VersionHoldsReviewTest, ALateForgetModelOfAReusedAddressKeepsTheNewerState) {
-  const std::string repo = NewRepo("reused_address");
-  fs::create_directories(repo + "/m");
-  WriteVersion(repo + "/m", 1, 81);
+  const std::string repo = NewModelRepo("reused_address", 81);
   auto server = Start(repo, ModelControl::kExplicit);
   server::SessionManager* manager = server->sessions();
   server::ModelRef held = server->repository()->Find("m");  // As a call's lease.

@@ -25,11 +25,6 @@ namespace {
 using namespace ::attention::model_versions_test;  // NOLINT: the shared helpers.
 namespace fs = std::filesystem;
 
-int64_t ModelBytes(const std::string& repo, int64_t version) {
-  return static_cast<int64_t>(
-      fs::file_size(repo + "/m/" + std::to_string(version) + "/model.safetensors"));
-}
-
 // The value of gauge `name`{model="m"}.
 double Gauge(AttentionServer& server, const std::string& name) {
   for (const auto& family : server.metrics().registry()->Collect()) {
@@ -59,9 +54,7 @@ std::string CreateSession(v1::SessionService::Stub& stub, int64_t* version = nul
 // is unloaded for v2, v1 is freed while both streams stay open, and their
 // next requests compute on v2.
 TEST(VersionHoldsTest, IdleStreamsHoldNoVersion) {
-  const std::string repo = NewRepo("idle_streams");
-  fs::create_directories(repo + "/m");
-  WriteVersion(repo + "/m", 1, 11);
+  const std::string repo = NewModelRepo("idle_streams", 11);
   auto server = Start(repo, ModelControl::kExplicit);
   std::mt19937 rng(3);
   const Tensor query = RandomTensor({1, 2, kE}, rng);
@@ -119,9 +112,7 @@ TEST(VersionHoldsTest, IdleStreamsHoldNoVersion) {
 // the unload, and Create refuses it with NOT_FOUND instead of creating a
 // session nothing would ever end.
 TEST(VersionHoldsTest, CreateOnAVersionUnloadedAfterItsLookupIsNotFound) {
-  const std::string repo = NewRepo("create_unloaded");
-  fs::create_directories(repo + "/m");
-  WriteVersion(repo + "/m", 1, 21);
+  const std::string repo = NewModelRepo("create_unloaded", 21);
   auto server = Start(repo, ModelControl::kExplicit);
   server::ModelRef v1 = server->repository()->Find("m");  // As a call's lease.
   ASSERT_NE(v1, nullptr);
@@ -143,9 +134,7 @@ TEST(VersionHoldsTest, CreateOnAVersionUnloadedAfterItsLookupIsNotFound) {
 // version stays resident (its engine readable) after the unload, and is
 // freed once the leases go.
 TEST(VersionHoldsTest, AFoundSessionHoldsItsVersionUntilTheCallEnds) {
-  const std::string repo = NewRepo("found_session");
-  fs::create_directories(repo + "/m");
-  WriteVersion(repo + "/m", 1, 31);
+  const std::string repo = NewModelRepo("found_session", 31);
   auto server = Start(repo, ModelControl::kExplicit);
   auto sessions = v1::SessionService::NewStub(server->InProcessChannel());
   const std::string id = CreateSession(*sessions);
@@ -233,9 +222,7 @@ TEST(VersionHoldsTest, PerModelGaugesAddUpEveryVersion) {
 // A REST request to a model that is not served is logged with the model
 // it named (it read "model=-").
 TEST(VersionHoldsTest, RestLogNamesTheModelAskedFor) {
-  const std::string repo = NewRepo("rest_log");
-  fs::create_directories(repo + "/m");
-  WriteVersion(repo + "/m", 1, 51);
+  const std::string repo = NewModelRepo("rest_log", 51);
   auto server = Start(repo, ModelControl::kExplicit, [](ServerOptions& o) { o.http_port = 0; });
   httplib::Client rest("127.0.0.1", server->http_port());
   ::testing::internal::CaptureStderr();
