@@ -32,6 +32,8 @@
 namespace attention {
 namespace {
 
+using testing::ProcStatusBytes;
+
 using ::testing::HasSubstr;
 
 constexpr int64_t kMiB = 1 << 20;
@@ -43,21 +45,6 @@ constexpr int64_t kMiB = 1 << 20;
 // slack.
 constexpr int64_t kBudget = 32 * kMiB;
 constexpr int64_t kMargin = 4 * kBudget;
-
-// Field `field` ("VmRSS:", "VmHWM:") of /proc/<pid>/status, in bytes.
-int64_t ProcStatusBytes(int pid, const std::string& field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field, 0) == 0) {
-      std::istringstream fields(line.substr(field.size()));
-      int64_t kib = 0;
-      fields >> kib;
-      return kib * 1024;
-    }
-  }
-  return -1;
-}
 
 // "N open, limit M" for process `pid`'s file descriptors.
 std::string Descriptors(int pid) {

@@ -31,22 +31,9 @@
 namespace attention {
 namespace {
 
-constexpr int64_t kMiB = 1 << 20;
+using testing::ProcStatusBytes;
 
-// Field `field` ("VmRSS:", "VmHWM:") of /proc/<pid>/status, in bytes.
-int64_t ProcStatusBytes(int pid, const std::string& field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field, 0) == 0) {
-      std::istringstream fields(line.substr(field.size()));
-      int64_t kib = 0;
-      fields >> kib;
-      return kib * 1024;
-    }
-  }
-  return -1;
-}
+constexpr int64_t kMiB = 1 << 20;
 
 // The bytes of line `name` of the memory plan's table in `log` (-1 if none).
 int64_t PlanLine(const std::string& log, const std::string& name) {

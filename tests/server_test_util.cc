@@ -12,6 +12,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include <sstream>
@@ -164,6 +165,20 @@ int RunCommand(const std::string& command, std::string* output) {
   while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) output->append(buf, n);
   const int status = pclose(pipe);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int64_t ProcStatusBytes(int pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) {
+      std::istringstream fields(line.substr(field.size()));
+      int64_t kib = 0;
+      fields >> kib;
+      return kib * 1024;
+    }
+  }
+  return -1;
 }
 
 }  // namespace attention::testing

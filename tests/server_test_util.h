@@ -5,6 +5,7 @@
 #ifndef ATTENTION_TESTS_SERVER_TEST_UTIL_H_
 #define ATTENTION_TESTS_SERVER_TEST_UTIL_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,10 @@ class ServerProcess {
   int http_port_ = 0;
   bool ready_ = false;
 };
+
+// Field `field` ("VmRSS:", "VmHWM:") of /proc/<pid>/status, in bytes; -1
+// when the process or the field is not there.
+int64_t ProcStatusBytes(int pid, const std::string& field);
 
 // Runs a shell command; returns its exit code and (merged) output.
 int RunCommand(const std::string& command, std::string* output);
