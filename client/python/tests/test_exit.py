@@ -26,6 +26,7 @@ RUNS = 24  # Two at a time.
 
 SCRIPT = r'''
 import atexit
+import os
 import threading
 import sys
 
@@ -69,7 +70,9 @@ KEPT.append(secure)
 oip = InferenceClient(plain, timeout=20, token=token)
 oip.infer("demo", {"query": q})
 assert len(list(oip.stream_infer([{"model": "demo", "inputs": {"query": q}}] * 2))) == 2
-with oip.sequence("demo", sequence_id="exit-test") as seq:
+# Two runs at a time share the server and the token: each its own sequence id (one run's
+# end=True closed the other's sequence when both used one id).
+with oip.sequence("demo", sequence_id=f"exit-test-{os.getpid()}") as seq:
     seq.step(q[:, :2])
     seq.step(q[:, 2:], end=True)
 KEPT.append(oip)
