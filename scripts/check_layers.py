@@ -5,9 +5,12 @@ Units are a .cc and its header counted as one (tests excluded). Checks:
   * the include graph of server/ has no cycle, and its longest include chain
     is at most --max-depth units (printed either way);
   * each room includes only the rooms below it (see server/README.md):
-      frontends -> sessions -> requests -> batching -> metrics,
+      frontends/grpc, frontends/rest -> frontends/protocol -> sessions
+      -> requests -> batching -> metrics,
       security used by requests (and the top), the top (server/*.cc) by none;
-  * no front-end service includes another (a *_service unit);
+  * no transport's room includes the other's (grpc/ and rest/ meet only in
+    frontends/protocol/), and no gRPC service includes another (a *_service
+    unit);
   * no source file in core/, server/, proto/codec/, client/cli/ is over
     --max-lines lines.
 Exits 1 naming every breach.
@@ -21,9 +24,13 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The rooms each room may include (besides itself). "" is the top of server/.
+BELOW_FRONTENDS = {"sessions", "requests", "batching", "metrics"}
 ALLOWED = {
-    "": {"frontends", "sessions", "requests", "batching", "metrics", "security"},
-    "frontends": {"sessions", "requests", "batching", "metrics"},
+    "": {"frontends/grpc", "frontends/rest", "frontends/protocol", "sessions", "requests",
+         "batching", "metrics", "security"},
+    "frontends/grpc": {"frontends/protocol"} | BELOW_FRONTENDS,
+    "frontends/rest": {"frontends/protocol"} | BELOW_FRONTENDS,
+    "frontends/protocol": BELOW_FRONTENDS,
     "sessions": {"requests", "batching", "metrics"},
     "requests": {"batching", "metrics", "security"},
     "batching": {"metrics"},
@@ -49,8 +56,9 @@ def units():
 
 
 def room(unit):
+    """server/x -> ""; server/r/x -> "r"; server/frontends/t/x -> "frontends/t"."""
     parts = unit.split("/")
-    return parts[1] if len(parts) == 3 else ""
+    return "/".join(parts[1:-1])
 
 
 def longest_chain(graph):
@@ -92,7 +100,7 @@ def main():
                 errors.append(f"{unit} ({room(unit) or 'top'}) includes {inc} "
                               f"({room(inc) or 'top'})")
             if (unit.endswith("_service") and inc.endswith("_service")
-                    and room(unit) == room(inc) == "frontends"):
+                    and room(unit) == room(inc) == "frontends/grpc"):
                 errors.append(f"front-end {unit} includes front-end {inc}")
     longest_file = (0, "")
     for top in SIZE_DIRS:

@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "server/attention_server.h"
-#include "server/frontends/oip_codec.h"
+#include "server/frontends/protocol/oip_codec.h"
 #include "server/requests/inflight_budget.h"
 #include "server/security/token_authenticator.h"
 #include "tests/server_test_util.h"

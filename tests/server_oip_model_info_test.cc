@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
-#include "server/frontends/oip_codec.h"
+#include "server/frontends/protocol/oip_codec.h"
 #include "tests/server_fixture.h"
 
 namespace attention {

@@ -20,7 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
-#include "server/frontends/reflection_service.h"
+#include "server/frontends/grpc/reflection_service.h"
 #include "server/security/token_authenticator.h"
 #include "tests/server_test_util.h"
 #include "tests/test_util.h"

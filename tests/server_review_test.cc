@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "server/attention_server.h"
-#include "server/frontends/oip_codec.h"
+#include "server/frontends/protocol/oip_codec.h"
 #include "tests/server_test_util.h"
 #include "tests/test_util.h"
 

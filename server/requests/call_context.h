@@ -2,7 +2,7 @@
 //
 // CallContext: what the request path needs to know of a call, in no
 // protocol's types. A front-end fills one per call (per stream for streams)
-// from its transport (frontends/grpc_call.h for gRPC) and shares it with
+// from its transport (frontends/grpc/grpc_call.h for gRPC) and shares it with
 // the work it queues.
 //
 // Immutable once made (but for its leases, which are thread-safe), so safe to share between

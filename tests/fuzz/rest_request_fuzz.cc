@@ -1,4 +1,4 @@
-// The REST front-end's request decoding (server/frontends/rest_codec.h):
+// The REST front-end's request decoding (server/frontends/rest/rest_codec.h):
 // arbitrary bytes as an infer request's body, the first byte choosing
 // whether an Inference-Header-Content-Length is sent (and the next two its
 // value), then, when it decodes, the Open Inference Protocol's own decoding
@@ -15,9 +15,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
-#include "server/frontends/oip_codec.h"
-#include "server/frontends/rest_codec.h"
-#include "server/frontends/rest_encode.h"
+#include "server/frontends/protocol/oip_codec.h"
+#include "server/frontends/rest/rest_codec.h"
+#include "server/frontends/rest/rest_encode.h"
 #include "tests/fuzz/fuzz_entries.h"
 
 namespace attention::fuzz {

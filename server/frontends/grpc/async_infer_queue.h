@@ -1,0 +1,107 @@
+// File: server/frontends/grpc/async_infer_queue.h
+//
+// AsyncInferQueue: attention.v1 Infer on gRPC's async API, with one thread
+// driving one completion queue. The thread receives calls (AsyncInferCall:
+// decode, admission, the batcher, as every unary front-end), and sends their
+// responses: a batcher hands each computed call back with Complete(), and the
+// whole batch with one Flush(), which wakes the thread once (a grpc::Alarm);
+// the thread then finishes every call of the batch and reaps their
+// completions without sleeping in between. gRPC's callback API, by contrast,
+// wakes one of its threads for every call's completion, and on a busy core
+// each of those wake-ups preempts the batcher.
+//
+// Lifecycle: make it (with the builder's completion queue) before the server
+// starts, Start() once it has, Stop() after the server's Shutdown(): Stop()
+// waits for the calls still open (a batcher answers those it holds: the
+// shutdown cancelled them), then shuts the completion queue down, drains it
+// and joins the thread. Nothing in it blocks but Stop().
+//
+// Thread-safe. The service, the request path and the completion queue's
+// server must outlive it; it must outlive every batcher that holds its calls'
+// requests (requests name it as their OutcomeFlush).
+#ifndef ATTENTION_SERVER_FRONTENDS_GRPC_ASYNC_INFER_QUEUE_H_
+#define ATTENTION_SERVER_FRONTENDS_GRPC_ASYNC_INFER_QUEUE_H_
+
+#include <grpcpp/alarm.h>
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "server/batching/outcome_flush.h"
+#include "server/frontends/grpc/async_infer_driver.h"
+
+namespace attention::server {
+
+class AttentionServiceImpl;
+class RequestPath;
+
+class AsyncInferQueue final : public AsyncInferDriver {
+ public:
+  // Calls posted to gRPC at any time, waiting for clients' calls.
+  static constexpr int kPostedCalls = 32;
+
+  // `cq` from the builder (ServerBuilder::AddCompletionQueue()) that
+  // registers `service`.
+  AsyncInferQueue(AttentionServiceImpl* service, RequestPath* path,
+                  std::unique_ptr<grpc::ServerCompletionQueue> cq);
+  // Stop()s if needed.
+  ~AsyncInferQueue() override;
+
+  AsyncInferQueue(const AsyncInferQueue&) = delete;
+  AsyncInferQueue& operator=(const AsyncInferQueue&) = delete;
+
+  // Once the server has started: posts the calls and starts the thread.
+  void Start();
+  // After the server's Shutdown() (or if it never started): see above.
+  void Stop();
+
+  // AsyncInferDriver.
+  void RequestCall(grpc::ServerContext* context, v1::InferRequest* request,
+                   grpc::ServerAsyncResponseWriter<v1::InferResponse>* responder,
+                   void* tag) override;
+  absl::Status Prepare(const v1::InferRequest& request, const CallContext& call,
+                       RequestPath::Prepared* prepared) override;
+  absl::Status Encode(RequestOutcome& outcome, v1::InferResponse* response) override;
+  void Complete(AsyncInferCall* call) override;
+  RequestPath* path() const override { return path_; }
+  // OutcomeFlush: wakes the thread to send the answers completed so far.
+  void Flush() override;
+
+ private:
+  void Loop();
+  // The alarm fired: send what is ready; start stopping when asked.
+  void OnAlarm();
+  // Arms the alarm unless it is armed or the queue is shut down, or (unless
+  // `always`) nothing is ready.
+  void Wake(bool always);
+  // The queue's thread, stopping with no call left: shuts the queue down
+  // unless the alarm is still to be delivered.
+  void MaybeShutDown();
+
+  AttentionServiceImpl* const service_;
+  RequestPath* const path_;
+  const std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+  grpc::Alarm alarm_;
+  char alarm_tag_ = 0;  // Its address tags the alarm.
+
+  absl::Mutex mu_;
+  std::vector<AsyncInferCall*> ready_ ABSL_GUARDED_BY(mu_);  // Answers to send.
+  bool armed_ ABSL_GUARDED_BY(mu_) = false;                  // The alarm is set, not yet delivered.
+  bool stop_asked_ ABSL_GUARDED_BY(mu_) = false;
+  bool cq_shut_ ABSL_GUARDED_BY(mu_) = false;  // No alarm may be set any more.
+  bool started_ = false;                       // Start()/Stop() only (one thread).
+  bool stopped_ = false;
+
+  // The queue's thread only (and stopping_, live_ of AsyncInferDriver).
+  bool shut_down_ = false;
+
+  std::thread thread_;
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_FRONTENDS_GRPC_ASYNC_INFER_QUEUE_H_
