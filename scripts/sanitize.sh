@@ -143,12 +143,13 @@ configure() {  # dir, flags, extra cmake args...
   fi
 }
 
-asan_tests=(core_test wire_codec_test client_cli_unit_test fuzz_regression_test server_test
-            server_batching_test server_admission_test server_metrics_test server_session_test
-            server_session_lifecycle_test server_shutdown_test server_async_infer_test
-            server_async_infer_review_test server_async_infer_memory_test
-            server_version_holds_test server_version_holds_review_test server_churn_test
-            server_model_rollout_test)
+asan_tests=(core_test wire_codec_test client_cli_unit_test fuzz_regression_test
+            attention_api_infer_test batching_test memory_admission_test
+            monitoring_metrics_test sessions_session_test sessions_lifecycle_test
+            process_shutdown_test attention_api_async_infer_test
+            attention_api_async_infer_queue_test memory_async_infer_memory_test
+            model_lifecycle_version_holds_test model_lifecycle_version_holds_edges_test
+            model_lifecycle_churn_test model_lifecycle_rollout_test)
 fuzzers=(model_dir_fuzzer infer_request_fuzzer npy_fuzzer session_fuzzer oip_request_fuzzer
          rest_request_fuzzer)
 # TSan: our own cross-thread code, driven directly from many threads: the

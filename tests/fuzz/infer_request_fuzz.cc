@@ -24,7 +24,7 @@
 #include "server/frontends/grpc/grpc_call.h"
 #include "server/metrics/metrics.h"
 #include "tests/fuzz/fuzz_entries.h"
-#include "tests/test_util.h"
+#include "tests/fixture/test_util.h"
 
 namespace attention::fuzz {
 namespace {

@@ -232,7 +232,7 @@ int64_t Submit(Environment& env, Sessions& sessions, const inference::ModelInfer
 // messages whose bytes it holds but the meter does not count, plus the
 // largest batch's working-memory estimate) against what the engines and
 // result buffers allocated (MemoryMeter's peak), as
-// tests/server_memory_accounting_test.cc measures one RPC. The request
+// tests/memory/accounting_test.cc measures one RPC. The request
 // messages are subtracted only when the peak was with every request held
 // (right after they were all queued), the one moment their sum is known to
 // be part of it.

@@ -1,0 +1,424 @@
+// Scale-out through a real L7 gateway, as platforms deploy it: Debian's nginx
+// (and HAProxy) run the reference configurations in deploy/ in front of
+// attention-server replicas that clients cannot reach directly. Sessions and
+// inference-protocol sequences route by the x-attention-session header; when
+// a replica is SIGKILLed, a fourth added (nginx reloaded), and a replica
+// removed and added back while it still holds sessions, the callers see no
+// error and no wrong row: the clients re-create lost sessions under fresh
+// keys and replay them, and expected_length refuses a stale copy. Streams of
+// 40 x 64 KiB and an idle stream pass the reference configuration;
+// stateless calls (no header) stay round robin; a session call without the
+// header says what to add.
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "attention/v1/attention.grpc.pb.h"
+#include "client/cli/client_util.h"
+#include "client/cli/session_client.h"
+#include "core/mha_engine.h"
+#include "gtest/gtest.h"
+#include "inference/grpc_predict_v2.grpc.pb.h"
+#include "proto/codec/routing_key.h"
+#include "proto/codec/tensor_codec.h"
+#include "tests/scale_out/gateway_process.h"
+#include "tests/scale_out/gateway_test_util.h"
+#include "tests/fixture/server_test_util.h"
+
+namespace attention {
+namespace {
+
+using testing::GatewayProcess;
+using namespace ::attention::gateway_test;  // NOLINT: the shared helpers.
+
+// An inference-protocol sequence decoded as the README tells Triton clients
+// to: the header x-attention-session carries the sequence id, each step
+// says the length it expects, and a lost sequence (NOT_FOUND, UNAVAILABLE,
+// or a diverged copy) is restarted under a new id with its history replayed.
+class ReplayingSequence {
+ public:
+  explicit ReplayingSequence(inference::GRPCInferenceService::Stub* stub) : stub_(stub) {}
+
+  absl::StatusOr<Tensor> Step(const Tensor& token) {
+    absl::Status status;
+    for (int attempt = 0; attempt <= 3; ++attempt) {
+      if (lost_) {
+        status = Restart();
+        if (!status.ok()) {
+          if (!Lost(status)) return status;
+          continue;
+        }
+        if (!history_.empty()) ++recoveries_;  // The first start is none.
+      }
+      auto out = Send(token.as<float>(), 1);
+      if (out.ok()) {
+        history_.insert(history_.end(), token.as<float>(), token.as<float>() + kE);
+        return Tensor::FromBytes(DType::kFloat32, {1, kE}, out->data());
+      }
+      status = out.status();
+      if (!Lost(status)) return status;
+      lost_ = true;
+    }
+    return status;
+  }
+  int recoveries() const { return recoveries_; }
+
+ private:
+  static bool Lost(const absl::Status& s) {
+    return s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kUnavailable ||
+           (s.code() == absl::StatusCode::kFailedPrecondition &&
+            absl::StartsWith(s.message(), "expected_length:"));
+  }
+
+  // A new sequence id holding the history (replayed 256 tokens at a time).
+  absl::Status Restart() {
+    static std::atomic<uint64_t> counter{0};
+    id_ = ((std::random_device()() * uint64_t{1000003}) ^ (++counter << 32)) | 1;
+    length_ = 0;
+    const int64_t rows = static_cast<int64_t>(history_.size()) / kE;
+    for (int64_t at = 0; at < rows; at += 256) {
+      auto out = Send(history_.data() + at * kE, std::min<int64_t>(256, rows - at));
+      if (!out.ok()) return out.status();
+    }
+    lost_ = false;
+    return absl::OkStatus();
+  }
+
+  // One step of `count` tokens; its output rows.
+  absl::StatusOr<std::vector<float>> Send(const float* rows, int64_t count) {
+    inference::ModelInferRequest r;
+    r.set_model_name("demo");
+    auto* input = r.add_inputs();
+    input->set_name("query");
+    input->set_datatype("FP32");
+    for (int64_t d : {int64_t{1}, count, kE}) input->add_shape(d);
+    r.add_raw_input_contents(std::string(reinterpret_cast<const char*>(rows), count * kE * 4));
+    (*r.mutable_parameters())["sequence_id"].set_uint64_param(id_);
+    if (length_ == 0) (*r.mutable_parameters())["sequence_start"].set_bool_param(true);
+    (*r.mutable_parameters())["expected_length"].set_int64_param(length_);
+    grpc::ClientContext context;
+    client::SetDeadline(&context, 20000);
+    context.AddMetadata(wire::kRoutingHeader, std::to_string(id_));
+    inference::ModelInferResponse response;
+    const grpc::Status status = stub_->ModelInfer(&context, r, &response);
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          status.error_message());
+    }
+    length_ += count;
+    const std::string& raw = response.raw_output_contents(0);
+    const float* out = reinterpret_cast<const float*>(raw.data());
+    return std::vector<float>(out, out + raw.size() / 4);
+  }
+
+  inference::GRPCInferenceService::Stub* const stub_;
+  uint64_t id_ = 0;
+  int64_t length_ = 0;
+  bool lost_ = true;
+  std::vector<float> history_;
+  int recoveries_ = 0;
+};
+
+// The full disruption: 30 sequences decoded by 8 clients through nginx in
+// front of 3 replicas; replica 1 SIGKILLed, replica 3 added (nginx reloaded,
+// the dead one dropped), replica 0 removed while it holds sessions and
+// added back. `step` drives one sequence; `method` is what it calls.
+struct Disruption {
+  Decoded decoded;
+  double held_by_removed = 0;  // Sessions replica 0 still held when re-added.
+  double served_by_added = 0;  // Calls that reached the added replica.
+};
+Disruption RunDisruption(std::vector<std::unique_ptr<testing::ServerProcess>>& replicas,
+                         GatewayProcess& nginx, const std::vector<Tensor>& xs,
+                         const std::vector<std::vector<float>>& want, const std::string& method,
+                         const std::function<absl::StatusOr<Tensor>(int, const Tensor&)>& step) {
+  Disruption out;
+  const std::vector<Event> events = {
+      {0.2, [&] { replicas[1]->Kill(); }},
+      {0.4,
+       [&] {
+         EXPECT_TRUE(nginx.Reload(Targets(replicas, {0, 2, 3}))) << nginx.error();
+       }},
+      {0.6,
+       [&] {
+         EXPECT_TRUE(nginx.Reload(Targets(replicas, {2, 3}))) << nginx.error();
+       }},
+      {0.8,
+       [&] {
+         out.held_by_removed = LiveSessions(*replicas[0]);
+         EXPECT_TRUE(nginx.Reload(Targets(replicas, {0, 2, 3}))) << nginx.error();
+       }},
+  };
+  out.decoded = Decode(8, xs, want, events, step);
+  out.served_by_added = Reached(*replicas[3], method);
+  return out;
+}
+
+class GatewayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    engine_ = *MhaEngine::Create(MhaModel::Demo());
+    std::mt19937 rng(26);
+    for (int s = 0; s < 30; ++s) {
+      xs_.push_back(client::RandomNormal({24, kE}, rng));
+      want_.push_back(Reference(*engine_, xs_.back()));
+    }
+  }
+  std::unique_ptr<MhaEngine> engine_;
+  std::vector<Tensor> xs_;
+  std::vector<std::vector<float>> want_;
+};
+
+TEST_F(GatewayTest, SessionsThroughNginxSurviveKillAddRemoveAndReAdd) {
+  std::string why;
+  if (Skip(Kind::kNginx, &why)) GTEST_SKIP() << why;
+  auto replicas = StartReplicas(4);  // The fourth joins mid-run.
+  GatewayProcess nginx(Kind::kNginx, Targets(replicas, {0, 1, 2}));
+  ASSERT_TRUE(nginx.ok()) << nginx.error();
+  client::SessionClient client(nginx.target(), "pick_first", 20000);
+  std::deque<client::ReplayingSession> live;
+  for (size_t s = 0; s < xs_.size(); ++s) live.emplace_back(&client, "");
+  const Disruption run =
+      RunDisruption(replicas, nginx, xs_, want_, "Append",
+                    [&](int s, const Tensor& token) { return live[s].Append(token); });
+  int recoveries = 0;
+  for (const auto& session : live) recoveries += session.recoveries();
+  std::cout << "sessions re-created: " << recoveries << "; replica 0 held " << run.held_by_removed
+            << " when re-added; the added replica answered " << run.served_by_added << " appends\n";
+  EXPECT_EQ(run.decoded.errors, 0) << run.decoded.first_error << "\n" << nginx.Log();
+  EXPECT_EQ(run.decoded.wrong_rows, 0);
+  // The kill, the addition and the removal each moved some keys.
+  EXPECT_GE(recoveries, 3);
+  EXPECT_GT(run.held_by_removed, 0) << "replica 0 was re-added holding sessions";
+  EXPECT_GT(run.served_by_added, 0) << "the reload brought the fourth replica in";
+}
+
+TEST_F(GatewayTest, SequencesThroughNginxSurviveKillAddRemoveAndReAdd) {
+  std::string why;
+  if (Skip(Kind::kNginx, &why)) GTEST_SKIP() << why;
+  auto replicas = StartReplicas(4);
+  GatewayProcess nginx(Kind::kNginx, Targets(replicas, {0, 1, 2}));
+  ASSERT_TRUE(nginx.ok()) << nginx.error();
+  auto stub = inference::GRPCInferenceService::NewStub(
+      grpc::CreateChannel(nginx.target(), grpc::InsecureChannelCredentials()));
+  std::deque<ReplayingSequence> live;
+  for (size_t s = 0; s < xs_.size(); ++s) live.emplace_back(stub.get());
+  const Disruption run =
+      RunDisruption(replicas, nginx, xs_, want_, "ModelInfer",
+                    [&](int s, const Tensor& token) { return live[s].Step(token); });
+  int recoveries = 0;
+  for (const auto& sequence : live) recoveries += sequence.recoveries();
+  std::cout << "sequences restarted: " << recoveries << "; replica 0 held " << run.held_by_removed
+            << " when re-added\n";
+  EXPECT_EQ(run.decoded.errors, 0) << run.decoded.first_error << "\n" << nginx.Log();
+  EXPECT_EQ(run.decoded.wrong_rows, 0);
+  EXPECT_GE(recoveries, 3);
+  EXPECT_GT(run.held_by_removed, 0);
+  EXPECT_GT(run.served_by_added, 0);
+}
+
+// A key that moves back to a replica still holding an older copy: without
+// expected_length a naive client (restarting a sequence under the same id)
+// gets wrong rows with no error; with it, FAILED_PRECONDITION. An
+// attention.v1 session re-created under the same key has a new id, so the
+// old copy can never be reached through it.
+TEST_F(GatewayTest, AKeyMovingBackToAStaleCopyIsRefusedNotWrong) {
+  std::string why;
+  if (Skip(Kind::kNginx, &why)) GTEST_SKIP() << why;
+  auto replicas = StartReplicas(2);
+  GatewayProcess nginx(Kind::kNginx, Targets(replicas, {0, 1}));
+  ASSERT_TRUE(nginx.ok()) << nginx.error();
+  auto stub = inference::GRPCInferenceService::NewStub(
+      grpc::CreateChannel(nginx.target(), grpc::InsecureChannelCredentials()));
+  const Tensor& x = xs_[0];
+  auto step = [&](uint64_t id, int64_t from, int64_t count, bool start,
+                  std::optional<int64_t> expected, std::vector<float>* rows) {
+    inference::ModelInferRequest r;
+    r.set_model_name("demo");
+    auto* input = r.add_inputs();
+    input->set_name("query");
+    input->set_datatype("FP32");
+    for (int64_t d : {int64_t{1}, count, kE}) input->add_shape(d);
+    r.add_raw_input_contents(
+        std::string(reinterpret_cast<const char*>(x.as<float>() + from * kE), count * kE * 4));
+    (*r.mutable_parameters())["sequence_id"].set_uint64_param(id);
+    if (start) (*r.mutable_parameters())["sequence_start"].set_bool_param(true);
+    if (expected) (*r.mutable_parameters())["expected_length"].set_int64_param(*expected);
+    grpc::ClientContext context;
+    context.AddMetadata(wire::kRoutingHeader, std::to_string(id));
+    inference::ModelInferResponse response;
+    const grpc::Status status = stub->ModelInfer(&context, r, &response);
+    if (status.ok() && rows != nullptr) {
+      const std::string& raw = response.raw_output_contents(0);
+      rows->assign(reinterpret_cast<const float*>(raw.data()),
+                   reinterpret_cast<const float*>(raw.data()) + raw.size() / 4);
+    }
+    return status;
+  };
+  constexpr uint64_t kId = 4242;
+  ASSERT_TRUE(step(kId, 0, 3, true, 0, nullptr).ok());
+  const int holder = LiveSessions(*replicas[0]) > 0 ? 0 : 1;
+  ASSERT_TRUE(nginx.Reload(Targets(replicas, {1 - holder}))) << nginx.error();
+  // The id now reaches the other replica: not there.
+  EXPECT_EQ(step(kId, 3, 2, false, 3, nullptr).error_code(), grpc::StatusCode::NOT_FOUND);
+  // A naive restart under the same id replays the 3 tokens and goes on to 5.
+  ASSERT_TRUE(step(kId, 0, 3, true, 0, nullptr).ok());
+  ASSERT_TRUE(step(kId, 3, 2, false, 3, nullptr).ok());
+  // The holder comes back with its 3-token copy; the id hashes to it again.
+  ASSERT_TRUE(nginx.Reload(Targets(replicas, {0, 1}))) << nginx.error();
+  std::vector<float> rows;
+  ASSERT_TRUE(step(kId, 5, 1, false, std::nullopt, &rows).ok());
+  double diff = 0;
+  for (int64_t j = 0; j < kE; ++j)
+    diff = std::max(diff, double{std::abs(rows[j] - want_[0][5 * kE + j])});
+  EXPECT_GT(diff, 1e-3) << "without expected_length the stale copy answers, wrongly";
+  // With it (the copy now holds 4 tokens, the client sent 6): refused.
+  const grpc::Status refused = step(kId, 6, 1, false, 6, nullptr);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(absl::StartsWith(refused.error_message(), "expected_length: the session holds 4"))
+      << refused.error_message();
+
+  // attention.v1: re-created under the same key, the session has a new id.
+  client::SessionClient sessions(nginx.target(), "pick_first", 20000);
+  v1::CreateSessionRequest create;
+  create.set_kind(v1::SESSION_KIND_SELF);
+  auto first = sessions.Create(create, "same-key");
+  ASSERT_TRUE(first.ok()) << first.status();
+  client::SessionClient direct0(replicas[0]->target(), "pick_first", 20000);
+  const int session_holder = direct0.Get(first->session_id()).ok() ? 0 : 1;
+  ASSERT_TRUE(nginx.Reload(Targets(replicas, {1 - session_holder}))) << nginx.error();
+  auto second = sessions.Create(create, "same-key");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(second->session_id(), first->session_id());
+  ASSERT_TRUE(nginx.Reload(Targets(replicas, {0, 1}))) << nginx.error();
+  EXPECT_EQ(sessions.Get(second->session_id()).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(GatewayTest, LongAndIdleStreamsPassTheReferenceConfig) {
+  std::string why;
+  if (Skip(Kind::kNginx, &why)) GTEST_SKIP() << why;
+  auto replicas = StartReplicas(3);
+  GatewayProcess nginx(Kind::kNginx, Targets(replicas, {0, 1, 2}));
+  ASSERT_TRUE(nginx.ok()) << nginx.error();
+  auto channel = client::MakeChannel(nginx.target(), "pick_first");
+  std::mt19937 rng(40);
+  const Tensor x = client::RandomNormal({40 * 64, kE}, rng);  // 40 appends of 64 KiB.
+  const std::vector<float> want = Reference(*engine_, x);
+
+  // A SessionStream of one session, opened with its key: 2.5 MiB of body,
+  // over nginx's default client_max_body_size of 1 MiB.
+  client::SessionClient sessions(nginx.target(), "pick_first", 20000);
+  v1::CreateSessionRequest create;
+  create.set_kind(v1::SESSION_KIND_SELF);
+  auto info = sessions.Create(create);
+  ASSERT_TRUE(info.ok()) << info.status();
+  {
+    grpc::ClientContext context;
+    client::SetDeadline(&context, 60000);
+    client::SessionClient::SetRoutingKey(&context, info->session_id());
+    auto stub = v1::SessionService::NewStub(channel);
+    auto stream = stub->SessionStream(&context);
+    std::thread writer([&] {
+      for (int64_t i = 0; i < 40; ++i) {
+        v1::AppendRequest request;
+        request.set_session_id(info->session_id());
+        request.set_expected_length(i * 64);
+        request.set_output_dtype(v1::DATA_TYPE_FLOAT32);
+        wire::EncodeTensor(
+            Tensor::FromBytes(DType::kFloat32, {64, kE}, x.as<float>() + i * 64 * kE),
+            request.mutable_tokens());
+        if (!stream->Write(request)) break;
+      }
+      stream->WritesDone();
+    });
+    v1::AppendResponse response;
+    int64_t rows = 0, wrong = 0;
+    while (stream->Read(&response)) {
+      ASSERT_FALSE(response.has_error()) << response.error().message();
+      const Tensor out = testing::FromProto(response.output());
+      for (int64_t j = 0; j < out.num_elements(); ++j) {
+        if (std::abs(out.as<float>()[j] - want[rows * kE + j]) > 1e-4) ++wrong;
+      }
+      rows += out.dim(0);
+    }
+    writer.join();
+    const grpc::Status status = stream->Finish();
+    EXPECT_TRUE(status.ok()) << status.error_message() << "\n" << nginx.Log();
+    EXPECT_EQ(rows, 40 * 64);
+    EXPECT_EQ(wrong, 0);
+  }
+  // An InferStream of 40 x 64 KiB requests (no key: any replica).
+  {
+    grpc::ClientContext context;
+    client::SetDeadline(&context, 60000);
+    auto stub = v1::AttentionService::NewStub(channel);
+    auto stream = stub->InferStream(&context);
+    v1::InferRequest request;
+    wire::EncodeTensor(Tensor::FromBytes(DType::kFloat32, {64, kE}, x.data()),
+                       request.mutable_query());
+    for (int i = 0; i < 40; ++i) ASSERT_TRUE(stream->Write(request));
+    stream->WritesDone();
+    v1::InferResponse response;
+    int ok = 0;
+    while (stream->Read(&response)) ok += !response.has_error();
+    EXPECT_TRUE(stream->Finish().ok()) << nginx.Log();
+    EXPECT_EQ(ok, 40);
+  }
+}
+
+// nginx resets a stream that sends nothing for client_body_timeout (60 s by
+// default; the reference config raises it to 1 h). Scaled down to keep the
+// test short: the same 2 s idle stream is reset under a 1 s timeout and
+// passes under a 4 s one, every other directive the reference's. The idle
+// time is the subject here, so it is waited for.
+TEST_F(GatewayTest, AnIdleStreamOutlivesTheBodyTimeoutOnlyWhenItIsRaised) {
+  std::string why;
+  if (Skip(Kind::kNginx, &why)) GTEST_SKIP() << why;
+  auto replicas = StartReplicas(1);
+  GatewayProcess short_timeout(Kind::kNginx, Targets(replicas, {0}),
+                               {{"client_body_timeout", "1s"}});
+  GatewayProcess raised(Kind::kNginx, Targets(replicas, {0}), {{"client_body_timeout", "4s"}});
+  ASSERT_TRUE(short_timeout.ok()) << short_timeout.error();
+  ASSERT_TRUE(raised.ok()) << raised.error();
+  auto idle_stream = [&](const std::string& target, grpc::Status* status) {
+    auto stub = v1::AttentionService::NewStub(client::MakeChannel(target, "pick_first"));
+    grpc::ClientContext context;
+    client::SetDeadline(&context, 30000);
+    auto stream = stub->InferStream(&context);
+    v1::InferRequest request;
+    std::mt19937 rng(1);
+    wire::EncodeTensor(client::RandomNormal({4, kE}, rng), request.mutable_query());
+    v1::InferResponse response;
+    int answered = 0;
+    for (int i = 0; i < 2; ++i) {
+      if (i == 1) std::this_thread::sleep_for(std::chrono::seconds(2));  // Idle.
+      if (!stream->Write(request) || !stream->Read(&response)) break;
+      answered += !response.has_error();
+    }
+    stream->WritesDone();
+    while (stream->Read(&response)) {
+    }
+    *status = stream->Finish();
+    return answered;
+  };
+  grpc::Status reset, passed;
+  int answered_short = 0, answered_raised = 0;
+  std::thread a([&] { answered_short = idle_stream(short_timeout.target(), &reset); });
+  std::thread b([&] { answered_raised = idle_stream(raised.target(), &passed); });
+  a.join();
+  b.join();
+  EXPECT_EQ(answered_raised, 2);
+  EXPECT_TRUE(passed.ok()) << passed.error_message();
+  EXPECT_EQ(answered_short, 1);
+  EXPECT_FALSE(reset.ok()) << "the 1 s body timeout should have reset the idle stream";
+}
+
+}  // namespace
+}  // namespace attention

@@ -1,0 +1,270 @@
+// Tokens, TLS and mutual TLS on the REST port, with servers of their own:
+// the same bearer tokens as gRPC (401 with WWW-Authenticate, 403 for another
+// caller's model, probes open without --auth_probes) and the gRPC port's
+// certificate files.
+#include <httplib.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "server/attention_server.h"
+#include "server/security/token_authenticator.h"
+#include "tests/fixture/test_certificates.h"
+#include "tests/fixture/test_util.h"
+
+namespace attention {
+namespace {
+
+using ::attention::server::AttentionServer;
+using ::attention::server::ServerOptions;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+json Input(const std::string& name, const std::string& datatype, const Shape& shape, json data) {
+  return json{{"name", name}, {"datatype", datatype}, {"shape", shape}, {"data", std::move(data)}};
+}
+
+// Tokens and TLS on the REST port: servers of their own.
+class RestSecurityTest : public ::testing::Test {
+ protected:
+  static std::string Dir() {
+    return ::testing::TempDir() + "/rest_security_test_" + std::to_string(getpid());
+  }
+  static std::unique_ptr<AttentionServer> Start(const std::function<void(ServerOptions&)>& tweak) {
+    const std::string models = Dir() + "/models";
+    if (!std::filesystem::exists(models)) {
+      testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1),
+                             models + "/small");
+      testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 2),
+                             models + "/other");
+    }
+    ServerOptions o;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.metrics_port = 0;
+    o.http_port = 0;
+    o.repository.path = models;
+    o.repository.compute_threads = 1;
+    o.repository.warmup = false;
+    tweak(o);
+    auto server = AttentionServer::Listen(o);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return nullptr;
+    EXPECT_TRUE((*server)->LoadModels().ok());
+    return *std::move(server);
+  }
+  static std::string Body() {
+    return json{{"inputs", {Input("query", "FP32", {1, 1, 16}, std::vector<float>(16, 1.f))}}}
+        .dump();
+  }
+};
+
+TEST_F(RestSecurityTest, BearerTokensAsOverGrpc) {
+  std::filesystem::create_directories(Dir());
+  const std::string tokens = Dir() + "/tokens";
+  {
+    std::ofstream out(tokens);
+    const auto hash = [](const std::string& t) {
+      const auto h = server::TokenAuthenticator::Hash(t);
+      return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h.data()), 32));
+    };
+    out << hash("alice-secret") << " alice small\n";
+  }
+  auto server = Start([&](ServerOptions& o) { o.auth_tokens_file = tokens; });
+  ASSERT_NE(server, nullptr);
+  httplib::Client client("127.0.0.1", server->http_port());
+  auto res = client.Post("/v2/models/small/infer", Body(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 401);
+  EXPECT_EQ(res->get_header_value("WWW-Authenticate"), "Bearer");
+  EXPECT_THAT(res->body, HasSubstr("error"));
+  httplib::Headers bad = {{"Authorization", "Bearer wrong"}};
+  EXPECT_EQ(client.Post("/v2/models/small/infer", bad, Body(), "application/json")->status, 401);
+  httplib::Headers alice = {{"Authorization", "Bearer alice-secret"}};
+  res = client.Post("/v2/models/small/infer", alice, Body(), "application/json");
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(client.Post("/v2/models/other/infer", alice, Body(), "application/json")->status, 403);
+  EXPECT_EQ(client.Get("/v2/models/other/config", alice)->status, 403);
+  EXPECT_EQ(client.Get("/v2/models/small/config")->status, 401);
+  // Probes stay open without --auth_probes, as over gRPC.
+  EXPECT_EQ(client.Get("/v2/health/ready")->status, 200);
+  res = client.Get("/v2/models/stats", alice);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(json::parse(res->body)["model_stats"].size(), 1u);  // Only alice's model.
+}
+
+TEST_F(RestSecurityTest, TlsOnTheRestPortWithTheGrpcPortsCertificate) {
+  testing::TestCertificates certs(Dir() + "/certs");
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  auto server = Start([&](ServerOptions& o) {
+    o.tls.cert_file = certs.Path("server-ca1.pem");
+    o.tls.key_file = certs.Path("server-ca1.key");
+  });
+  ASSERT_NE(server, nullptr);
+  httplib::SSLClient trusting("localhost", server->http_port());
+  trusting.set_ca_cert_path(certs.Path("ca1.pem").c_str());
+  trusting.enable_server_certificate_verification(true);
+  auto res = trusting.Post("/v2/models/small/infer", Body(), "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200) << res->body;
+  httplib::SSLClient other_ca("localhost", server->http_port());
+  other_ca.set_ca_cert_path(certs.Path("ca2.pem").c_str());
+  other_ca.enable_server_certificate_verification(true);
+  EXPECT_FALSE(other_ca.Get("/v2/health/live"));
+  httplib::Client plain("127.0.0.1", server->http_port());
+  const auto plain_res = plain.Get("/v2/health/live");
+  EXPECT_TRUE(!plain_res || plain_res->status != 200);
+}
+
+TEST_F(RestSecurityTest, MutualTlsNeedsAClientCertificate) {
+  testing::TestCertificates certs(Dir() + "/mcerts");
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  auto server = Start([&](ServerOptions& o) {
+    o.tls.cert_file = certs.Path("server-ca1.pem");
+    o.tls.key_file = certs.Path("server-ca1.key");
+    o.tls.client_ca_file = certs.Path("ca1.pem");
+  });
+  ASSERT_NE(server, nullptr);
+  httplib::SSLClient with_cert("localhost", server->http_port(), certs.Path("client-ca1.pem"),
+                               certs.Path("client-ca1.key"));
+  with_cert.set_ca_cert_path(certs.Path("ca1.pem").c_str());
+  auto res = with_cert.Post("/v2/models/small/infer", Body(), "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  httplib::SSLClient without("localhost", server->http_port());
+  without.set_ca_cert_path(certs.Path("ca1.pem").c_str());
+  EXPECT_FALSE(without.Get("/v2/health/live"));
+}
+
+// A rotated certificate is served on the REST port too, without a restart
+// (the REST port re-reads the pair gRPC's watcher holds), and a key that does
+// not match the new certificate is not installed on either port.
+TEST_F(RestSecurityTest, ARotatedCertificateIsServedOnTheRestPortWithoutRestart) {
+  testing::TestCertificates certs(Dir() + "/rcerts");
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  const std::string dir = Dir() + "/rotation";
+  std::filesystem::create_directories(dir);
+  auto place = [&](const std::string& from, const std::string& to) {
+    std::filesystem::copy_file(certs.Path(from), dir + "/" + to + ".new",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
+  };
+  place("server-ca1.pem", "tls.crt");
+  place("server-ca1.key", "tls.key");
+  auto server = Start([&](ServerOptions& o) {
+    o.tls.cert_file = dir + "/tls.crt";
+    o.tls.key_file = dir + "/tls.key";
+    o.tls.reload_interval_s = 1;
+  });
+  ASSERT_NE(server, nullptr);
+  auto live_with_ca = [&](const std::string& ca) {
+    httplib::SSLClient client("localhost", server->http_port());
+    client.set_ca_cert_path(certs.Path(ca).c_str());
+    client.enable_server_certificate_verification(true);
+    auto res = client.Get("/v2/health/live");
+    return res && res->status == 200;
+  };
+  ASSERT_TRUE(live_with_ca("ca1.pem"));
+  ASSERT_FALSE(live_with_ca("ca2.pem"));
+
+  // A certificate of the other CA with a key that is not its own: refused.
+  place("server-ca2.pem", "tls.crt");
+  place("client-ca1.key", "tls.key");
+  // Then the matching pair.
+  absl::SleepFor(absl::Seconds(2));  // Two watcher checks see the mismatched pair.
+  EXPECT_TRUE(live_with_ca("ca1.pem")) << "a mismatched pair replaced the one in force";
+  place("server-ca2.key", "tls.key");
+  const absl::Time bound = absl::Now() + absl::Seconds(30);
+  bool rotated = false;
+  while (!(rotated = live_with_ca("ca2.pem")) && absl::Now() < bound) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(rotated) << "the new certificate was not served on the REST port";
+  EXPECT_FALSE(live_with_ca("ca1.pem")) << "the old certificate is still served";
+}
+
+// Handshakes from several clients at once while the pair rotates (back and
+// forth between two CAs' certificates), with mutual TLS: OpenSSL's
+// certificate callback runs on every connection's thread and hands each the
+// pair in force while the file is re-read; every handshake of a client that
+// trusts both CAs succeeds, and its client certificate is still checked.
+TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
+  testing::TestCertificates certs(Dir() + "/ccerts");
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  const std::string dir = Dir() + "/crotation";
+  std::filesystem::create_directories(dir);
+  auto place = [&](const std::string& from, const std::string& to) {
+    std::filesystem::copy_file(certs.Path(from), dir + "/" + to + ".new",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
+  };
+  {
+    std::ofstream both(dir + "/both-cas.pem");
+    for (const char* ca : {"ca1.pem", "ca2.pem"}) both << std::ifstream(certs.Path(ca)).rdbuf();
+  }
+  place("server-ca1.pem", "tls.crt");
+  place("server-ca1.key", "tls.key");
+  auto server = Start([&](ServerOptions& o) {
+    o.tls.cert_file = dir + "/tls.crt";
+    o.tls.key_file = dir + "/tls.key";
+    o.tls.client_ca_file = certs.Path("ca1.pem");
+    o.tls.reload_interval_s = 1;
+    o.http_threads = 8;
+  });
+  ASSERT_NE(server, nullptr);
+  const int port = server->http_port();
+  auto live = [&](const std::string& ca, bool with_cert) {
+    auto client = with_cert ? std::make_unique<httplib::SSLClient>("localhost", port,
+                                                                   certs.Path("client-ca1.pem"),
+                                                                   certs.Path("client-ca1.key"))
+                            : std::make_unique<httplib::SSLClient>("localhost", port);
+    client->set_ca_cert_path(ca.c_str());
+    client->enable_server_certificate_verification(true);
+    client->set_keep_alive(false);  // A handshake for every request.
+    auto res = client->Get("/v2/health/live");
+    return res && res->status == 200;
+  };
+  std::atomic<bool> done{false};
+  std::atomic<int> ok{0}, failed{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i) {
+    clients.emplace_back([&] {
+      while (!done.load()) (live(dir + "/both-cas.pem", true) ? ok : failed)++;
+    });
+  }
+  // ca1 -> ca2 -> ca1 -> ca2, each seen by a client that trusts only it.
+  int seen = 0;
+  for (const char* ca : {"ca2", "ca1", "ca2"}) {
+    place(absl::StrCat("server-", ca, ".pem"), "tls.crt");
+    place(absl::StrCat("server-", ca, ".key"), "tls.key");
+    const absl::Time bound = absl::Now() + absl::Seconds(30);
+    bool rotated = false;
+    while (!(rotated = live(certs.Path(absl::StrCat(ca, ".pem")), true)) && absl::Now() < bound) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_TRUE(rotated) << ca << " was not served";
+    seen += rotated;
+  }
+  done = true;
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(seen, 3);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(failed.load(), 0) << "handshakes failed during rotation (of " << ok.load() << " ok)";
+  // After the rotations the client certificate is still required.
+  EXPECT_FALSE(live(dir + "/both-cas.pem", false));
+  EXPECT_TRUE(live(dir + "/both-cas.pem", true));
+}
+
+}  // namespace
+}  // namespace attention
