@@ -34,7 +34,7 @@
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "server/attention_server.h"
-#include "tests/test_util.h"
+#include "tests/fixture/test_util.h"
 
 ABSL_FLAG(std::string, shape, "1,128,768", "Query shape N,L,E.");
 ABSL_FLAG(int, heads, 12, "Attention heads of the random model.");

@@ -17,7 +17,7 @@
 #include "core/bound_call.h"
 #include "core/mha_engine.h"
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
+#include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {

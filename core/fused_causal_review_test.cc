@@ -14,7 +14,7 @@
 #include "core/fused_attention.h"
 #include "core/sdpa.h"
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
+#include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {

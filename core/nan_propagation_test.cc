@@ -24,7 +24,7 @@
 #include "core/sdpa.h"
 #include "core/session_engine.h"
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
+#include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {

@@ -16,7 +16,7 @@
 // M_TRIM_THRESHOLD. So the server runs with one arena (ConfigureAllocator).
 // Measured: one stream of refused 30 MiB messages left about 115 MiB free
 // resident in thread arenas for good (95 trims in 10 s, none effective);
-// with one arena the flood of tests/server_receive_memory_test.cc ends
+// with one arena the flood of tests/memory/receive_test.cc ends
 // within the reserve.
 //
 // Thread-safe: Check() may be called from any thread (the tests call it

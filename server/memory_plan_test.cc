@@ -8,7 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/batching/dynamic_batcher.h"
-#include "tests/test_util.h"
+#include "tests/fixture/test_util.h"
 
 namespace attention::server {
 namespace {

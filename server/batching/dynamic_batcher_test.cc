@@ -19,7 +19,7 @@
 #include "server/batching/outcome_flush.h"
 #include "server/batching/pending_request.h"
 #include "server/metrics/metrics.h"
-#include "tests/test_util.h"
+#include "tests/fixture/test_util.h"
 
 namespace attention::server {
 namespace {

@@ -17,7 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/batching/batch_runner.h"
-#include "tests/test_util.h"
+#include "tests/fixture/test_util.h"
 
 namespace attention::server {
 namespace {
