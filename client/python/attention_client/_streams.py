@@ -8,8 +8,9 @@ import re
 import grpc
 
 from . import _reopen
-from .client import _decode, _infer_result, status_code
-from .errors import AttentionError
+from ._codec import _decode, _infer_result
+from .errors import AttentionError, status_code
+from .session import AppendResult, ReplayingSession, Session, _append_request
 
 
 def infer_stream(client, requests, timeout):
@@ -38,7 +39,6 @@ def infer_stream(client, requests, timeout):
 
 def session_stream(client, appends, timeout):
     """See AttentionClient.session_stream."""
-    from .session import AppendResult, ReplayingSession, Session, _append_request
     appends = iter(appends)
     first = next(appends, None)
     if first is None:

@@ -27,9 +27,9 @@ import grpc
 
 from . import _lifetime, _reopen
 from ._stubs import attention_pb2, attention_pb2_grpc, sessions_pb2, sessions_pb2_grpc
-from .client import (MAX_MESSAGE_BYTES, InferResult, _channel_options, _decode, _encode,
-                     _health_request, _health_status, _HEALTH_STATUS_NAMES, _infer_result,
-                     AttentionClient, channel_security, service_config)
+from ._codec import InferResult, _decode, _encode, _infer_result
+from .client import (MAX_MESSAGE_BYTES, _channel_options, _health_request, _health_status,
+                     _HEALTH_STATUS_NAMES, AttentionClient, channel_security, service_config)
 from .errors import AttentionError, advise, check_target
 from .session import _KINDS, AppendResult, SessionInfo, _append_request
 

@@ -4,34 +4,17 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 import grpc
-import numpy as np
 
-from . import _lifetime
+from . import _lifetime, _streams
+# The codec's and the errors' names stay importable from attention_client.client too.
+from ._codec import (_OUTPUT_DTYPES, InferResult, _decode, _encode,  # noqa: F401
+                     _infer_result, bfloat16_to_float32, float32_to_bfloat16)
 from ._stubs import attention_pb2, attention_pb2_grpc, sessions_pb2, sessions_pb2_grpc
-from .errors import AttentionError, check_target, from_rpc_error
-
-if TYPE_CHECKING:
-    from .session import AppendResult
-
-_TO_PROTO = {
-    np.dtype(np.float32): attention_pb2.DATA_TYPE_FLOAT32,
-    np.dtype(np.float16): attention_pb2.DATA_TYPE_FLOAT16,
-    np.dtype(np.bool_): attention_pb2.DATA_TYPE_BOOL,
-}
-_FROM_PROTO = {
-    attention_pb2.DATA_TYPE_FLOAT32: np.dtype("<f4"),
-    attention_pb2.DATA_TYPE_FLOAT16: np.dtype("<f2"),
-    attention_pb2.DATA_TYPE_BFLOAT16: np.dtype("<u2"),  # Raw bfloat16 words.
-    attention_pb2.DATA_TYPE_BOOL: np.dtype(np.bool_),
-}
-_OUTPUT_DTYPES = {None: attention_pb2.DATA_TYPE_UNSPECIFIED,
-                  "float32": attention_pb2.DATA_TYPE_FLOAT32,
-                  "float16": attention_pb2.DATA_TYPE_FLOAT16,
-                  "bfloat16": attention_pb2.DATA_TYPE_BFLOAT16}
+from .errors import AttentionError, check_target, from_rpc_error, status_code  # noqa: F401
+from .session import AppendResult, ReplayingSession, Session, SessionInfo
 
 
 # grpc.health.v1.HealthCheckResponse.ServingStatus.
@@ -47,77 +30,6 @@ def _health_request(service):
 def _health_status(response):
     """The status field (1, varint) of a HealthCheckResponse."""
     return response[1] if len(response) >= 2 and response[0] == 0x08 else 0
-
-
-def _infer_result(response):
-    """An InferResponse as an InferResult (its error, if set, as an AttentionError)."""
-    if response.HasField("error") and response.error.code != 0:
-        return InferResult(output=None, attn_weights=None, queue_us=0, compute_us=0,
-                           batch_requests=0, request_id=response.request_id,
-                           error=AttentionError(status_code(response.error.code),
-                                                response.error.message))
-    return InferResult(output=_decode(response.output),
-                       attn_weights=_decode(response.attn_weights),
-                       queue_us=response.queue_us, compute_us=response.compute_us,
-                       batch_requests=response.batch_requests, request_id=response.request_id)
-
-
-def status_code(number):
-    """The grpc.StatusCode of a numeric code (3: INVALID_ARGUMENT; UNKNOWN if unknown)."""
-    return next((c for c in grpc.StatusCode if c.value[0] == number), grpc.StatusCode.UNKNOWN)
-
-
-@dataclass
-class InferResult:
-    output: np.ndarray                   # The query's shape with embed_dim features.
-    attn_weights: Optional[np.ndarray]   # (N, L, S') averaged or (N, H, L, S') per head.
-    queue_us: int                        # Server-side queue time.
-    compute_us: int                      # The executed batch's compute time.
-    batch_requests: int                  # Requests that shared the batch.
-    request_id: str
-    error: Optional[AttentionError] = None  # infer_stream(): this request failed (no output).
-
-
-def bfloat16_to_float32(words):
-    """Raw bfloat16 words (uint16) to float32."""
-    return (np.asarray(words, dtype=np.uint32) << 16).view(np.float32)
-
-
-def float32_to_bfloat16(values):
-    """float32 to raw bfloat16 words, rounding to nearest even; NaN stays a (quiet) NaN."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    # Rounding would carry a NaN whose payload is all in the low 16 bits (e.g. 0x7f800001)
-    # into the exponent (+Inf); keep its sign and top payload and set the quiet bit.
-    nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    return np.where(nan, (bits >> 16) | 0x0040, rounded).astype(np.uint16)
-
-
-def _encode(array, tensor, bfloat16=False):
-    if bfloat16:
-        tensor.dtype = attention_pb2.DATA_TYPE_BFLOAT16
-        data = float32_to_bfloat16(array)
-    else:
-        array = np.asarray(array)
-        if not array.dtype.isnative:  # E.g. '>f4': same values in native order ('=f4').
-            array = array.astype(array.dtype.newbyteorder("="))
-        if array.dtype == np.float64:
-            array = array.astype(np.float32)
-        if array.dtype not in _TO_PROTO:
-            raise TypeError(f"unsupported dtype {array.dtype}: use float32, float16 or bool")
-        tensor.dtype = _TO_PROTO[array.dtype]
-        data = array
-    tensor.shape[:] = list(np.shape(array))
-    tensor.data = np.ascontiguousarray(data).astype(data.dtype.newbyteorder("<")).tobytes()
-
-
-def _decode(tensor):
-    if not tensor.shape:
-        return None
-    array = np.frombuffer(tensor.data, dtype=_FROM_PROTO[tensor.dtype]).reshape(tuple(tensor.shape))
-    if tensor.dtype == attention_pb2.DATA_TYPE_BFLOAT16:
-        return bfloat16_to_float32(array)
-    return array.copy()
 
 
 MAX_MESSAGE_BYTES = 256 << 20  # The largest message the client sends or receives.
@@ -454,7 +366,6 @@ class AttentionClient:
         """Creates a session (CreateSession) and returns it as a Session, a context manager
         that closes it on exit; replay=True returns a ReplayingSession, which survives losing
         the session (see attention_client.session). Raises AttentionError on failure."""
-        from .session import ReplayingSession, Session
         cls = ReplayingSession if replay else Session
         return cls(self, model=model, kind=kind, ttl_s=ttl_s, key=key, value=value,
                    key_padding_mask=key_padding_mask, is_causal=is_causal, bfloat16=bfloat16)
@@ -462,7 +373,6 @@ class AttentionClient:
     def session_info(self, session_id):
         """GetSession: a session's SessionInfo (length, memory, times), from its replica.
         Raises AttentionError (NOT_FOUND: unknown, closed, expired or evicted)."""
-        from .session import SessionInfo
         request = sessions_pb2.GetSessionRequest(session_id=session_id)
         return SessionInfo.from_proto(self._session_call("GetSession", request))
 
@@ -588,11 +498,10 @@ class AttentionClient:
         raises AttentionError. Requests are read from the iterable as the stream sends them.
         When the server closes the stream (UNAVAILABLE: a drain, a connection recycled), a new
         one is opened and the unanswered requests are sent again (attention_client._reopen)."""
-        from ._streams import infer_stream
-        return infer_stream(self, requests, timeout or self.timeout)
+        return _streams.infer_stream(self, requests, timeout or self.timeout)
 
     def session_stream(self, appends: Iterable[Mapping[str, Any]],
-                       timeout: Optional[float] = None) -> Iterator["AppendResult"]:
+                       timeout: Optional[float] = None) -> Iterator[AppendResult]:
         """Appends to one or many sessions on one SessionStream and yields an AppendResult
         (with session_id and request_id) per append as the server answers: in order per
         session. Each append is a dict of Session.append()'s keyword arguments plus `session`
@@ -609,5 +518,4 @@ class AttentionClient:
         append already applied is refused, not applied twice; its result is then DATA_LOSS:
         applied, its rows lost with the stream). An unanswered append to a bare session id
         has none; the stream's error is then raised."""
-        from ._streams import session_stream
-        return session_stream(self, appends, timeout or self.timeout)
+        return _streams.session_stream(self, appends, timeout or self.timeout)

@@ -37,6 +37,11 @@ class AttentionError(Exception):
         self.hint = hint
 
 
+def status_code(number):
+    """The grpc.StatusCode of a numeric code (3: INVALID_ARGUMENT; UNKNOWN if unknown)."""
+    return next((c for c in grpc.StatusCode if c.value[0] == number), grpc.StatusCode.UNKNOWN)
+
+
 def _invalid(target, what):
     return AttentionError(grpc.StatusCode.INVALID_ARGUMENT, f"target {target!r}: {what}")
 

@@ -26,7 +26,8 @@ import numpy as np
 from . import _lifetime, _reopen
 from ._stubs import grpc_predict_v2_pb2 as pb
 from ._stubs import grpc_predict_v2_pb2_grpc as pb_grpc
-from .client import AttentionClient, bfloat16_to_float32, float32_to_bfloat16
+from ._codec import bfloat16_to_float32, float32_to_bfloat16
+from .client import AttentionClient
 from .errors import AttentionError
 
 _DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.float16): "FP16",

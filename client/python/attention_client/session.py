@@ -36,8 +36,9 @@ from typing import Optional
 import grpc
 import numpy as np
 
-from .client import (AttentionError, _OUTPUT_DTYPES, _decode, _encode, attention_pb2,
-                     sessions_pb2)
+from ._codec import _OUTPUT_DTYPES, _decode, _encode
+from ._stubs import attention_pb2, sessions_pb2
+from .errors import AttentionError
 
 _KINDS = {"self": sessions_pb2.SESSION_KIND_SELF, "cross": sessions_pb2.SESSION_KIND_CROSS}
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
