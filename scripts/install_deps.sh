@@ -9,7 +9,8 @@
 #   test     run, plus what the tests need: Python (PyTorch oracle, grpcio
 #            client, venv/pip for the package test), Node.js and its npm
 #            packages, Prometheus, podman/buildah for the container test,
-#            clang/LLVM for the sanitizers (scripts/test.sh uses this)
+#            clang/LLVM for the sanitizers, Graphviz for the docs' picture
+#            (scripts/test.sh uses this)
 #   bench    test, plus what bench/ needs: matplotlib for charts, python3-onnx
 #            and ONNX Runtime (npm) for the peer benchmark
 #   runtime  only the shared libraries the two binaries need at run time
@@ -24,7 +25,7 @@ for arg in "$@"; do
     --build-only) profile=run ;;
     --runtime) profile=runtime ;;
     --bench) profile=bench ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "install_deps.sh: unknown argument '$arg' (profiles: run, test, bench, runtime)" >&2
        exit 2 ;;
   esac
@@ -55,6 +56,8 @@ test_pkgs=(
   prometheus podman buildah runc debootstrap podman-compose uidmap python3-yaml fuse-overlayfs
   # The gateway tests: nginx 1.22 and HAProxy 2.6 in front of replicas (run unprivileged).
   nginx haproxy
+  # The documentation test: docs/architecture.svg is what Graphviz's dot makes of the .dot.
+  graphviz
   # scripts/sanitize.sh: clang, its sanitizer and libFuzzer runtimes, llvm-symbolizer, and
   # LLVM's omp.h (clang-14 cannot parse GCC 12's; the code still links GCC's libgomp).
   clang-14 libclang-rt-14-dev llvm-14 libomp-14-dev

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes a development CA and certificates for trying TLS and mutual TLS
-# locally (compose.tls.yaml, the README's examples). Not for production:
+# locally (compose.tls.yaml, the examples in docs/operating/security.md). Not for production:
 # use your PKI or cert-manager there.
 #
 # Usage: scripts/make_dev_certs.sh DIR [EXTRA_DNS_NAME...]

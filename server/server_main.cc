@@ -93,7 +93,7 @@ ABSL_FLAG(int, drain_timeout_s, 30,
           "to finish (the load is then abandoned).");
 ABSL_FLAG(int64_t, session_memory_bytes, 0,
           "Budget of every session's key/value cache, in bytes; 0: its share of the memory "
-          "plan (a quarter of what the process's baseline leaves of 85% of the memory limit).");
+          "plan (15% of what the process's baseline leaves of 85% of the memory limit).");
 ABSL_FLAG(int64_t, max_sessions, 4096,
           "Default live sessions per model (config.json's max_sessions overrides); 0: none.");
 ABSL_FLAG(int64_t, max_session_tokens, 32768,
