@@ -116,8 +116,9 @@ def main():
     # queued requests (max_queue_size x max_message_bytes) three times over
     # (the messages, a batch's padded float32 copies, the encoded responses),
     # one batch weights buffer (512 MiB), the sessions' caches
-    # (--session_memory_bytes, a quarter of the limit by default), and the
-    # process (model, runtime).
+    # (--session_memory_bytes; unset, counted here as a quarter of the limit,
+    # more than its default of 15% of what the baseline leaves of 85% of the
+    # limit), and the process (model, runtime).
     # And the model versions resident at once (--max_model_bytes) when models
     # come from a repository.
     queue = int(flags.get("max_queue_size", 1024))
