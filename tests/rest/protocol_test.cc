@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "tests/fixture/oip_request.h"
+#include "tests/fixture/raw_http_connection.h"
 #include "tests/fixture/rest_test_fixture.h"
 
 namespace attention {
@@ -97,10 +98,9 @@ TEST_F(RestProtocolTest, MetadataConfigStatsAndIndexAsTritonToolsReadThem) {
   EXPECT_EQ(index[0]["state"], "READY");
   EXPECT_EQ(Client().Post("/v2/repository/index", "", "application/json")->status, 200);
   // No Content-Length and no chunks (curl -X POST): no body, not a wait for one.
-  EXPECT_THAT(RawExchange(server_->http_port(),
-                          "POST /v2/repository/index HTTP/1.1\r\nHost: t\r\n"
-                          "Connection: close\r\n\r\n"),
-              ::testing::StartsWith("HTTP/1.1 200"));
+  testing::RawHttpConnection raw(server_->http_port());
+  raw.Send("POST /v2/repository/index HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+  EXPECT_THAT(raw.ReadToEnd(), ::testing::StartsWith("HTTP/1.1 200"));
   EXPECT_EQ(Client().Post("/v2/repository/index", "[", "application/json")->status, 400);
 }
 
