@@ -42,7 +42,7 @@ build_pkgs=(
   nlohmann-json3-dev
   # The REST front-end: cpp-httplib (HTTP/1.1, TLS) and simdjson (request JSON).
   libcpp-httplib-dev libsimdjson-dev
-  # rest_bodies_and_sequences_test gzips request bodies (also a dependency of cpp-httplib).
+  # rest_framing_test gzips request bodies (also a dependency of cpp-httplib).
   zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   ca-certificates

@@ -2,12 +2,9 @@
 // validation (AttentionServiceImpl::Prepare), then, for a small valid
 // request, the batcher's compute (RunBatch) beside a companion request, the
 // response encoding, and a comparison with the engine's solo result.
-#include <omp.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,15 +13,15 @@
 #include "attention/v1/attention.pb.h"
 #include "core/dtype.h"
 #include "core/status_macros.h"
-#include "google/protobuf/stubs/logging.h"
 #include "grpcpp/server_context.h"
 #include "server/batching/batch_runner.h"
 #include "server/batching/model_repository.h"
 #include "server/frontends/grpc/attention_service.h"
 #include "server/frontends/grpc/grpc_call.h"
 #include "server/metrics/metrics.h"
-#include "tests/fuzz/fuzz_entries.h"
 #include "tests/fixture/test_util.h"
+#include "tests/fuzz/fuzz_entries.h"
+#include "tests/fuzz/fuzz_repository.h"
 
 namespace attention::fuzz {
 namespace {
@@ -49,36 +46,16 @@ struct Environment {
 };
 
 Environment* MakeEnvironment() {
-  omp_set_num_threads(1);
-  // Protobuf logs every string field that is not UTF-8; the server's gRPC
-  // refuses those messages the same way, and the log would drown the fuzzer.
-  google::protobuf::SetLogHandler(nullptr);
-  std::string dir = (std::filesystem::temp_directory_path() / "infer_fuzz_XXXXXX").string();
-  if (mkdtemp(dir.data()) == nullptr) abort();
-  MhaSpec self = testing::SelfAttentionSpec(8, 2);
-  MhaSpec cross = self;
-  cross.kdim = 6;
-  cross.vdim = 4;
-  cross.bias = false;
-  cross.add_bias_kv = true;
-  cross.add_zero_attn = true;
-  cross.compute_dtype = DType::kBFloat16;
-  testing::WriteModelDir(**MhaModel::Random(self, 1), dir + "/self");
-  testing::WriteModelDir(**MhaModel::Random(cross, 2), dir + "/cross");
-  auto* env = new Environment;
-  env->metrics = std::make_unique<server::Metrics>("fuzz");
-  server::RepositoryOptions options;
-  options.path = dir;
-  options.default_model = "self";
-  options.warmup = false;
-  auto repository = server::ModelRepository::Load(options, env->metrics.get());
-  std::filesystem::remove_all(dir);
-  if (!repository.ok()) abort();
-  env->repository = std::move(*repository);
+  const std::string dir = StartFuzzProcess("infer_fuzz");
+  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(8, 2), 1), dir + "/self");
+  testing::WriteModelDir(**MhaModel::Random(FuzzCrossSpec(), 2), dir + "/cross");
   server::ServiceOptions service_options;
   service_options.max_response_bytes = 1 << 20;  // Small, so the size checks are reached.
-  env->path = std::make_unique<server::RequestPath>(env->metrics.get(), service_options);
-  env->path->SetRepository(env->repository.get());
+  FuzzRepository loaded = LoadFuzzRepository(dir, service_options);
+  auto* env = new Environment;
+  env->metrics = std::move(loaded.metrics);
+  env->repository = std::move(loaded.repository);
+  env->path = std::move(loaded.path);
   env->service = std::make_unique<AttentionServiceImpl>(env->path.get());
   return env;
 }

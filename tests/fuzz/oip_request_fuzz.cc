@@ -163,21 +163,27 @@ int64_t Submit(Environment& env, Sessions& sessions, const inference::ModelInfer
     response->set_model_version("1");
     response->set_id(server::Echoed(request.id()));
   };
+  // The answer `outcome` makes: its status, then the encoding's into
+  // `response` (labelled).
+  auto answer_of = [label, outputs, max_bytes, timeout, echo = refused.echo](
+                       RequestOutcome& outcome, inference::ModelInferResponse* response) {
+    Answer a;
+    a.timeout = timeout;
+    a.echo = echo;
+    label(response);
+    a.status = outcome.status;
+    if (a.status.ok()) a.status = EncodeModelInfer(outcome, outputs, max_bytes, response);
+    return a;
+  };
   absl::Status status;
   answers->Expect();
   if (sequence) {
     status = sessions.sequences->Submit(
         *call, request, *std::move(decoded), served, nullptr, nullptr,
-        [answers, i, outputs, timeout, start, label, self_possible, served, max_bytes,
-         echo = refused.echo](RequestOutcome outcome) {
-          Answer a;
-          a.timeout = timeout;
-          a.start = start;
-          a.echo = echo;
+        [answers, i, start, answer_of, self_possible, served](RequestOutcome outcome) {
           inference::ModelInferResponse response;
-          label(&response);
-          a.status = outcome.status;
-          if (a.status.ok()) a.status = EncodeModelInfer(outcome, outputs, max_bytes, &response);
+          Answer a = answer_of(outcome, &response);
+          a.start = start;
           if (outcome.status.ok() && !a.status.ok()) {
             a.invariant =
                 Bug(absl::StrCat("a sequence step was applied (session length ",
@@ -201,15 +207,9 @@ int64_t Submit(Environment& env, Sessions& sessions, const inference::ModelInfer
     if (status.ok()) {
       status = service.Submit(
           prepared, static_cast<int64_t>(request.ByteSizeLong()),
-          [answers, i, outputs, timeout, label, estimate, max_bytes,
-           echo = refused.echo](RequestOutcome outcome) {
-            Answer a;
-            a.timeout = timeout;
-            a.echo = echo;
+          [answers, i, answer_of, estimate](RequestOutcome outcome) {
             inference::ModelInferResponse response;
-            label(&response);
-            a.status = outcome.status;
-            if (a.status.ok()) a.status = EncodeModelInfer(outcome, outputs, max_bytes, &response);
+            Answer a = answer_of(outcome, &response);
             const int64_t bytes = static_cast<int64_t>(response.ByteSizeLong());
             if (outcome.status.ok() && (!a.status.ok() || bytes > estimate)) {
               a.invariant = Bug(absl::StrCat("a computed response of ", bytes,

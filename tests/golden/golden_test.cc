@@ -33,6 +33,26 @@ std::optional<TensorView> Optional(const SafeTensors& st, const char* name) {
   return t->view();
 }
 
+// The case's description (case.json) in `dir`.
+nlohmann::json ReadCase(const std::string& dir) {
+  std::ifstream case_file(dir + "/case.json");
+  return nlohmann::json::parse(case_file);
+}
+
+// The MHA inputs of case `c` from its tensors `io`, with float32 output
+// (need_weights off).
+MhaInputs CaseInputs(const SafeTensors& io, const nlohmann::json& c) {
+  MhaInputs in;
+  in.query = io.Find("query")->view();
+  in.key = Optional(io, "key");
+  in.value = Optional(io, "value");
+  in.key_padding_mask = Optional(io, "key_padding_mask");
+  in.attn_mask = Optional(io, "attn_mask");
+  in.is_causal = c["is_causal"];
+  in.output_dtype = DType::kFloat32;
+  return in;
+}
+
 // Counts the elements outside atol + rtol * |expected| and reports the worst.
 void ExpectClose(const Tensor& actual, const Tensor& expected, double atol, double rtol,
                  const std::string& what) {
@@ -58,8 +78,7 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenTest, MatchesPyTorch) {
   const std::string dir = std::string(GOLDEN_DIR) + "/" + GetParam();
-  std::ifstream case_file(dir + "/case.json");
-  const nlohmann::json c = nlohmann::json::parse(case_file);
+  const nlohmann::json c = ReadCase(dir);
   auto io = SafeTensors::ReadFile(dir + "/io.safetensors");
   ASSERT_TRUE(io.ok()) << io.status();
   const double atol = c["atol"], rtol = c["rtol"];
@@ -84,16 +103,9 @@ TEST_P(GoldenTest, MatchesPyTorch) {
   ASSERT_TRUE(model.ok()) << model.status();
   auto engine = MhaEngine::Create(*model);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  MhaInputs in;
-  in.query = io->Find("query")->view();
-  in.key = Optional(*io, "key");
-  in.value = Optional(*io, "value");
-  in.key_padding_mask = Optional(*io, "key_padding_mask");
-  in.attn_mask = Optional(*io, "attn_mask");
-  in.is_causal = c["is_causal"];
+  MhaInputs in = CaseInputs(*io, c);
   in.need_weights = c["need_weights"];
   in.average_attn_weights = c["average_attn_weights"];
-  in.output_dtype = DType::kFloat32;
   auto out = (*engine)->Forward(in);
   ASSERT_TRUE(out.ok()) << out.status();
   ExpectClose(out->output, *io->Find("expected_output"), atol, rtol, "output");
@@ -117,8 +129,7 @@ TEST(GoldenInt8Test, StaysWithinItsStatedErrorOfFloat32) {
   int cases = 0;
   for (const std::string& name : CaseNames()) {
     const std::string dir = std::string(GOLDEN_DIR) + "/" + name;
-    std::ifstream case_file(dir + "/case.json");
-    const nlohmann::json c = nlohmann::json::parse(case_file);
+    const nlohmann::json c = ReadCase(dir);
     if (c["kind"] != "mha") continue;
     auto io = SafeTensors::ReadFile(dir + "/io.safetensors");
     auto model = MhaModel::LoadFromDirectory(dir);
@@ -127,15 +138,7 @@ TEST(GoldenInt8Test, StaysWithinItsStatedErrorOfFloat32) {
     options.int8_weights = true;
     auto engine = MhaEngine::Create(*model, options);
     ASSERT_TRUE(engine.ok()) << engine.status();
-    MhaInputs in;
-    in.query = io->Find("query")->view();
-    in.key = Optional(*io, "key");
-    in.value = Optional(*io, "value");
-    in.key_padding_mask = Optional(*io, "key_padding_mask");
-    in.attn_mask = Optional(*io, "attn_mask");
-    in.is_causal = c["is_causal"];
-    in.output_dtype = DType::kFloat32;
-    auto out = (*engine)->Forward(in);
+    auto out = (*engine)->Forward(CaseInputs(*io, c));
     ASSERT_TRUE(out.ok()) << name << ": " << out.status();
     const Tensor& ref = *io->Find("expected_output");
     double max_err = 0, max_ref = 0, sum_err = 0, sum_ref = 0;

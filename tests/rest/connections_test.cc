@@ -1,7 +1,8 @@
 // REST connections and bodies. Connections beyond --http_threads: a client that connects while
 // every thread serves a busy keep-alive connection is served while those keep sending (their
 // connections are closed after a reply, and their clients reconnect), instead of waiting until one
-// of them stops.
+// of them stops. Bodies beyond the receive budget are refused and dropped. The drain stops the
+// REST port without waiting for a body a client trickles.
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,22 +22,22 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
+#include "tests/fixture/raw_http_connection.h"
 #include "tests/fixture/small_server_options.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
 using ::attention::server::ServerOptions;
 
 TEST(RestConnectionsTest, AConnectionBeyondTheThreadsIsServedWhileOthersKeepSending) {
   ServerOptions o = testing::SmallServerOptions("rest_connections");
   o.http_threads = 2;
-  auto server = AttentionServer::Listen(o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  ASSERT_TRUE((*server)->LoadModels().ok());
-  const int port = (*server)->http_port();
+  auto server = testing::StartServer(o);
+  ASSERT_NE(server, nullptr);
+  const int port = server->http_port();
 
   // Two keep-alive clients hold both threads, sending without a pause until
   // the third is answered (or, on a server that starves it, a bound).
@@ -92,7 +94,7 @@ TEST(RestConnectionsTest, AConnectionBeyondTheThreadsIsServedWhileOthersKeepSend
     EXPECT_EQ(busy_failed[i], 0) << "busy client " << i << ": a closed keep-alive connection "
                                  << "must be reopened by the client, not fail a request";
   }
-  EXPECT_TRUE((*server)->Drain());
+  EXPECT_TRUE(server->Drain());
 }
 
 // Bodies being read and parsed are charged to a receive budget before the
@@ -104,10 +106,9 @@ TEST(RestConnectionsTest, BodiesBeyondTheReceiveBudgetAreRefusedAndDropped) {
   ServerOptions o = testing::SmallServerOptions("rest_receive");
   o.max_message_bytes = 4 << 20;
   o.grpc_receive_quota_bytes = 1 << 20;  // REST's budget too: 256 KiB of JSON at 4x.
-  auto server = AttentionServer::Listen(o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  ASSERT_TRUE((*server)->LoadModels().ok());
-  httplib::Client client("127.0.0.1", (*server)->http_port());
+  auto server = testing::StartServer(o);
+  ASSERT_NE(server, nullptr);
+  httplib::Client client("127.0.0.1", server->http_port());
   client.set_read_timeout(30, 0);
 
   auto body_of = [](int length) {
@@ -161,7 +162,46 @@ TEST(RestConnectionsTest, BodiesBeyondTheReceiveBudgetAreRefusedAndDropped) {
   auto after = client.Post("/v2/models/small/infer", small, "application/json");
   ASSERT_TRUE(after);
   EXPECT_EQ(after->status, 200) << after->body;
-  EXPECT_TRUE((*server)->Drain());
+  EXPECT_TRUE(server->Drain());
+}
+
+// The drain stops the REST port once its accepted requests are answered, and
+// the port's threads are joined: a handler still reading a body that a
+// client trickles (a byte at a time, each within the read timeout) held the
+// shutdown until the whole body had come, past --drain_timeout.
+TEST(RestDrainTest, ABodyTrickledDuringTheDrainDoesNotHoldTheShutdown) {
+  ServerOptions o = testing::SmallServerOptions("rest_drain");
+  o.drain_timeout = absl::Seconds(2);
+  auto server = testing::StartServer(o);
+  ASSERT_NE(server, nullptr);
+  testing::RawHttpConnection c(server->http_port());
+  ASSERT_TRUE(c.connected());
+  constexpr int kBody = 160;
+  // 100 Continue: the server has read the headers and goes on to the handler.
+  c.Send(absl::StrCat(
+      "POST /v2/models/small/infer HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+      "Expect: 100-continue\r\nContent-Length: ",
+      kBody, "\r\n\r\n"));
+  std::string head;
+  char ch;
+  while (head.find("\r\n\r\n") == std::string::npos && c.ReadByte(&ch)) head.push_back(ch);
+  ASSERT_THAT(head, ::testing::HasSubstr("100 Continue"));
+  int sent = 0;
+  ASSERT_TRUE(c.Send("{"));
+  ++sent;
+  std::atomic<bool> drained{false};
+  std::thread drain([&] {
+    server->Drain();
+    drained = true;
+  });
+  // A byte every 250 ms (the body's pace, not a wait): 40 s for the body.
+  while (!drained.load() && sent < kBody && c.Send(" ")) {
+    ++sent;
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  drain.join();
+  EXPECT_LT(sent, kBody) << "the drain waited for the whole trickled body";
+  std::filesystem::remove_all(o.repository.path);
 }
 
 }  // namespace

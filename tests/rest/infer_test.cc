@@ -22,7 +22,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST_F(RestTest, JsonInferEqualsGrpcAndTheEngineOnACrossModel) {
+// The shared server of the server tests, over REST (and gRPC to compare).
+class RestInferTest : public RestServerTest {};
+
+TEST_F(RestInferTest, JsonInferEqualsGrpcAndTheEngineOnACrossModel) {
   // "cross": E=16, kdim 12, vdim 10, bias_kv, zero_attn.
   std::mt19937 rng(7);
   const Tensor query = RandomTensor({2, 5, 16}, rng);
@@ -81,7 +84,7 @@ TEST_F(RestTest, JsonInferEqualsGrpcAndTheEngineOnACrossModel) {
   }
 }
 
-TEST_F(RestTest, BinaryExtensionInAndOutEqualsJson) {
+TEST_F(RestInferTest, BinaryExtensionInAndOutEqualsJson) {
   std::mt19937 rng(8);
   const Tensor query = RandomTensor({1, 6, 32}, rng);
   // Nested JSON data, as a JSON client may send it.
@@ -161,7 +164,7 @@ TEST_F(RestTest, BinaryExtensionInAndOutEqualsJson) {
   }
 }
 
-TEST_F(RestTest, BadRequestsGetTheRightStatusAndNameTheField) {
+TEST_F(RestInferTest, BadRequestsGetTheRightStatusAndNameTheField) {
   struct Case {
     std::string path, body;
     int status;
@@ -229,7 +232,7 @@ TEST_F(RestTest, BadRequestsGetTheRightStatusAndNameTheField) {
   EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
-TEST_F(RestTest, OversizedBodiesAre413ChunkedOrNot) {
+TEST_F(RestInferTest, OversizedBodiesAre413ChunkedOrNot) {
   // The fixture's limit is 1 MiB.
   const std::string big(size_t{1} << 21, ' ');
   auto res = Client().Post("/v2/models/small/infer", big, "application/json");

@@ -85,6 +85,7 @@ std::string Ipv4Targets(const testing::ServerProcess& a, const testing::ServerPr
 // the load to end. `awaited` says whether one served that many first.
 struct DisruptedLoad {
   LoadResult result;
+  bool started = false;  // Set by LoadWhileOnTwoReplicas.
   bool awaited = false;
   std::string json;
 };
@@ -101,6 +102,28 @@ DisruptedLoad LoadWhile(testing::ServerProcess& a, testing::ServerProcess& b,
   disrupt(busy != nullptr ? *busy : a);
   load.join();
   return run;
+}
+
+// Starts two replicas (one compute thread each) and runs LoadWhile over
+// them; `started` says whether both started.
+DisruptedLoad LoadWhileOnTwoReplicas(const std::string& flags, const std::string& name,
+                                     double served, const std::string& method,
+                                     const std::function<void(testing::ServerProcess&)>& disrupt) {
+  testing::ServerProcess a(ATTENTION_SERVER_BINARY, {"--threads=1"});
+  testing::ServerProcess b(ATTENTION_SERVER_BINARY, {"--threads=1"});
+  if (!a.ok() || !b.ok()) return {};
+  DisruptedLoad run = LoadWhile(a, b, flags, name, served, method, disrupt);
+  run.started = true;
+  return run;
+}
+
+// The load ran, lost no request and was served more than `min_ok` times.
+void ExpectNothingLost(const DisruptedLoad& run, int64_t min_ok) {
+  ASSERT_TRUE(run.started);
+  ASSERT_TRUE(run.awaited);
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.output;
+  EXPECT_EQ(run.result.errors, 0) << run.result.output;
+  EXPECT_GT(run.result.ok, min_ok);
 }
 
 TEST(ScaleOutClientTest, NewReplicaBehindTheNameGetsTrafficFromConnectedClients) {
@@ -143,38 +166,26 @@ TEST(ScaleOutClientTest, NewReplicaBehindTheNameGetsTrafficFromConnectedClients)
 }
 
 TEST(ScaleOutClientTest, DefaultClientLosesNothingWhenAReplicaDrains) {
-  testing::ServerProcess a(ATTENTION_SERVER_BINARY, {"--threads=1"});
-  testing::ServerProcess b(ATTENTION_SERVER_BINARY, {"--threads=1"});
-  ASSERT_TRUE(a.ok() && b.ok());
-  const DisruptedLoad run = LoadWhile(a, b, "--duration=4s --seq_len=16", "drain", 50, "Infer",
-                                      // SIGTERM: NOT_SERVING, refuses, drains, exits 0.
-                                      [](testing::ServerProcess& s) { EXPECT_EQ(s.Stop(), 0); });
-  ASSERT_TRUE(run.awaited);
-  ASSERT_EQ(run.result.exit_code, 0) << run.result.output;
-  EXPECT_EQ(run.result.errors, 0) << run.result.output;
-  EXPECT_GT(run.result.ok, 100);
+  ExpectNothingLost(
+      LoadWhileOnTwoReplicas("--duration=4s --seq_len=16", "drain", 50, "Infer",
+                             // SIGTERM: NOT_SERVING, refuses, drains, exits 0.
+                             [](testing::ServerProcess& s) { EXPECT_EQ(s.Stop(), 0); }),
+      100);
 }
 
 TEST(ScaleOutClientTest, LargeRequestsAreRetriedWhenAReplicaDies) {
   // 512 x 256 float32 queries (512 KiB) exceed gRPC's default 256 KiB retry
   // buffer: without a larger one they would fail instead of being retried.
-  testing::ServerProcess a(ATTENTION_SERVER_BINARY, {"--threads=1"});
-  testing::ServerProcess b(ATTENTION_SERVER_BINARY, {"--threads=1"});
-  ASSERT_TRUE(a.ok() && b.ok());
-  const DisruptedLoad run = LoadWhile(a, b, "--duration=4s --seq_len=512", "kill", 10, "Infer",
-                                      [](testing::ServerProcess& s) { s.Kill(); });
-  ASSERT_TRUE(run.awaited);
-  ASSERT_EQ(run.result.exit_code, 0) << run.result.output;
-  EXPECT_EQ(run.result.errors, 0) << run.result.output;
-  EXPECT_GT(run.result.ok, 20);
+  ExpectNothingLost(LoadWhileOnTwoReplicas("--duration=4s --seq_len=512", "kill", 10, "Infer",
+                                           [](testing::ServerProcess& s) { s.Kill(); }),
+                    20);
 }
 
 TEST(ScaleOutClientTest, StreamLoadCountsABrokenStreamOnceAndKeepsItsConcurrency) {
-  testing::ServerProcess a(ATTENTION_SERVER_BINARY, {"--threads=1"});
-  testing::ServerProcess b(ATTENTION_SERVER_BINARY, {"--threads=1"});
-  ASSERT_TRUE(a.ok() && b.ok());
-  const DisruptedLoad run = LoadWhile(a, b, "--rpc=stream --duration=3s --seq_len=16", "stream", 20,
-                                      "InferStream", [](testing::ServerProcess& s) { s.Kill(); });
+  const DisruptedLoad run =
+      LoadWhileOnTwoReplicas("--rpc=stream --duration=3s --seq_len=16", "stream", 20, "InferStream",
+                             [](testing::ServerProcess& s) { s.Kill(); });
+  ASSERT_TRUE(run.started);
   ASSERT_TRUE(run.awaited);
   // (It exits 1: the level had errors.) Each of the 4 workers' streams on the
   // killed replica breaks once: one error each (its status), never a second

@@ -16,9 +16,9 @@
 #include "gtest/gtest.h"
 #include "proto/codec/routing_key.h"
 #include "proto/codec/tensor_codec.h"
+#include "tests/fixture/server_test_util.h"
 #include "tests/scale_out/gateway_process.h"
 #include "tests/scale_out/gateway_test_util.h"
-#include "tests/fixture/server_test_util.h"
 
 namespace attention {
 namespace {
@@ -26,12 +26,17 @@ namespace {
 using testing::GatewayProcess;
 using namespace ::attention::gateway_test;  // NOLINT: the shared helpers.
 
-class EachGatewayTest : public ::testing::TestWithParam<Kind> {};
+// A gateway kind that is not installed skips the test.
+class EachGatewayTest : public ::testing::TestWithParam<Kind> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (Skip(GetParam(), &why)) GTEST_SKIP() << why;
+  }
+};
 
 // No key, no hash: each call goes to the next replica.
 TEST_P(EachGatewayTest, StatelessInferStaysRoundRobin) {
-  std::string why;
-  if (Skip(GetParam(), &why)) GTEST_SKIP() << why;
   auto replicas = StartReplicas(3);
   GatewayProcess gateway(GetParam(), Targets(replicas, {0, 1, 2}));
   ASSERT_TRUE(gateway.ok()) << gateway.error();
@@ -56,8 +61,6 @@ TEST_P(EachGatewayTest, StatelessInferStaysRoundRobin) {
 }
 
 TEST_P(EachGatewayTest, ASessionCallWithoutTheHeaderSaysWhatToAdd) {
-  std::string why;
-  if (Skip(GetParam(), &why)) GTEST_SKIP() << why;
   auto replicas = StartReplicas(3);
   GatewayProcess gateway(GetParam(), Targets(replicas, {0, 1, 2}));
   ASSERT_TRUE(gateway.ok()) << gateway.error();
@@ -109,8 +112,6 @@ TEST_P(EachGatewayTest, ASessionCallWithoutTheHeaderSaysWhatToAdd) {
 // The same session recovery behind HAProxy: a replica SIGKILLed mid-run and
 // a fourth added by a reload.
 TEST_P(EachGatewayTest, SessionsSurviveAKilledReplicaAndAnAddedOne) {
-  std::string why;
-  if (Skip(GetParam(), &why)) GTEST_SKIP() << why;
   auto engine = *MhaEngine::Create(MhaModel::Demo());
   std::mt19937 rng(7);
   std::vector<Tensor> xs;

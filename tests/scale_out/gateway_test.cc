@@ -28,103 +28,17 @@
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "proto/codec/routing_key.h"
 #include "proto/codec/tensor_codec.h"
+#include "tests/fixture/oip_request.h"
+#include "tests/fixture/server_test_util.h"
 #include "tests/scale_out/gateway_process.h"
 #include "tests/scale_out/gateway_test_util.h"
-#include "tests/fixture/server_test_util.h"
+#include "tests/scale_out/replaying_sequence.h"
 
 namespace attention {
 namespace {
 
 using testing::GatewayProcess;
 using namespace ::attention::gateway_test;  // NOLINT: the shared helpers.
-
-// An inference-protocol sequence decoded as the README tells Triton clients
-// to: the header x-attention-session carries the sequence id, each step
-// says the length it expects, and a lost sequence (NOT_FOUND, UNAVAILABLE,
-// or a diverged copy) is restarted under a new id with its history replayed.
-class ReplayingSequence {
- public:
-  explicit ReplayingSequence(inference::GRPCInferenceService::Stub* stub) : stub_(stub) {}
-
-  absl::StatusOr<Tensor> Step(const Tensor& token) {
-    absl::Status status;
-    for (int attempt = 0; attempt <= 3; ++attempt) {
-      if (lost_) {
-        status = Restart();
-        if (!status.ok()) {
-          if (!Lost(status)) return status;
-          continue;
-        }
-        if (!history_.empty()) ++recoveries_;  // The first start is none.
-      }
-      auto out = Send(token.as<float>(), 1);
-      if (out.ok()) {
-        history_.insert(history_.end(), token.as<float>(), token.as<float>() + kE);
-        return Tensor::FromBytes(DType::kFloat32, {1, kE}, out->data());
-      }
-      status = out.status();
-      if (!Lost(status)) return status;
-      lost_ = true;
-    }
-    return status;
-  }
-  int recoveries() const { return recoveries_; }
-
- private:
-  static bool Lost(const absl::Status& s) {
-    return s.code() == absl::StatusCode::kNotFound || s.code() == absl::StatusCode::kUnavailable ||
-           (s.code() == absl::StatusCode::kFailedPrecondition &&
-            absl::StartsWith(s.message(), "expected_length:"));
-  }
-
-  // A new sequence id holding the history (replayed 256 tokens at a time).
-  absl::Status Restart() {
-    static std::atomic<uint64_t> counter{0};
-    id_ = ((std::random_device()() * uint64_t{1000003}) ^ (++counter << 32)) | 1;
-    length_ = 0;
-    const int64_t rows = static_cast<int64_t>(history_.size()) / kE;
-    for (int64_t at = 0; at < rows; at += 256) {
-      auto out = Send(history_.data() + at * kE, std::min<int64_t>(256, rows - at));
-      if (!out.ok()) return out.status();
-    }
-    lost_ = false;
-    return absl::OkStatus();
-  }
-
-  // One step of `count` tokens; its output rows.
-  absl::StatusOr<std::vector<float>> Send(const float* rows, int64_t count) {
-    inference::ModelInferRequest r;
-    r.set_model_name("demo");
-    auto* input = r.add_inputs();
-    input->set_name("query");
-    input->set_datatype("FP32");
-    for (int64_t d : {int64_t{1}, count, kE}) input->add_shape(d);
-    r.add_raw_input_contents(std::string(reinterpret_cast<const char*>(rows), count * kE * 4));
-    (*r.mutable_parameters())["sequence_id"].set_uint64_param(id_);
-    if (length_ == 0) (*r.mutable_parameters())["sequence_start"].set_bool_param(true);
-    (*r.mutable_parameters())["expected_length"].set_int64_param(length_);
-    grpc::ClientContext context;
-    client::SetDeadline(&context, 20000);
-    context.AddMetadata(wire::kRoutingHeader, std::to_string(id_));
-    inference::ModelInferResponse response;
-    const grpc::Status status = stub_->ModelInfer(&context, r, &response);
-    if (!status.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                          status.error_message());
-    }
-    length_ += count;
-    const std::string& raw = response.raw_output_contents(0);
-    const float* out = reinterpret_cast<const float*>(raw.data());
-    return std::vector<float>(out, out + raw.size() / 4);
-  }
-
-  inference::GRPCInferenceService::Stub* const stub_;
-  uint64_t id_ = 0;
-  int64_t length_ = 0;
-  bool lost_ = true;
-  std::vector<float> history_;
-  int recoveries_ = 0;
-};
 
 // The full disruption: 30 sequences decoded by 8 clients through nginx in
 // front of 3 replicas; replica 1 SIGKILLed, replica 3 added (nginx reloaded,
@@ -161,9 +75,32 @@ Disruption RunDisruption(std::vector<std::unique_ptr<testing::ServerProcess>>& r
   return out;
 }
 
+// How often the sessions or sequences of `live` were re-created or restarted.
+template <typename Recovering>
+int Recoveries(const std::deque<Recovering>& live) {
+  int recoveries = 0;
+  for (const Recovering& one : live) recoveries += one.recoveries();
+  return recoveries;
+}
+
+// No error and no wrong row; the kill, the addition and the removal each
+// moved some keys (`recoveries` re-creations or restarts).
+void ExpectEveryRowRightAndEveryMoveRecovered(const Disruption& run, int recoveries,
+                                              const GatewayProcess& nginx) {
+  EXPECT_EQ(run.decoded.errors, 0) << run.decoded.first_error << "\n" << nginx.Log();
+  EXPECT_EQ(run.decoded.wrong_rows, 0);
+  EXPECT_GE(recoveries, 3);
+  EXPECT_GT(run.held_by_removed, 0) << "replica 0 was re-added holding its keys";
+  EXPECT_GT(run.served_by_added, 0) << "the reload brought the fourth replica in";
+}
+
+// Through nginx (the test is skipped when it is not installed), with 30
+// sequences of 24 tokens and their stateless reference rows.
 class GatewayTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    std::string why;
+    if (Skip(Kind::kNginx, &why)) GTEST_SKIP() << why;
     engine_ = *MhaEngine::Create(MhaModel::Demo());
     std::mt19937 rng(26);
     for (int s = 0; s < 30; ++s) {
@@ -177,8 +114,6 @@ class GatewayTest : public ::testing::Test {
 };
 
 TEST_F(GatewayTest, SessionsThroughNginxSurviveKillAddRemoveAndReAdd) {
-  std::string why;
-  if (Skip(Kind::kNginx, &why)) GTEST_SKIP() << why;
   auto replicas = StartReplicas(4);  // The fourth joins mid-run.
   GatewayProcess nginx(Kind::kNginx, Targets(replicas, {0, 1, 2}));
   ASSERT_TRUE(nginx.ok()) << nginx.error();
@@ -188,21 +123,13 @@ TEST_F(GatewayTest, SessionsThroughNginxSurviveKillAddRemoveAndReAdd) {
   const Disruption run =
       RunDisruption(replicas, nginx, xs_, want_, "Append",
                     [&](int s, const Tensor& token) { return live[s].Append(token); });
-  int recoveries = 0;
-  for (const auto& session : live) recoveries += session.recoveries();
+  const int recoveries = Recoveries(live);
   std::cout << "sessions re-created: " << recoveries << "; replica 0 held " << run.held_by_removed
             << " when re-added; the added replica answered " << run.served_by_added << " appends\n";
-  EXPECT_EQ(run.decoded.errors, 0) << run.decoded.first_error << "\n" << nginx.Log();
-  EXPECT_EQ(run.decoded.wrong_rows, 0);
-  // The kill, the addition and the removal each moved some keys.
-  EXPECT_GE(recoveries, 3);
-  EXPECT_GT(run.held_by_removed, 0) << "replica 0 was re-added holding sessions";
-  EXPECT_GT(run.served_by_added, 0) << "the reload brought the fourth replica in";
+  ExpectEveryRowRightAndEveryMoveRecovered(run, recoveries, nginx);
 }
 
 TEST_F(GatewayTest, SequencesThroughNginxSurviveKillAddRemoveAndReAdd) {
-  std::string why;
-  if (Skip(Kind::kNginx, &why)) GTEST_SKIP() << why;
   auto replicas = StartReplicas(4);
   GatewayProcess nginx(Kind::kNginx, Targets(replicas, {0, 1, 2}));
   ASSERT_TRUE(nginx.ok()) << nginx.error();
@@ -213,15 +140,10 @@ TEST_F(GatewayTest, SequencesThroughNginxSurviveKillAddRemoveAndReAdd) {
   const Disruption run =
       RunDisruption(replicas, nginx, xs_, want_, "ModelInfer",
                     [&](int s, const Tensor& token) { return live[s].Step(token); });
-  int recoveries = 0;
-  for (const auto& sequence : live) recoveries += sequence.recoveries();
+  const int recoveries = Recoveries(live);
   std::cout << "sequences restarted: " << recoveries << "; replica 0 held " << run.held_by_removed
             << " when re-added\n";
-  EXPECT_EQ(run.decoded.errors, 0) << run.decoded.first_error << "\n" << nginx.Log();
-  EXPECT_EQ(run.decoded.wrong_rows, 0);
-  EXPECT_GE(recoveries, 3);
-  EXPECT_GT(run.held_by_removed, 0);
-  EXPECT_GT(run.served_by_added, 0);
+  ExpectEveryRowRightAndEveryMoveRecovered(run, recoveries, nginx);
 }
 
 // A key that moves back to a replica still holding an older copy: without
@@ -230,8 +152,6 @@ TEST_F(GatewayTest, SequencesThroughNginxSurviveKillAddRemoveAndReAdd) {
 // attention.v1 session re-created under the same key has a new id, so the
 // old copy can never be reached through it.
 TEST_F(GatewayTest, AKeyMovingBackToAStaleCopyIsRefusedNotWrong) {
-  std::string why;
-  if (Skip(Kind::kNginx, &why)) GTEST_SKIP() << why;
   auto replicas = StartReplicas(2);
   GatewayProcess nginx(Kind::kNginx, Targets(replicas, {0, 1}));
   ASSERT_TRUE(nginx.ok()) << nginx.error();
@@ -240,14 +160,8 @@ TEST_F(GatewayTest, AKeyMovingBackToAStaleCopyIsRefusedNotWrong) {
   const Tensor& x = xs_[0];
   auto step = [&](uint64_t id, int64_t from, int64_t count, bool start,
                   std::optional<int64_t> expected, std::vector<float>* rows) {
-    inference::ModelInferRequest r;
-    r.set_model_name("demo");
-    auto* input = r.add_inputs();
-    input->set_name("query");
-    input->set_datatype("FP32");
-    for (int64_t d : {int64_t{1}, count, kE}) input->add_shape(d);
-    r.add_raw_input_contents(
-        std::string(reinterpret_cast<const char*>(x.as<float>() + from * kE), count * kE * 4));
+    inference::ModelInferRequest r =
+        testing::Fp32InferRequest("demo", "query", {1, count, kE}, x.as<float>() + from * kE);
     (*r.mutable_parameters())["sequence_id"].set_uint64_param(id);
     if (start) (*r.mutable_parameters())["sequence_start"].set_bool_param(true);
     if (expected) (*r.mutable_parameters())["expected_length"].set_int64_param(*expected);
@@ -255,11 +169,7 @@ TEST_F(GatewayTest, AKeyMovingBackToAStaleCopyIsRefusedNotWrong) {
     context.AddMetadata(wire::kRoutingHeader, std::to_string(id));
     inference::ModelInferResponse response;
     const grpc::Status status = stub->ModelInfer(&context, r, &response);
-    if (status.ok() && rows != nullptr) {
-      const std::string& raw = response.raw_output_contents(0);
-      rows->assign(reinterpret_cast<const float*>(raw.data()),
-                   reinterpret_cast<const float*>(raw.data()) + raw.size() / 4);
-    }
+    if (status.ok() && rows != nullptr) *rows = testing::RawOutputFloats(response);
     return status;
   };
   constexpr uint64_t kId = 4242;
@@ -302,8 +212,6 @@ TEST_F(GatewayTest, AKeyMovingBackToAStaleCopyIsRefusedNotWrong) {
 }
 
 TEST_F(GatewayTest, LongAndIdleStreamsPassTheReferenceConfig) {
-  std::string why;
-  if (Skip(Kind::kNginx, &why)) GTEST_SKIP() << why;
   auto replicas = StartReplicas(3);
   GatewayProcess nginx(Kind::kNginx, Targets(replicas, {0, 1, 2}));
   ASSERT_TRUE(nginx.ok()) << nginx.error();
@@ -379,8 +287,6 @@ TEST_F(GatewayTest, LongAndIdleStreamsPassTheReferenceConfig) {
 // passes under a 4 s one, every other directive the reference's. The idle
 // time is the subject here, so it is waited for.
 TEST_F(GatewayTest, AnIdleStreamOutlivesTheBodyTimeoutOnlyWhenItIsRaised) {
-  std::string why;
-  if (Skip(Kind::kNginx, &why)) GTEST_SKIP() << why;
   auto replicas = StartReplicas(1);
   GatewayProcess short_timeout(Kind::kNginx, Targets(replicas, {0}),
                                {{"client_body_timeout", "1s"}});
