@@ -23,6 +23,7 @@
 #include "server/frontends/grpc/reflection_service.h"
 #include "server/security/token_authenticator.h"
 #include "tests/fixture/server_test_util.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
@@ -52,30 +53,15 @@ std::string TestDir() {
   return ::testing::TempDir() + "/reflection_test_" + std::to_string(getpid());
 }
 
-// A server with one small model, no metrics port; `tweak` adjusts options.
+// A server with one small model (a test server's options: no metrics port);
+// `tweak` adjusts options.
 std::unique_ptr<AttentionServer> StartServer(void (*tweak)(ServerOptions&) = nullptr) {
-  const std::string models = TestDir() + "/models";
-  if (!std::filesystem::exists(models + "/small")) {
-    testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1),
-                           models + "/small");
-  }
-  ServerOptions options;
-  options.host = "127.0.0.1";
-  options.port = 0;
-  options.metrics_port = 0;
-  options.repository.path = models;
+  testing::ModelFolder models("reflection_test_models");
+  models.Add("small", testing::SelfAttentionSpec(16, 2), 1);
+  ServerOptions options = testing::TestServerOptions(models.path());
   options.repository.default_model = "small";
-  options.repository.compute_threads = 1;
-  options.repository.warmup = false;
   if (tweak != nullptr) tweak(options);
-  auto server = AttentionServer::Listen(options);
-  if (!server.ok()) {
-    ADD_FAILURE() << server.status();
-    return nullptr;
-  }
-  const absl::Status loaded = (*server)->LoadModels();
-  EXPECT_TRUE(loaded.ok()) << loaded;
-  return *std::move(server);
+  return testing::StartServer(options);
 }
 
 // Sends `requests` on one stream, each answered before the next is sent, then
@@ -86,8 +72,7 @@ std::vector<typename V::Response> Exchange(const std::shared_ptr<grpc::Channel>&
                                            grpc::Status* status, const std::string& token = "") {
   auto stub = V::Reflection::NewStub(channel);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  testing::PrepareContext(context, token, absl::Seconds(20));
   auto stream = stub->ServerReflectionInfo(&context);
   std::vector<typename V::Response> responses;
   for (const typename V::Request& request : requests) {

@@ -5,11 +5,8 @@
 // (which the batcher caps). Over model variants (kdim/vdim != E, bias_kv and
 // zero_attn, bfloat16 compute), dtypes in and out, weights averaged and per
 // head, refused requests included.
-#include <unistd.h>
-
 #include <grpcpp/grpcpp.h>
 
-#include <filesystem>
 #include <functional>
 #include <random>
 #include <string>
@@ -23,6 +20,7 @@
 #include "server/frontends/protocol/oip_codec.h"
 #include "server/requests/inflight_budget.h"
 #include "tests/fixture/server_test_util.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
@@ -35,31 +33,23 @@ using ::attention::testing::ToProto;
 class MemoryAccountingTest : public ::testing::Test {
  public:
   static void SetUpTestSuite() {
-    const std::string dir = ::testing::TempDir() + "/memory_accounting_" + std::to_string(getpid());
-    std::filesystem::remove_all(dir);
-    testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(64, 4), 1), dir + "/self",
-                           "\"max_session_tokens\": 4096");
+    testing::ModelFolder models("memory_accounting");
+    models.Add("self", testing::SelfAttentionSpec(64, 4), 1, "\"max_session_tokens\": 4096");
     MhaSpec cross = testing::SelfAttentionSpec(48, 4);
     cross.kdim = 20;
     cross.vdim = 28;
     cross.add_bias_kv = true;
     cross.add_zero_attn = true;
-    testing::WriteModelDir(**MhaModel::Random(cross, 2), dir + "/cross");
+    models.Add("cross", cross, 2);
     MhaSpec bf16 = testing::SelfAttentionSpec(64, 8);
     bf16.compute_dtype = DType::kBFloat16;
-    testing::WriteModelDir(**MhaModel::Random(bf16, 3), dir + "/bf16",
-                           "\"max_session_tokens\": 4096");
-    server::ServerOptions options;
-    options.host = "127.0.0.1";
-    options.port = 0;
-    options.metrics_port = 0;
-    options.repository.path = dir;
+    models.Add("bf16", bf16, 3, "\"max_session_tokens\": 4096");
+    server::ServerOptions options =
+        testing::TestServerOptions(models.path(), /*rest=*/false, /*compute_threads=*/2);
     options.repository.default_model = "self";
-    options.repository.compute_threads = 2;
-    options.repository.warmup = false;
     options.sessions.memory_bytes = int64_t{256} << 20;
-    server_ = AttentionServer::Listen(options)->release();
-    ASSERT_TRUE(server_->LoadModels().ok());
+    server_ = testing::StartServer(options).release();
+    ASSERT_NE(server_, nullptr);
   }
   static void TearDownTestSuite() {
     EXPECT_TRUE(server_->Drain());

@@ -1,7 +1,8 @@
 // attention-server as a process: start it on free ports, load it from
 // several threads, send SIGTERM in the middle, and check that every request
 // it accepted got a full, correct response and that it exits 0; SIGTERM
-// while models load (at start, and LoadModel calls queued) stops it promptly.
+// while models load (at start, and LoadModel calls queued) stops it promptly;
+// a busy port and a negative metrics port at start-up.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -114,6 +115,15 @@ TEST(ServerProcessTest, ABusyPortIsOneLineBeforeAnythingStarts) {
   ASSERT_EQ(lines.size(), 1u) << output;
   EXPECT_THAT(lines[0], HasSubstr("--port " + std::to_string(first.port()) + ": cannot listen on"));
   EXPECT_THAT(output, Not(HasSubstr("metrics on")));
+}
+
+// A negative --metrics_port turns metrics off as 0 does: main probes only a
+// port > 0, as AttentionServer::Listen serves metrics only on one (probing
+// "-1" once ended start-up with a line blaming the host: "--host 127.0.0.1:
+// cannot resolve it (Servname not supported for ai_socktype)").
+TEST(ServerProcessTest, ANegativeMetricsPortStillTurnsMetricsOff) {
+  testing::ServerProcess server(ATTENTION_SERVER_BINARY, {"--metrics_port=-1"});
+  EXPECT_TRUE(server.ok()) << "the server did not come up with --metrics_port=-1";
 }
 
 // attention-server started with `args` and `env`, its stderr in a file; it

@@ -5,8 +5,6 @@
 // (SessionManager::EndLocked): a heap-use-after-free under ASan (the test is
 // in scripts/sanitize.sh's ASan list), and in a plain build the expiry was
 // counted through the freed model's metrics pointer.
-#include <unistd.h>
-
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -18,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
 #include "server/batching/pending_request.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
@@ -30,23 +29,13 @@ using ::attention::server::ServedModel;
 using ::attention::server::SessionEnd;
 
 TEST(ShutdownOrderTest, SessionReaperNeverEndsASessionOfAFreedModel) {
-  const std::string dir = ::testing::TempDir() + "/shutdown_test_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
   // Two models: the repository frees "b" first, then waits for "a"'s batcher.
-  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1), dir + "/a");
-  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 2), dir + "/b");
-  server::ServerOptions options;
-  options.host = "127.0.0.1";
-  options.port = 0;
-  options.metrics_port = 0;
-  options.repository.path = dir;
-  options.repository.compute_threads = 1;
-  options.repository.warmup = false;
-  options.drain_grace = absl::ZeroDuration();
-  auto listened = AttentionServer::Listen(options);
-  ASSERT_TRUE(listened.ok()) << listened.status();
-  std::unique_ptr<AttentionServer> server = *std::move(listened);
-  ASSERT_TRUE(server->LoadModels().ok());
+  testing::ModelFolder models("shutdown_test");
+  models.Add("a", testing::SelfAttentionSpec(16, 2), 1);
+  models.Add("b", testing::SelfAttentionSpec(16, 2), 2);
+  std::unique_ptr<AttentionServer> server =
+      testing::StartServer(testing::TestServerOptions(models.path()));
+  ASSERT_NE(server, nullptr);
   const ServedModel* a = server->repository()->Find("a").get();
   const ServedModel* b = server->repository()->Find("b").get();
   ASSERT_NE(a, nullptr);
@@ -90,7 +79,7 @@ TEST(ShutdownOrderTest, SessionReaperNeverEndsASessionOfAFreedModel) {
   releaser.join();
   EXPECT_EQ(expired->Value(), 0) << "the session reaper ended a session after its model was freed";
   server.reset();
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(models.path());
 }
 
 }  // namespace
