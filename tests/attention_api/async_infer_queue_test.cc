@@ -84,8 +84,7 @@ TEST_F(AsyncInferQueueTest, RefusedByGrpcBeforeArrivalKeepsThePostedCalls) {
 // lock with a short model queue: each is queued or refused at once ("queue
 // is full"), none waits unanswered, and all are counted.
 TEST_F(AsyncInferQueueTest, ManyMoreCallsThanPostedAreEachAnswered) {
-  server::ServerOptions options = SmallServerOptions("async_queue_many");
-  options.repository.batching.max_batch_size = 1;
+  server::ServerOptions options = OneRequestBatches("async_queue_many");
   options.repository.batching.max_queue_size = 8;
   ASSERT_TRUE(Start(options));
   constexpr int kCalls = 200;
@@ -130,9 +129,8 @@ TEST_F(AsyncInferQueueTest, ManyMoreCallsThanPostedAreEachAnswered) {
 // A version unloaded while its call waits: the call still computes on it and
 // reports it; the next call finds no version.
 TEST_F(AsyncInferQueueTest, UnloadedWhileQueuedAnswersWithItsVersion) {
-  server::ServerOptions options = SmallServerOptions("async_queue_unload");
+  server::ServerOptions options = OneRequestBatches("async_queue_unload");
   options.repository.control = server::ModelControl::kExplicit;
-  options.repository.batching.max_batch_size = 1;
   ASSERT_TRUE(Start(options));
   const int64_t version = server_->repository()->Find("small")->version;
   std::mt19937 rng(3);
@@ -165,9 +163,7 @@ TEST_F(AsyncInferQueueTest, UnloadedWhileQueuedAnswersWithItsVersion) {
 // A deadline passing while the call waits in the model's queue: the client
 // sees DEADLINE_EXCEEDED and so do the server's counts; nothing stays held.
 TEST_F(AsyncInferQueueTest, DeadlinePassedWhileQueuedIsCounted) {
-  server::ServerOptions options = SmallServerOptions("async_queue_deadline");
-  options.repository.batching.max_batch_size = 1;
-  ASSERT_TRUE(Start(options));
+  ASSERT_TRUE(Start(OneRequestBatches("async_queue_deadline")));
   std::mt19937 rng(4);
   PendingCall first, late;
   first.request = SmallRequest(rng, 4, "first");
@@ -195,9 +191,7 @@ TEST_F(AsyncInferQueueTest, DeadlinePassedWhileQueuedIsCounted) {
 // (CANCELLED) once the batcher drops it, counted, and releases its bytes; the
 // in-flight gauge returns to 0 and the drain is idle.
 TEST_F(AsyncInferQueueTest, CancelledInNumbersReleaseEverything) {
-  server::ServerOptions options = SmallServerOptions("async_queue_cancel_many");
-  options.repository.batching.max_batch_size = 1;
-  ASSERT_TRUE(Start(options));
+  ASSERT_TRUE(Start(OneRequestBatches("async_queue_cancel_many")));
   constexpr int kCalls = 80;
   std::vector<std::unique_ptr<PendingCall>> calls;
   std::mt19937 rng(5);
@@ -235,8 +229,7 @@ TEST_F(AsyncInferQueueTest, CancelledInNumbersReleaseEverything) {
 // bytes until answered; one more is refused at once naming the flag; every
 // byte comes back.
 TEST_F(AsyncInferQueueTest, InflightBudgetRefusesAndReleases) {
-  server::ServerOptions options = SmallServerOptions("async_queue_budget");
-  options.repository.batching.max_batch_size = 1;
+  server::ServerOptions options = OneRequestBatches("async_queue_budget");
   options.max_inflight_bytes = 4000;  // Two calls of ~1.6 KB each, not three.
   options.max_batch_working_bytes = 64 << 20;
   ASSERT_TRUE(Start(options));

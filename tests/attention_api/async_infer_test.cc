@@ -28,13 +28,9 @@
 namespace attention {
 namespace {
 
-using ::attention::async_infer_testing::PendingCall;
-using ::attention::server::AttentionServer;
 using ::attention::testing::FromProto;
-using ::attention::testing::RandomTensor;
-using ::attention::testing::SmallServerOptions;
-using ::attention::testing::ToProto;
 using ::testing::HasSubstr;
+using namespace ::attention::async_infer_testing;  // NOLINT: the file's helpers.
 
 v1::InferRequest SmallRequest(const Tensor& query, const std::string& id) {
   v1::InferRequest r;
@@ -228,9 +224,7 @@ TEST_F(AsyncInferTest, CancelledWhileQueuedIsAnsweredWithoutCompute) {
 }
 
 TEST_F(AsyncInferTest, DrainAnswersEveryAcceptedCall) {
-  server::ServerOptions options = SmallServerOptions("async_infer_drain");
-  options.repository.batching.max_batch_size = 1;
-  ASSERT_TRUE(Start(options));
+  ASSERT_TRUE(Start(OneRequestBatches("async_infer_drain")));
   constexpr int kCalls = 6;
   DrainWithCallsHeld(kCalls, [&] {
     while (!server_->service().draining())
@@ -254,8 +248,7 @@ TEST_F(AsyncInferTest, DrainAnswersEveryAcceptedCall) {
 }
 
 TEST_F(AsyncInferTest, DrainTimeoutWithCallsQueuedNeverHangs) {
-  server::ServerOptions options = SmallServerOptions("async_infer_drain_timeout");
-  options.repository.batching.max_batch_size = 1;
+  server::ServerOptions options = OneRequestBatches("async_infer_drain_timeout");
   options.drain_timeout = absl::Milliseconds(300);
   ASSERT_TRUE(Start(options));
   constexpr int kCalls = 6;

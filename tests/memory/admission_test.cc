@@ -19,9 +19,6 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::server::ServerOptions;
-using ::attention::testing::FromProto;
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
 using ::testing::HasSubstr;
@@ -38,7 +35,7 @@ class ServerAdmissionTest : public ::testing::Test {
     testing::WriteModelDir(*MhaModel::Demo(), models.path() + "/demo", "");
     testing::WriteModelDir(*MhaModel::Demo(), models.path() + "/patient",
                            "\"max_queue_delay_us\": 1000000");
-    ServerOptions options =
+    server::ServerOptions options =
         testing::TestServerOptions(models.path(), /*rest=*/false, /*compute_threads=*/2);
     options.repository.default_model = "demo";
     options.repository.batching.max_batch_tokens = 16384;  // attention-server's default.
@@ -78,11 +75,11 @@ class ServerAdmissionTest : public ::testing::Test {
     return Call(*Stub(), request, &response);
   }
 
-  static AttentionServer* server_;
+  static server::AttentionServer* server_;
   static std::shared_ptr<grpc::Channel>* channel_;
 };
 
-AttentionServer* ServerAdmissionTest::server_ = nullptr;
+server::AttentionServer* ServerAdmissionTest::server_ = nullptr;
 std::shared_ptr<grpc::Channel>* ServerAdmissionTest::channel_ = nullptr;
 
 // A request of random float32 tensors: (n, l, E) queries and, when s > 0,
@@ -120,17 +117,18 @@ TEST_F(ServerAdmissionTest, LongAndManyShortCrossAttentionRequestsAreNotPaddedTo
   ASSERT_TRUE(status_b.ok()) << status_b.error_message();
   EXPECT_EQ(response_a.batch_requests(), 1);
   EXPECT_EQ(response_b.batch_requests(), 1);
-  EXPECT_EQ(FromProto(response_b.output()).shape(), (Shape{8000, 1, kEmbed}));
+  EXPECT_EQ(testing::FromProto(response_b.output()).shape(), (Shape{8000, 1, kEmbed}));
 
   // A's result is the engine's own.
-  Tensor q = FromProto(a.query()), k = FromProto(a.key()), v = FromProto(a.value());
+  Tensor q = testing::FromProto(a.query()), k = testing::FromProto(a.key()),
+         v = testing::FromProto(a.value());
   MhaInputs in;
   in.query = q.view();
   in.key = k.view();
   in.value = v.view();
   auto solo = Demo().engine->Forward(in);
   ASSERT_TRUE(solo.ok()) << solo.status();
-  Tensor got = FromProto(response_a.output());
+  Tensor got = testing::FromProto(response_a.output());
   ASSERT_EQ(got.shape(), solo->output.shape());
   for (int64_t i = 0; i < got.num_elements(); ++i) {
     ASSERT_NEAR(got.as<float>()[i], solo->output.as<float>()[i], 1e-5) << i;
@@ -201,7 +199,7 @@ TEST_F(ServerAdmissionTest, OversizedRequestOnAStreamIsItsOwnErrorAndTheStreamGo
       ++refused;
     } else {
       EXPECT_FALSE(response.has_error()) << response.error().message();
-      EXPECT_EQ(FromProto(response.output()).shape(), (Shape{1, 4, kEmbed}));
+      EXPECT_EQ(testing::FromProto(response.output()).shape(), (Shape{1, 4, kEmbed}));
       ++ok;
     }
   }

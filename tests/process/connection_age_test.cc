@@ -8,6 +8,7 @@
 // connection; the clients then reopen their streams (their own tests).
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -30,11 +31,15 @@ using ::attention::server::ServerOptions;
 
 constexpr int64_t kE = 16;  // SmallServerOptions' model "small".
 
-// Each test starts a server whose connections age after 200 ms (StartAged).
 class ConnectionAgeTest : public testing::OwnServerTest {
  protected:
-  [[nodiscard]] bool StartAged(ServerOptions o) {
+  // Starts a small server (SmallServerOptions(`name`)) whose connections age
+  // after 200 ms, with `tweak` applied to its options.
+  [[nodiscard]] bool StartAged(const std::string& name,
+                               const std::function<void(ServerOptions&)>& tweak = nullptr) {
+    ServerOptions o = testing::SmallServerOptions(name);
     o.max_connection_age = absl::Milliseconds(200);
+    if (tweak != nullptr) tweak(o);
     return Start(o);
   }
 };
@@ -78,7 +83,7 @@ TEST_F(ConnectionAgeTest, TheDefaultGraceLetsOpenCallsRunToTheirEnd) {
 // times the age), while a new call on the same channel goes through a new
 // connection.
 TEST_F(ConnectionAgeTest, StreamsInUseOutliveTheConnectionAge) {
-  ASSERT_TRUE(StartAged(testing::SmallServerOptions("connection_age_default")));
+  ASSERT_TRUE(StartAged("connection_age_default"));
   auto sessions = v1::SessionService::NewStub(channel_);
   std::mt19937 rng(5);
 
@@ -131,12 +136,12 @@ TEST_F(ConnectionAgeTest, StreamsInUseOutliveTheConnectionAge) {
 // A finite grace ends the streams still open after age + grace with
 // UNAVAILABLE (what the clients' reopening recovers from).
 TEST_F(ConnectionAgeTest, AFiniteGraceCutsAStreamStillOpen) {
-  ServerOptions o = testing::SmallServerOptions("connection_age_finite");
-  o.connection_age_grace = absl::Milliseconds(300);
-  ASSERT_TRUE(StartAged(o));
+  ASSERT_TRUE(StartAged("connection_age_finite", [](ServerOptions& o) {
+    o.connection_age_grace = absl::Milliseconds(300);
+  }));
   std::mt19937 rng(6);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  testing::PrepareContext(context, /*token=*/"", absl::Seconds(60));
   auto infer = stub_->InferStream(&context);
   int i = 0;
   while (RoundTrip(infer.get(), Query(rng, i++))) absl::SleepFor(absl::Milliseconds(50));
@@ -149,9 +154,8 @@ TEST_F(ConnectionAgeTest, AFiniteGraceCutsAStreamStillOpen) {
 // With no grace limit, a drain still ends the streams left open: after the
 // drain timeout they are cancelled, and the drain returns.
 TEST_F(ConnectionAgeTest, ADrainEndsAStreamLeftOpen) {
-  ServerOptions o = testing::SmallServerOptions("connection_age_drain");
-  o.drain_timeout = absl::Milliseconds(500);
-  ASSERT_TRUE(StartAged(o));
+  ASSERT_TRUE(StartAged("connection_age_drain",
+                        [](ServerOptions& o) { o.drain_timeout = absl::Milliseconds(500); }));
   std::mt19937 rng(7);
   grpc::ClientContext context;
   auto infer = stub_->InferStream(&context);

@@ -22,18 +22,14 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::server::PendingRequest;
-using ::attention::server::RequestOutcome;
 using ::attention::server::ServedModel;
-using ::attention::server::SessionEnd;
 
 TEST(ShutdownOrderTest, SessionReaperNeverEndsASessionOfAFreedModel) {
   // Two models: the repository frees "b" first, then waits for "a"'s batcher.
   testing::ModelFolder models("shutdown_test");
   models.Add("a", testing::SelfAttentionSpec(16, 2), 1);
   models.Add("b", testing::SelfAttentionSpec(16, 2), 2);
-  std::unique_ptr<AttentionServer> server =
+  std::unique_ptr<server::AttentionServer> server =
       testing::StartServer(testing::TestServerOptions(models.path()));
   ASSERT_NE(server, nullptr);
   const ServedModel* a = server->repository()->Find("a").get();
@@ -41,7 +37,8 @@ TEST(ShutdownOrderTest, SessionReaperNeverEndsASessionOfAFreedModel) {
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   // Owned by the server's Metrics, which outlive the models.
-  prometheus::Counter* expired = b->metrics->session_ends[static_cast<int>(SessionEnd::kExpired)];
+  prometheus::Counter* expired =
+      b->metrics->session_ends[static_cast<int>(server::SessionEnd::kExpired)];
 
   // A session of "b" that expires one second after its last use: at the
   // reaper's second tick, while the shutdown below is under way.
@@ -59,9 +56,9 @@ TEST(ShutdownOrderTest, SessionReaperNeverEndsASessionOfAFreedModel) {
   // once, whose answer blocks until released. The repository's destructor
   // waits for it with "b" already freed.
   absl::Notification entered, release;
-  auto blocker = std::make_unique<PendingRequest>();
+  auto blocker = std::make_unique<server::PendingRequest>();
   blocker->deadline = absl::InfinitePast();
-  blocker->done = [&](RequestOutcome) {
+  blocker->done = [&](server::RequestOutcome) {
     entered.Notify();
     release.WaitForNotification();
   };
