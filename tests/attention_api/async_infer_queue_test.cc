@@ -134,9 +134,7 @@ TEST_F(AsyncInferQueueTest, UnloadedWhileQueuedAnswersWithItsVersion) {
   ASSERT_TRUE(Start(options));
   const int64_t version = server_->repository()->Find("small")->version;
   std::mt19937 rng(3);
-  PendingCall first, second;
-  first.request = SmallRequest(rng, 4, "first");
-  second.request = SmallRequest(rng, 4, "second");
+  PendingCall first(SmallRequest(rng, 4, "first")), second(SmallRequest(rng, 4, "second"));
   {
     absl::MutexLock hold(server_->repository()->compute_mutex());
     first.Start(stub_.get());
@@ -165,9 +163,7 @@ TEST_F(AsyncInferQueueTest, UnloadedWhileQueuedAnswersWithItsVersion) {
 TEST_F(AsyncInferQueueTest, DeadlinePassedWhileQueuedIsCounted) {
   ASSERT_TRUE(Start(OneRequestBatches("async_queue_deadline")));
   std::mt19937 rng(4);
-  PendingCall first, late;
-  first.request = SmallRequest(rng, 4, "first");
-  late.request = SmallRequest(rng, 4, "late");
+  PendingCall first(SmallRequest(rng, 4, "first")), late(SmallRequest(rng, 4, "late"));
   late.context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
   {
     absl::MutexLock hold(server_->repository()->compute_mutex());
@@ -234,9 +230,7 @@ TEST_F(AsyncInferQueueTest, InflightBudgetRefusesAndReleases) {
   options.max_batch_working_bytes = 64 << 20;
   ASSERT_TRUE(Start(options));
   std::mt19937 rng(6);
-  PendingCall first, second;
-  first.request = SmallRequest(rng, 4, "first");
-  second.request = SmallRequest(rng, 4, "second");
+  PendingCall first(SmallRequest(rng, 4, "first")), second(SmallRequest(rng, 4, "second"));
   {
     absl::MutexLock hold(server_->repository()->compute_mutex());
     first.Start(stub_.get());

@@ -187,9 +187,8 @@ TEST_F(AsyncInferTest, CancelledWhileQueuedIsAnsweredWithoutCompute) {
   ASSERT_TRUE(Start(options));
   std::mt19937 rng(5);
   const auto& m = *server_->repository()->Find("small")->metrics;
-  PendingCall first, cancelled;
-  first.request = SmallRequest(RandomTensor({1, 4, 16}, rng), "first");
-  cancelled.request = SmallRequest(RandomTensor({1, 4, 16}, rng), "cancelled");
+  PendingCall first(SmallRequest(RandomTensor({1, 4, 16}, rng), "first")),
+      cancelled(SmallRequest(RandomTensor({1, 4, 16}, rng), "cancelled"));
   double tokens_before = 0;
   {
     // The batcher takes `first` and waits for the compute lock, so that

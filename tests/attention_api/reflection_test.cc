@@ -31,9 +31,6 @@ namespace {
 
 using ::attention::server::AttentionServer;
 using ::attention::server::ServerOptions;
-using ::testing::Contains;
-using ::testing::IsSupersetOf;
-using ::testing::UnorderedElementsAre;
 
 // One reflection protocol version: its stub, messages and our service.
 struct V1 {
@@ -158,9 +155,10 @@ TYPED_TEST(ReflectionTest, ListsEveryRegisteredService) {
   // Others too (inference.GRPCInferenceService once registered); each resolves
   // (EveryListedServiceRebuildsFromItsFiles).
   const std::vector<std::string> names = this->ListServices();
-  EXPECT_THAT(names, IsSupersetOf({"attention.v1.AttentionService", "attention.v1.SessionService",
-                                   "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
-                                   "grpc.reflection.v1alpha.ServerReflection"}));
+  EXPECT_THAT(names, ::testing::IsSupersetOf(
+                         {"attention.v1.AttentionService", "attention.v1.SessionService",
+                          "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+                          "grpc.reflection.v1alpha.ServerReflection"}));
   EXPECT_EQ(std::set<std::string>(names.begin(), names.end()).size(), names.size());
 }
 
@@ -294,7 +292,7 @@ TYPED_TEST(ReflectionTest, Extensions) {
   auto response = service.Answer(request);
   EXPECT_EQ(response.all_extension_numbers_response().base_type_name(), "test.Base");
   EXPECT_THAT(response.all_extension_numbers_response().extension_number(),
-              UnorderedElementsAre(123, 150));
+              ::testing::UnorderedElementsAre(123, 150));
   for (const int number : {123, 150}) {
     request.mutable_file_containing_extension()->set_containing_type("test.Base");
     request.mutable_file_containing_extension()->set_extension_number(number);
@@ -402,7 +400,7 @@ TEST(ReflectionAuthProbesTest, ReflectionNeedsATokenToo) {
   ASSERT_EQ(responses.size(), 1u);
   std::vector<std::string> names;
   for (const auto& s : responses[0].list_services_response().service()) names.push_back(s.name());
-  EXPECT_THAT(names, Contains("grpc.reflection.v1.ServerReflection"));
+  EXPECT_THAT(names, ::testing::Contains("grpc.reflection.v1.ServerReflection"));
 }
 
 }  // namespace

@@ -26,7 +26,6 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
 
@@ -105,11 +104,11 @@ class MemoryAccountingTest : public ::testing::Test {
     return r;
   }
 
-  static AttentionServer* server_;
+  static server::AttentionServer* server_;
   static int checked_;
 };
 
-AttentionServer* MemoryAccountingTest::server_ = nullptr;
+server::AttentionServer* MemoryAccountingTest::server_ = nullptr;
 int MemoryAccountingTest::checked_ = 0;
 
 TEST_F(MemoryAccountingTest, InferAndInferStream) {

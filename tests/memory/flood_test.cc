@@ -27,6 +27,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/fixture/server_test_util.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
@@ -201,9 +202,9 @@ TEST(FloodTest, InflightBytesBoundMemoryAndEveryRequestIsAnsweredOrRefused) {
 // descriptor; the server must close what it cannot accept, say so, and
 // accept again once descriptors are free.
 TEST(FloodTest, RunningOutOfFileDescriptorsDoesNotStopTheServerAccepting) {
-  const std::string dir = ::testing::TempDir() + "/fd_flood_test_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(32, 4), 1), dir + "/m");
+  testing::ModelFolder models("fd_flood_test");
+  models.Add("m", testing::SelfAttentionSpec(32, 4), 1);
+  const std::string& dir = models.path();
   testing::ServerProcessOptions process;
   process.stderr_path = dir + "/server.log";
   process.max_open_files = 64;  // Soft and hard: the server cannot raise it.

@@ -10,7 +10,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <regex>
@@ -26,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "tests/fixture/server_test_util.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
@@ -43,9 +43,9 @@ int64_t PlanLine(const std::string& log, const std::string& name) {
 }
 
 TEST(ReceiveMemoryTest, RefusedLargeMessagesOnUnreadStreamsStayWithinThePlan) {
-  const std::string dir = ::testing::TempDir() + "/receive_memory_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(32, 4), 1), dir + "/m");
+  testing::ModelFolder models("receive_memory");
+  models.Add("m", testing::SelfAttentionSpec(32, 4), 1);
+  const std::string& dir = models.path();
   testing::ServerProcessOptions process;
   process.stderr_path = dir + "/server.log";
   // The flags, under a stated limit so that the plan's allocator
