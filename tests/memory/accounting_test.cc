@@ -29,6 +29,18 @@ namespace {
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
 
+// Writes `request` alone on a new stream (`open(&context)`), half-closes it,
+// reads its one response into `response` and finishes it (OK).
+template <typename Open, typename Request, typename Response>
+void AloneOnAStream(const Open& open, const Request& request, Response* response) {
+  grpc::ClientContext context;
+  auto stream = open(&context);
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  ASSERT_TRUE(stream->Read(response));
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
 class MemoryAccountingTest : public ::testing::Test {
  public:
   static void SetUpTestSuite() {
@@ -113,6 +125,7 @@ int MemoryAccountingTest::checked_ = 0;
 
 TEST_F(MemoryAccountingTest, InferAndInferStream) {
   auto stub = v1::AttentionService::NewStub(server_->InProcessChannel());
+  auto infer_stream = [&](grpc::ClientContext* c) { return stub->InferStream(c); };
   struct Shape {
     std::string model;
     int64_t n, l, s;
@@ -139,14 +152,9 @@ TEST_F(MemoryAccountingTest, InferAndInferStream) {
           });
           if (weights != 2 || dtype != DType::kFloat16) continue;
           Check("InferStream " + what, static_cast<int64_t>(r.ByteSizeLong()), [&] {
-            grpc::ClientContext context;
-            auto stream = stub->InferStream(&context);
-            ASSERT_TRUE(stream->Write(r));
-            stream->WritesDone();
             v1::InferResponse response;
-            ASSERT_TRUE(stream->Read(&response));
+            AloneOnAStream(infer_stream, r, &response);
             EXPECT_EQ(response.error().code(), 0) << response.error().message();
-            EXPECT_TRUE(stream->Finish().ok());
           });
         }
       }
@@ -161,14 +169,9 @@ TEST_F(MemoryAccountingTest, InferAndInferStream) {
     EXPECT_EQ(stub->Infer(&context, bad, &response).error_code(), grpc::StatusCode::NOT_FOUND);
   });
   Check("InferStream refused", 0, [&] {
-    grpc::ClientContext context;
-    auto stream = stub->InferStream(&context);
-    ASSERT_TRUE(stream->Write(bad));
-    stream->WritesDone();
     v1::InferResponse response;
-    ASSERT_TRUE(stream->Read(&response));
+    AloneOnAStream(infer_stream, bad, &response);
     EXPECT_EQ(response.error().code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
-    EXPECT_TRUE(stream->Finish().ok());
   });
   EXPECT_GE(checked_, 80);
 }
@@ -199,14 +202,10 @@ TEST_F(MemoryAccountingTest, SessionsSelfAndCross) {
           EXPECT_TRUE(status.ok()) << status.error_message();
         });
         Check("SessionStream " + what, static_cast<int64_t>(append.ByteSizeLong()), [&] {
-          grpc::ClientContext context;
-          auto stream = sessions->SessionStream(&context);
-          ASSERT_TRUE(stream->Write(append));
-          stream->WritesDone();
           v1::AppendResponse response;
-          ASSERT_TRUE(stream->Read(&response));
+          AloneOnAStream([&](grpc::ClientContext* c) { return sessions->SessionStream(c); }, append,
+                         &response);
           EXPECT_EQ(response.error().code(), 0) << response.error().message();
-          EXPECT_TRUE(stream->Finish().ok());
         });
       }
     }
@@ -268,14 +267,10 @@ TEST_F(MemoryAccountingTest, InferenceProtocolAndSequences) {
         EXPECT_TRUE(status.ok()) << status.error_message();
       });
       Check("ModelStreamInfer " + what, static_cast<int64_t>(r.ByteSizeLong()), [&] {
-        grpc::ClientContext context;
-        auto stream = oip->ModelStreamInfer(&context);
-        ASSERT_TRUE(stream->Write(r));
-        stream->WritesDone();
         inference::ModelStreamInferResponse response;
-        ASSERT_TRUE(stream->Read(&response));
+        AloneOnAStream([&](grpc::ClientContext* c) { return oip->ModelStreamInfer(c); }, r,
+                       &response);
         EXPECT_EQ(response.error_message(), "");
-        EXPECT_TRUE(stream->Finish().ok());
       });
       const uint64_t sequence = weights ? 8 : 7;
       for (bool start : {true, false}) {
