@@ -3,7 +3,7 @@
 // right codes, a call cancelled while queued is answered without compute,
 // and a drain with calls in flight loses none of the accepted ones and
 // never hangs, even when its timeout cancels calls still queued.
-// (The fixture-server suites, server_batching_test among them, run every
+// (The ServerTest suites, tests/batching/batching_test among them, run every
 // other Infer behaviour through this path too.)
 #include <grpcpp/grpcpp.h>
 
