@@ -29,6 +29,14 @@ namespace {
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
 
+// Expects `call(&context)`, a unary call on a fresh context, to return OK.
+template <typename Call>
+void ExpectOk(const Call& call) {
+  grpc::ClientContext context;
+  const grpc::Status status = call(&context);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
 // Writes `request` alone on a new stream (`open(&context)`), half-closes it,
 // reads its one response into `response` and finishes it (OK).
 template <typename Open, typename Request, typename Response>
@@ -145,10 +153,8 @@ TEST_F(MemoryAccountingTest, InferAndInferStream) {
                                    std::string(DTypeName(dtype)) + " weights " +
                                    std::to_string(weights) + (f32_out ? " f32 out" : "");
           Check("Infer " + what, static_cast<int64_t>(r.ByteSizeLong()), [&] {
-            grpc::ClientContext context;
             v1::InferResponse response;
-            const grpc::Status status = stub->Infer(&context, r, &response);
-            EXPECT_TRUE(status.ok()) << status.error_message();
+            ExpectOk([&](grpc::ClientContext* c) { return stub->Infer(c, r, &response); });
           });
           if (weights != 2 || dtype != DType::kFloat16) continue;
           Check("InferStream " + what, static_cast<int64_t>(r.ByteSizeLong()), [&] {
@@ -196,10 +202,8 @@ TEST_F(MemoryAccountingTest, SessionsSelfAndCross) {
         const std::string what =
             model + " " + std::string(DTypeName(dtype)) + " weights " + std::to_string(weights);
         Check("Append " + what, static_cast<int64_t>(append.ByteSizeLong()), [&] {
-          grpc::ClientContext context;
           v1::AppendResponse response;
-          const grpc::Status status = sessions->Append(&context, append, &response);
-          EXPECT_TRUE(status.ok()) << status.error_message();
+          ExpectOk([&](grpc::ClientContext* c) { return sessions->Append(c, append, &response); });
         });
         Check("SessionStream " + what, static_cast<int64_t>(append.ByteSizeLong()), [&] {
           v1::AppendResponse response;
@@ -218,9 +222,7 @@ TEST_F(MemoryAccountingTest, SessionsSelfAndCross) {
   ToProto(RandomTensor({500, 28}, rng).ConvertTo(DType::kFloat16), cross.mutable_value());
   v1::SessionInfo info;
   Check("cross CreateSession", static_cast<int64_t>(cross.ByteSizeLong()), [&] {
-    grpc::ClientContext context;
-    const grpc::Status status = sessions->CreateSession(&context, cross, &info);
-    EXPECT_TRUE(status.ok()) << status.error_message();
+    ExpectOk([&](grpc::ClientContext* c) { return sessions->CreateSession(c, cross, &info); });
   });
   for (int weights = 0; weights < 3; ++weights) {
     v1::AppendRequest append;
@@ -228,13 +230,12 @@ TEST_F(MemoryAccountingTest, SessionsSelfAndCross) {
     ToProto(RandomTensor({33, 48}, rng).ConvertTo(DType::kBFloat16), append.mutable_tokens());
     append.set_need_weights(weights > 0);
     append.set_per_head_weights(weights == 2);
-    Check("cross Append weights " + std::to_string(weights),
-          static_cast<int64_t>(append.ByteSizeLong()), [&] {
-            grpc::ClientContext context;
-            v1::AppendResponse response;
-            const grpc::Status status = sessions->Append(&context, append, &response);
-            EXPECT_TRUE(status.ok()) << status.error_message();
-          });
+    Check(
+        "cross Append weights " + std::to_string(weights),
+        static_cast<int64_t>(append.ByteSizeLong()), [&] {
+          v1::AppendResponse response;
+          ExpectOk([&](grpc::ClientContext* c) { return sessions->Append(c, append, &response); });
+        });
   }
 }
 
@@ -261,10 +262,8 @@ TEST_F(MemoryAccountingTest, InferenceProtocolAndSequences) {
       const std::string what = std::string(DTypeName(dtype)) + (weights ? " weights" : "");
       const inference::ModelInferRequest r = make(150, dtype, weights, 0, false);
       Check("ModelInfer " + what, static_cast<int64_t>(r.ByteSizeLong()), [&] {
-        grpc::ClientContext context;
         inference::ModelInferResponse response;
-        const grpc::Status status = oip->ModelInfer(&context, r, &response);
-        EXPECT_TRUE(status.ok()) << status.error_message();
+        ExpectOk([&](grpc::ClientContext* c) { return oip->ModelInfer(c, r, &response); });
       });
       Check("ModelStreamInfer " + what, static_cast<int64_t>(r.ByteSizeLong()), [&] {
         inference::ModelStreamInferResponse response;
@@ -276,13 +275,12 @@ TEST_F(MemoryAccountingTest, InferenceProtocolAndSequences) {
       for (bool start : {true, false}) {
         const inference::ModelInferRequest step =
             make(start ? 200 : 3, dtype, weights, sequence, start);
-        Check("sequence " + what + (start ? " start" : " step"),
-              static_cast<int64_t>(step.ByteSizeLong()), [&] {
-                grpc::ClientContext context;
-                inference::ModelInferResponse response;
-                const grpc::Status status = oip->ModelInfer(&context, step, &response);
-                EXPECT_TRUE(status.ok()) << status.error_message();
-              });
+        Check(
+            "sequence " + what + (start ? " start" : " step"),
+            static_cast<int64_t>(step.ByteSizeLong()), [&] {
+              inference::ModelInferResponse response;
+              ExpectOk([&](grpc::ClientContext* c) { return oip->ModelInfer(c, step, &response); });
+            });
       }
     }
   }

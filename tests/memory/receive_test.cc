@@ -25,8 +25,8 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "tests/fixture/server_test_util.h"
-#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
+#include "tests/memory/one_model_process.h"
 
 namespace attention {
 namespace {
@@ -43,17 +43,13 @@ int64_t PlanLine(const std::string& log, const std::string& name) {
 }
 
 TEST(ReceiveMemoryTest, RefusedLargeMessagesOnUnreadStreamsStayWithinThePlan) {
-  testing::ModelFolder models("receive_memory");
-  models.Add("m", testing::SelfAttentionSpec(32, 4), 1);
-  const std::string& dir = models.path();
-  testing::ServerProcessOptions process;
-  process.stderr_path = dir + "/server.log";
+  testing::OneModelProcess setup("receive_memory");
+  const testing::ServerProcessOptions& process = setup.options;
   // The flags, under a stated limit so that the plan's allocator
   // reserve does not depend on the machine (about 40 MiB).
   testing::ServerProcess server(ATTENTION_SERVER_BINARY,
-                                {"--model_repository=" + dir, "--threads=1", "--warmup=false",
-                                 absl::StrCat("--max_inflight_bytes=", 32 * kMiB),
-                                 absl::StrCat("--memory_limit_bytes=", 512 * kMiB)},
+                                setup.Flags({absl::StrCat("--max_inflight_bytes=", 32 * kMiB),
+                                             absl::StrCat("--memory_limit_bytes=", 512 * kMiB)}),
                                 "127.0.0.1", 0, process);
   ASSERT_TRUE(server.ok());
   std::string log;
