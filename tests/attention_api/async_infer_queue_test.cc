@@ -1,4 +1,4 @@
-// Review of attention.v1 Infer on gRPC's async API (AsyncInferQueue,
+// The queue of attention.v1 Infer on gRPC's async API (AsyncInferQueue,
 // AsyncInferCall) where it meets the rest of the server: requests gRPC
 // refuses before the application sees them (too large, unparsable) must not
 // use up the calls posted to gRPC; more calls than are posted, held behind
@@ -24,18 +24,16 @@
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
 #include "tests/fixture/async_infer_test_util.h"
-#include "tests/fixture/server_test_util.h"
 #include "tests/fixture/small_server_options.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::testing::RandomTensor;
-using ::attention::testing::ToProto;
 using ::testing::HasSubstr;
 using namespace ::attention::async_infer_testing;  // NOLINT: the file's helpers.
+
+class AsyncInferQueueTest : public AsyncInferServerTest {};
 
 // Raw bytes to Infer (not necessarily a valid InferRequest).
 grpc::Status RawInfer(grpc::GenericStub* stub, const std::string& bytes) {
@@ -57,20 +55,17 @@ grpc::Status RawInfer(grpc::GenericStub* stub, const std::string& bytes) {
 
 // gRPC refuses these before the application sees them; the queue's posted
 // calls must all still be there afterwards (more refusals than are posted).
-TEST(AsyncInferReviewTest, RefusedByGrpcBeforeArrivalKeepsThePostedCalls) {
-  server::ServerOptions options = testing::SmallServerOptions("async_review_grpc_refusals");
+TEST_F(AsyncInferQueueTest, RefusedByGrpcBeforeArrivalKeepsThePostedCalls) {
+  server::ServerOptions options = SmallServerOptions("async_queue_grpc_refusals");
   options.max_message_bytes = 64 << 10;
-  std::unique_ptr<AttentionServer> server = StartServer(options);
-  ASSERT_NE(server, nullptr);
-  auto channel = Channel(*server);
-  auto stub = v1::AttentionService::NewStub(channel);
-  grpc::GenericStub generic(channel);
+  ASSERT_TRUE(Start(options));
+  grpc::GenericStub generic(channel_);
   std::mt19937 rng(1);
   const v1::InferRequest oversized = SmallRequest(rng, 1200, "big");  // ~77 KB.
   ASSERT_GT(oversized.ByteSizeLong(), 64u << 10);
   constexpr int kRefusals = 2 * 32 + 5;
   for (int i = 0; i < kRefusals; ++i) {
-    const grpc::Status too_large = InferOnce(stub.get(), oversized);
+    const grpc::Status too_large = InferOnce(stub_.get(), oversized);
     EXPECT_EQ(too_large.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << i;
     // Field 1 (request_id? any) with a length running past the end.
     const grpc::Status garbled = RawInfer(&generic, std::string("\x0a\xff\xff\x03zz", 6));
@@ -78,34 +73,28 @@ TEST(AsyncInferReviewTest, RefusedByGrpcBeforeArrivalKeepsThePostedCalls) {
     EXPECT_NE(garbled.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << i;
   }
   v1::InferResponse response;
-  const grpc::Status ok = InferOnce(stub.get(), SmallRequest(rng, 3, "after"), &response);
+  const grpc::Status ok = InferOnce(stub_.get(), SmallRequest(rng, 3, "after"), &response);
   EXPECT_TRUE(ok.ok()) << ok.error_code() << ": " << ok.error_message();
   EXPECT_EQ(response.request_id(), "after");
-  EXPECT_TRUE(server->Drain());
-  EXPECT_EQ(server->service().inflight_bytes(), 0);
+  EXPECT_TRUE(server_->Drain());
+  EXPECT_EQ(server_->service().inflight_bytes(), 0);
 }
 
 // More calls than the queue posts to gRPC, all at once behind the compute
 // lock with a short model queue: each is queued or refused at once ("queue
 // is full"), none waits unanswered, and all are counted.
-TEST(AsyncInferReviewTest, ManyMoreCallsThanPostedAreEachAnswered) {
-  server::ServerOptions options = testing::SmallServerOptions("async_review_many");
-  options.repository.batching.max_batch_size = 1;
+TEST_F(AsyncInferQueueTest, ManyMoreCallsThanPostedAreEachAnswered) {
+  server::ServerOptions options = OneRequestBatches("async_queue_many");
   options.repository.batching.max_queue_size = 8;
-  std::unique_ptr<AttentionServer> server = StartServer(options);
-  ASSERT_NE(server, nullptr);
-  auto stub = v1::AttentionService::NewStub(Channel(*server));
+  ASSERT_TRUE(Start(options));
   constexpr int kCalls = 200;
   std::vector<std::unique_ptr<PendingCall>> calls;
   std::mt19937 rng(2);
   {
-    absl::MutexLock hold(server->repository()->compute_mutex());
+    absl::MutexLock hold(server_->repository()->compute_mutex());
     for (int i = 0; i < kCalls; ++i) {
-      auto call = std::make_unique<PendingCall>();
-      call->request = SmallRequest(rng, 2, "c" + std::to_string(i));
-      call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-      call->Start(stub.get());
-      calls.push_back(std::move(call));
+      calls.push_back(
+          StartCall(stub_.get(), SmallRequest(rng, 2, "c" + std::to_string(i)), absl::Seconds(60)));
     }
     // One held by the batcher, 8 queued: the other 191 refused while the
     // compute lock is still held.
@@ -131,34 +120,30 @@ TEST(AsyncInferReviewTest, ManyMoreCallsThanPostedAreEachAnswered) {
   }
   EXPECT_EQ(ok, 9);
   EXPECT_EQ(full, kCalls - 9);
-  EXPECT_EQ(Count(*server, absl::StatusCode::kOk), 9);
-  EXPECT_EQ(Count(*server, absl::StatusCode::kResourceExhausted), kCalls - 9);
-  EXPECT_TRUE(server->Drain());
-  EXPECT_EQ(server->service().inflight_bytes(), 0);
+  EXPECT_EQ(Count(*server_, absl::StatusCode::kOk), 9);
+  EXPECT_EQ(Count(*server_, absl::StatusCode::kResourceExhausted), kCalls - 9);
+  EXPECT_TRUE(server_->Drain());
+  EXPECT_EQ(server_->service().inflight_bytes(), 0);
 }
 
 // A version unloaded while its call waits: the call still computes on it and
 // reports it; the next call finds no version.
-TEST(AsyncInferReviewTest, UnloadedWhileQueuedAnswersWithItsVersion) {
-  server::ServerOptions options = testing::SmallServerOptions("async_review_unload");
+TEST_F(AsyncInferQueueTest, UnloadedWhileQueuedAnswersWithItsVersion) {
+  server::ServerOptions options = OneRequestBatches("async_queue_unload");
   options.repository.control = server::ModelControl::kExplicit;
-  options.repository.batching.max_batch_size = 1;
-  std::unique_ptr<AttentionServer> server = StartServer(options);
-  ASSERT_NE(server, nullptr);
-  auto stub = v1::AttentionService::NewStub(Channel(*server));
-  const int64_t version = server->repository()->Find("small")->version;
+  ASSERT_TRUE(Start(options));
+  const int64_t version = server_->repository()->Find("small")->version;
   std::mt19937 rng(3);
-  PendingCall first, second;
-  first.request = SmallRequest(rng, 4, "first");
-  second.request = SmallRequest(rng, 4, "second");
+  PendingCall first(SmallRequest(rng, 4, "first")), second(SmallRequest(rng, 4, "second"));
   {
-    absl::MutexLock hold(server->repository()->compute_mutex());
-    first.Start(stub.get());
-    ASSERT_TRUE(WaitFor([&] { return QueueDepth(*server) == 0 && !first.done.HasBeenNotified(); }));
+    absl::MutexLock hold(server_->repository()->compute_mutex());
+    first.Start(stub_.get());
+    ASSERT_TRUE(
+        WaitFor([&] { return QueueDepth(*server_) == 0 && !first.done.HasBeenNotified(); }));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    second.Start(stub.get());
-    ASSERT_TRUE(WaitFor([&] { return QueueDepth(*server) == 1; }));
-    const absl::Status unloaded = server->repository()->UnloadModel("small");
+    second.Start(stub_.get());
+    ASSERT_TRUE(WaitFor([&] { return QueueDepth(*server_) == 1; }));
+    const absl::Status unloaded = server_->repository()->UnloadModel("small");
     ASSERT_TRUE(unloaded.ok()) << unloaded;
   }
   for (PendingCall* c : {&first, &second}) {
@@ -167,110 +152,93 @@ TEST(AsyncInferReviewTest, UnloadedWhileQueuedAnswersWithItsVersion) {
     EXPECT_EQ(c->response.model_version(), version);
     EXPECT_EQ(c->response.output().shape_size(), 3);
   }
-  EXPECT_EQ(InferOnce(stub.get(), SmallRequest(rng, 4, "late")).error_code(),
+  EXPECT_EQ(InferOnce(stub_.get(), SmallRequest(rng, 4, "late")).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  EXPECT_TRUE(server->Drain());
-  EXPECT_EQ(server->service().inflight_bytes(), 0);
+  EXPECT_TRUE(server_->Drain());
+  EXPECT_EQ(server_->service().inflight_bytes(), 0);
 }
 
 // A deadline passing while the call waits in the model's queue: the client
 // sees DEADLINE_EXCEEDED and so do the server's counts; nothing stays held.
-TEST(AsyncInferReviewTest, DeadlinePassedWhileQueuedIsCounted) {
-  server::ServerOptions options = testing::SmallServerOptions("async_review_deadline");
-  options.repository.batching.max_batch_size = 1;
-  std::unique_ptr<AttentionServer> server = StartServer(options);
-  ASSERT_NE(server, nullptr);
-  auto stub = v1::AttentionService::NewStub(Channel(*server));
+TEST_F(AsyncInferQueueTest, DeadlinePassedWhileQueuedIsCounted) {
+  ASSERT_TRUE(Start(OneRequestBatches("async_queue_deadline")));
   std::mt19937 rng(4);
-  PendingCall first, late;
-  first.request = SmallRequest(rng, 4, "first");
-  late.request = SmallRequest(rng, 4, "late");
+  PendingCall first(SmallRequest(rng, 4, "first")), late(SmallRequest(rng, 4, "late"));
   late.context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
   {
-    absl::MutexLock hold(server->repository()->compute_mutex());
-    first.Start(stub.get());
-    ASSERT_TRUE(WaitFor([&] { return QueueDepth(*server) == 0; }));
+    absl::MutexLock hold(server_->repository()->compute_mutex());
+    first.Start(stub_.get());
+    ASSERT_TRUE(WaitFor([&] { return QueueDepth(*server_) == 0; }));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    late.Start(stub.get());
+    late.Start(stub_.get());
     ASSERT_TRUE(late.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
     EXPECT_EQ(late.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   ASSERT_TRUE(first.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_TRUE(first.status.ok());
-  EXPECT_TRUE(WaitFor([&] { return Count(*server, absl::StatusCode::kDeadlineExceeded) == 1; }))
-      << Count(*server, absl::StatusCode::kDeadlineExceeded);
-  EXPECT_TRUE(WaitFor([&] { return server->service().inflight_bytes() == 0; }));
-  EXPECT_TRUE(server->Drain());
+  EXPECT_TRUE(WaitFor([&] { return Count(*server_, absl::StatusCode::kDeadlineExceeded) == 1; }))
+      << Count(*server_, absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(WaitFor([&] { return server_->service().inflight_bytes() == 0; }));
+  EXPECT_TRUE(server_->Drain());
 }
 
 // Many calls cancelled by their clients while queued: every one is answered
 // (CANCELLED) once the batcher drops it, counted, and releases its bytes; the
 // in-flight gauge returns to 0 and the drain is idle.
-TEST(AsyncInferReviewTest, CancelledInNumbersReleaseEverything) {
-  server::ServerOptions options = testing::SmallServerOptions("async_review_cancel_many");
-  options.repository.batching.max_batch_size = 1;
-  std::unique_ptr<AttentionServer> server = StartServer(options);
-  ASSERT_NE(server, nullptr);
-  auto stub = v1::AttentionService::NewStub(Channel(*server));
+TEST_F(AsyncInferQueueTest, CancelledInNumbersReleaseEverything) {
+  ASSERT_TRUE(Start(OneRequestBatches("async_queue_cancel_many")));
   constexpr int kCalls = 80;
   std::vector<std::unique_ptr<PendingCall>> calls;
   std::mt19937 rng(5);
   {
-    absl::MutexLock hold(server->repository()->compute_mutex());
+    absl::MutexLock hold(server_->repository()->compute_mutex());
     for (int i = 0; i < kCalls; ++i) {
-      auto call = std::make_unique<PendingCall>();
-      call->request = SmallRequest(rng, 2, "x" + std::to_string(i));
-      call->Start(stub.get());
-      calls.push_back(std::move(call));
+      calls.push_back(StartCall(stub_.get(), SmallRequest(rng, 2, "x" + std::to_string(i))));
       // The first alone: the batcher takes it and waits for the compute lock.
       if (i == 0) {
-        ASSERT_TRUE(WaitFor([&] { return QueueDepth(*server) == 0; }));
+        ASSERT_TRUE(WaitFor([&] { return QueueDepth(*server_) == 0; }));
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     }
-    ASSERT_TRUE(WaitFor([&] { return QueueDepth(*server) == kCalls - 1; })) << QueueDepth(*server);
+    ASSERT_TRUE(WaitFor([&] { return QueueDepth(*server_) == kCalls - 1; }))
+        << QueueDepth(*server_);
     for (int i = 1; i < kCalls; ++i) calls[i]->context.TryCancel();
     for (int i = 1; i < kCalls; ++i) calls[i]->done.WaitForNotification();
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   ASSERT_TRUE(calls[0]->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_TRUE(calls[0]->status.ok());
-  EXPECT_TRUE(WaitFor([&] { return Count(*server, absl::StatusCode::kCancelled) == kCalls - 1; }))
-      << "cancelled " << Count(*server, absl::StatusCode::kCancelled) << ", ok "
-      << Count(*server, absl::StatusCode::kOk) << ", deadline "
-      << Count(*server, absl::StatusCode::kDeadlineExceeded) << ", queue depth "
-      << QueueDepth(*server);
-  EXPECT_TRUE(WaitFor([&] { return server->service().inflight_bytes() == 0; }))
-      << server->service().inflight_bytes();
-  EXPECT_TRUE(WaitFor([&] { return server->metrics().inflight_requests().Value() == 0; }))
-      << server->metrics().inflight_requests().Value();
-  EXPECT_TRUE(server->Drain());
+  EXPECT_TRUE(WaitFor([&] { return Count(*server_, absl::StatusCode::kCancelled) == kCalls - 1; }))
+      << "cancelled " << Count(*server_, absl::StatusCode::kCancelled) << ", ok "
+      << Count(*server_, absl::StatusCode::kOk) << ", deadline "
+      << Count(*server_, absl::StatusCode::kDeadlineExceeded) << ", queue depth "
+      << QueueDepth(*server_);
+  EXPECT_TRUE(WaitFor([&] { return server_->service().inflight_bytes() == 0; }))
+      << server_->service().inflight_bytes();
+  EXPECT_TRUE(WaitFor([&] { return server_->metrics().inflight_requests().Value() == 0; }))
+      << server_->metrics().inflight_requests().Value();
+  EXPECT_TRUE(server_->Drain());
 }
 
 // The in-flight byte budget: calls held behind the compute lock keep their
 // bytes until answered; one more is refused at once naming the flag; every
 // byte comes back.
-TEST(AsyncInferReviewTest, InflightBudgetRefusesAndReleases) {
-  server::ServerOptions options = testing::SmallServerOptions("async_review_budget");
-  options.repository.batching.max_batch_size = 1;
+TEST_F(AsyncInferQueueTest, InflightBudgetRefusesAndReleases) {
+  server::ServerOptions options = OneRequestBatches("async_queue_budget");
   options.max_inflight_bytes = 4000;  // Two calls of ~1.6 KB each, not three.
   options.max_batch_working_bytes = 64 << 20;
-  std::unique_ptr<AttentionServer> server = StartServer(options);
-  ASSERT_NE(server, nullptr);
-  auto stub = v1::AttentionService::NewStub(Channel(*server));
+  ASSERT_TRUE(Start(options));
   std::mt19937 rng(6);
-  PendingCall first, second;
-  first.request = SmallRequest(rng, 4, "first");
-  second.request = SmallRequest(rng, 4, "second");
+  PendingCall first(SmallRequest(rng, 4, "first")), second(SmallRequest(rng, 4, "second"));
   {
-    absl::MutexLock hold(server->repository()->compute_mutex());
-    first.Start(stub.get());
+    absl::MutexLock hold(server_->repository()->compute_mutex());
+    first.Start(stub_.get());
     ASSERT_TRUE(WaitFor(
-        [&] { return QueueDepth(*server) == 0 && server->service().inflight_bytes() > 0; }));
-    second.Start(stub.get());
-    ASSERT_TRUE(WaitFor([&] { return QueueDepth(*server) == 1; }));
-    const grpc::Status third = InferOnce(stub.get(), SmallRequest(rng, 4, "third"));
+        [&] { return QueueDepth(*server_) == 0 && server_->service().inflight_bytes() > 0; }));
+    second.Start(stub_.get());
+    ASSERT_TRUE(WaitFor([&] { return QueueDepth(*server_) == 1; }));
+    const grpc::Status third = InferOnce(stub_.get(), SmallRequest(rng, 4, "third"));
     EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
     EXPECT_THAT(third.error_message(), HasSubstr("max_inflight_bytes"));
   }
@@ -278,41 +246,36 @@ TEST(AsyncInferReviewTest, InflightBudgetRefusesAndReleases) {
     ASSERT_TRUE(c->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
     EXPECT_TRUE(c->status.ok()) << c->status.error_message();
   }
-  EXPECT_TRUE(WaitFor([&] { return server->service().inflight_bytes() == 0; }))
-      << server->service().inflight_bytes();
-  EXPECT_TRUE(InferOnce(stub.get(), SmallRequest(rng, 4, "after")).ok());
-  EXPECT_TRUE(server->Drain());
-  EXPECT_EQ(server->service().inflight_bytes(), 0);
+  EXPECT_TRUE(WaitFor([&] { return server_->service().inflight_bytes() == 0; }))
+      << server_->service().inflight_bytes();
+  EXPECT_TRUE(InferOnce(stub_.get(), SmallRequest(rng, 4, "after")).ok());
+  EXPECT_TRUE(server_->Drain());
+  EXPECT_EQ(server_->service().inflight_bytes(), 0);
 }
 
 // Clients calling, cancelling and timing out at random while the server
 // drains with a short timeout: the drain ends, every call gets a status,
 // and every byte is released.
-TEST(AsyncInferReviewTest, DrainUnderChurnEndsAndReleasesEverything) {
+TEST_F(AsyncInferQueueTest, DrainUnderChurnEndsAndReleasesEverything) {
   for (int round = 0; round < 3; ++round) {
-    server::ServerOptions options = testing::SmallServerOptions("async_review_churn");
+    server::ServerOptions options = SmallServerOptions("async_queue_churn");
     options.drain_timeout = absl::Milliseconds(200);
     options.repository.batching.max_queue_delay_us = 2000;
-    std::unique_ptr<AttentionServer> server = StartServer(options);
-    ASSERT_NE(server, nullptr);
-    auto channel = Channel(*server);
+    ASSERT_TRUE(Start(options));
     std::atomic<bool> stop{false};
     std::atomic<int> answered{0}, started{0};
     std::vector<std::thread> clients;
     for (int t = 0; t < 4; ++t) {
       clients.emplace_back([&, t] {
-        auto stub = v1::AttentionService::NewStub(channel);
+        auto stub = v1::AttentionService::NewStub(channel_);
         std::mt19937 rng(100 * round + t);
         while (!stop.load()) {
           std::vector<std::unique_ptr<PendingCall>> calls;
           for (int i = 0; i < 16; ++i) {
-            auto call = std::make_unique<PendingCall>();
-            call->request = SmallRequest(rng, 1 + static_cast<int>(rng() % 8), "r");
-            call->context.set_deadline(std::chrono::system_clock::now() +
-                                       std::chrono::milliseconds(1 + rng() % 40));
-            call->Start(stub.get());
+            v1::InferRequest request = SmallRequest(rng, 1 + static_cast<int>(rng() % 8), "r");
+            calls.push_back(
+                StartCall(stub.get(), std::move(request), absl::Milliseconds(1 + rng() % 40)));
             ++started;
-            calls.push_back(std::move(call));
           }
           for (auto& c : calls) {
             if (rng() % 3 == 0) c->context.TryCancel();
@@ -326,7 +289,7 @@ TEST(AsyncInferReviewTest, DrainUnderChurnEndsAndReleasesEverything) {
     std::this_thread::sleep_for(std::chrono::milliseconds(700));
     absl::Notification drained;
     std::thread drain([&] {
-      server->Drain();
+      server_->Drain();
       drained.Notify();
     });
     const bool ended = drained.WaitForNotificationWithTimeout(absl::Seconds(60));
@@ -335,7 +298,7 @@ TEST(AsyncInferReviewTest, DrainUnderChurnEndsAndReleasesEverything) {
     EXPECT_TRUE(ended) << "Drain hangs (round " << round << ")";
     drain.join();
     EXPECT_EQ(answered.load(), started.load());
-    EXPECT_EQ(server->service().inflight_bytes(), 0);
+    EXPECT_EQ(server_->service().inflight_bytes(), 0);
   }
 }
 

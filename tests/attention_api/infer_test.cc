@@ -1,6 +1,6 @@
 // In-process and loopback tests of the whole serving stack: every RPC, every
 // error, health, reflection and streaming (the /metrics endpoint:
-// server_metrics_test.cc).
+// tests/monitoring/metrics_test.cc).
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 

@@ -23,6 +23,7 @@
 #include "server/frontends/grpc/reflection_service.h"
 #include "server/security/token_authenticator.h"
 #include "tests/fixture/server_test_util.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
@@ -30,9 +31,6 @@ namespace {
 
 using ::attention::server::AttentionServer;
 using ::attention::server::ServerOptions;
-using ::testing::Contains;
-using ::testing::IsSupersetOf;
-using ::testing::UnorderedElementsAre;
 
 // One reflection protocol version: its stub, messages and our service.
 struct V1 {
@@ -52,30 +50,15 @@ std::string TestDir() {
   return ::testing::TempDir() + "/reflection_test_" + std::to_string(getpid());
 }
 
-// A server with one small model, no metrics port; `tweak` adjusts options.
+// A server with one small model (a test server's options: no metrics port);
+// `tweak` adjusts options.
 std::unique_ptr<AttentionServer> StartServer(void (*tweak)(ServerOptions&) = nullptr) {
-  const std::string models = TestDir() + "/models";
-  if (!std::filesystem::exists(models + "/small")) {
-    testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1),
-                           models + "/small");
-  }
-  ServerOptions options;
-  options.host = "127.0.0.1";
-  options.port = 0;
-  options.metrics_port = 0;
-  options.repository.path = models;
+  testing::ModelFolder models("reflection_test_models");
+  models.Add("small", testing::SelfAttentionSpec(16, 2), 1);
+  ServerOptions options = testing::TestServerOptions(models.path());
   options.repository.default_model = "small";
-  options.repository.compute_threads = 1;
-  options.repository.warmup = false;
   if (tweak != nullptr) tweak(options);
-  auto server = AttentionServer::Listen(options);
-  if (!server.ok()) {
-    ADD_FAILURE() << server.status();
-    return nullptr;
-  }
-  const absl::Status loaded = (*server)->LoadModels();
-  EXPECT_TRUE(loaded.ok()) << loaded;
-  return *std::move(server);
+  return testing::StartServer(options);
 }
 
 // Sends `requests` on one stream, each answered before the next is sent, then
@@ -86,8 +69,7 @@ std::vector<typename V::Response> Exchange(const std::shared_ptr<grpc::Channel>&
                                            grpc::Status* status, const std::string& token = "") {
   auto stub = V::Reflection::NewStub(channel);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+  testing::PrepareContext(context, token, absl::Seconds(20));
   auto stream = stub->ServerReflectionInfo(&context);
   std::vector<typename V::Response> responses;
   for (const typename V::Request& request : requests) {
@@ -173,9 +155,10 @@ TYPED_TEST(ReflectionTest, ListsEveryRegisteredService) {
   // Others too (inference.GRPCInferenceService once registered); each resolves
   // (EveryListedServiceRebuildsFromItsFiles).
   const std::vector<std::string> names = this->ListServices();
-  EXPECT_THAT(names, IsSupersetOf({"attention.v1.AttentionService", "attention.v1.SessionService",
-                                   "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
-                                   "grpc.reflection.v1alpha.ServerReflection"}));
+  EXPECT_THAT(names, ::testing::IsSupersetOf(
+                         {"attention.v1.AttentionService", "attention.v1.SessionService",
+                          "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+                          "grpc.reflection.v1alpha.ServerReflection"}));
   EXPECT_EQ(std::set<std::string>(names.begin(), names.end()).size(), names.size());
 }
 
@@ -309,7 +292,7 @@ TYPED_TEST(ReflectionTest, Extensions) {
   auto response = service.Answer(request);
   EXPECT_EQ(response.all_extension_numbers_response().base_type_name(), "test.Base");
   EXPECT_THAT(response.all_extension_numbers_response().extension_number(),
-              UnorderedElementsAre(123, 150));
+              ::testing::UnorderedElementsAre(123, 150));
   for (const int number : {123, 150}) {
     request.mutable_file_containing_extension()->set_containing_type("test.Base");
     request.mutable_file_containing_extension()->set_extension_number(number);
@@ -417,7 +400,7 @@ TEST(ReflectionAuthProbesTest, ReflectionNeedsATokenToo) {
   ASSERT_EQ(responses.size(), 1u);
   std::vector<std::string> names;
   for (const auto& s : responses[0].list_services_response().service()) names.push_back(s.name());
-  EXPECT_THAT(names, Contains("grpc.reflection.v1.ServerReflection"));
+  EXPECT_THAT(names, ::testing::Contains("grpc.reflection.v1.ServerReflection"));
 }
 
 }  // namespace

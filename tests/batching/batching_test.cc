@@ -15,8 +15,6 @@
 namespace attention {
 namespace {
 
-using ::attention::testing::HttpGet;
-using ::attention::testing::MetricValue;
 using ::testing::HasSubstr;
 
 TEST_F(ServerTest, BatchedResultsEqualSoloResults) {

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/fixture/server_child.h"
 #include "tests/fixture/server_test_util.h"
 #include "tests/fixture/test_certificates.h"
 #include "tests/fixture/test_util.h"
@@ -277,18 +278,7 @@ class TlsServer {
  public:
   TlsServer(const std::vector<std::string>& flags, const std::string& client_flags) {
     port_ = testing::FreePort();
-    std::vector<std::string> args = {ATTENTION_SERVER_BINARY, "--host=127.0.0.1",
-                                     "--port=" + std::to_string(port_), "--metrics_port=0",
-                                     "--http_port=0"};
-    args.insert(args.end(), flags.begin(), flags.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    pid_ = testing::SpawnServer(ATTENTION_SERVER_BINARY, port_, flags);
     std::string out;
     for (int i = 0; i < 300 && !ready_; ++i) {
       ready_ = RunClient("health --deadline_ms=500 --server=" + target() + " " + client_flags,

@@ -5,11 +5,8 @@
 // (which the batcher caps). Over model variants (kdim/vdim != E, bias_kv and
 // zero_attn, bfloat16 compute), dtypes in and out, weights averaged and per
 // head, refused requests included.
-#include <unistd.h>
-
 #include <grpcpp/grpcpp.h>
 
-#include <filesystem>
 #include <functional>
 #include <random>
 #include <string>
@@ -23,43 +20,55 @@
 #include "server/frontends/protocol/oip_codec.h"
 #include "server/requests/inflight_budget.h"
 #include "tests/fixture/server_test_util.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
+
+// Expects `call(&context)`, a unary call on a fresh context, to return OK.
+template <typename Call>
+void ExpectOk(const Call& call) {
+  grpc::ClientContext context;
+  const grpc::Status status = call(&context);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+// Writes `request` alone on a new stream (`open(&context)`), half-closes it,
+// reads its one response into `response` and finishes it (OK).
+template <typename Open, typename Request, typename Response>
+void AloneOnAStream(const Open& open, const Request& request, Response* response) {
+  grpc::ClientContext context;
+  auto stream = open(&context);
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  ASSERT_TRUE(stream->Read(response));
+  EXPECT_TRUE(stream->Finish().ok());
+}
 
 class MemoryAccountingTest : public ::testing::Test {
  public:
   static void SetUpTestSuite() {
-    const std::string dir = ::testing::TempDir() + "/memory_accounting_" + std::to_string(getpid());
-    std::filesystem::remove_all(dir);
-    testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(64, 4), 1), dir + "/self",
-                           "\"max_session_tokens\": 4096");
+    testing::ModelFolder models("memory_accounting");
+    models.Add("self", testing::SelfAttentionSpec(64, 4), 1, "\"max_session_tokens\": 4096");
     MhaSpec cross = testing::SelfAttentionSpec(48, 4);
     cross.kdim = 20;
     cross.vdim = 28;
     cross.add_bias_kv = true;
     cross.add_zero_attn = true;
-    testing::WriteModelDir(**MhaModel::Random(cross, 2), dir + "/cross");
+    models.Add("cross", cross, 2);
     MhaSpec bf16 = testing::SelfAttentionSpec(64, 8);
     bf16.compute_dtype = DType::kBFloat16;
-    testing::WriteModelDir(**MhaModel::Random(bf16, 3), dir + "/bf16",
-                           "\"max_session_tokens\": 4096");
-    server::ServerOptions options;
-    options.host = "127.0.0.1";
-    options.port = 0;
-    options.metrics_port = 0;
-    options.repository.path = dir;
+    models.Add("bf16", bf16, 3, "\"max_session_tokens\": 4096");
+    server::ServerOptions options =
+        testing::TestServerOptions(models.path(), /*rest=*/false, /*compute_threads=*/2);
     options.repository.default_model = "self";
-    options.repository.compute_threads = 2;
-    options.repository.warmup = false;
     options.sessions.memory_bytes = int64_t{256} << 20;
-    server_ = AttentionServer::Listen(options)->release();
-    ASSERT_TRUE(server_->LoadModels().ok());
+    server_ = testing::StartServer(options).release();
+    ASSERT_NE(server_, nullptr);
   }
   static void TearDownTestSuite() {
     EXPECT_TRUE(server_->Drain());
@@ -115,15 +124,16 @@ class MemoryAccountingTest : public ::testing::Test {
     return r;
   }
 
-  static AttentionServer* server_;
+  static server::AttentionServer* server_;
   static int checked_;
 };
 
-AttentionServer* MemoryAccountingTest::server_ = nullptr;
+server::AttentionServer* MemoryAccountingTest::server_ = nullptr;
 int MemoryAccountingTest::checked_ = 0;
 
 TEST_F(MemoryAccountingTest, InferAndInferStream) {
   auto stub = v1::AttentionService::NewStub(server_->InProcessChannel());
+  auto infer_stream = [&](grpc::ClientContext* c) { return stub->InferStream(c); };
   struct Shape {
     std::string model;
     int64_t n, l, s;
@@ -143,21 +153,14 @@ TEST_F(MemoryAccountingTest, InferAndInferStream) {
                                    std::string(DTypeName(dtype)) + " weights " +
                                    std::to_string(weights) + (f32_out ? " f32 out" : "");
           Check("Infer " + what, static_cast<int64_t>(r.ByteSizeLong()), [&] {
-            grpc::ClientContext context;
             v1::InferResponse response;
-            const grpc::Status status = stub->Infer(&context, r, &response);
-            EXPECT_TRUE(status.ok()) << status.error_message();
+            ExpectOk([&](grpc::ClientContext* c) { return stub->Infer(c, r, &response); });
           });
           if (weights != 2 || dtype != DType::kFloat16) continue;
           Check("InferStream " + what, static_cast<int64_t>(r.ByteSizeLong()), [&] {
-            grpc::ClientContext context;
-            auto stream = stub->InferStream(&context);
-            ASSERT_TRUE(stream->Write(r));
-            stream->WritesDone();
             v1::InferResponse response;
-            ASSERT_TRUE(stream->Read(&response));
+            AloneOnAStream(infer_stream, r, &response);
             EXPECT_EQ(response.error().code(), 0) << response.error().message();
-            EXPECT_TRUE(stream->Finish().ok());
           });
         }
       }
@@ -172,14 +175,9 @@ TEST_F(MemoryAccountingTest, InferAndInferStream) {
     EXPECT_EQ(stub->Infer(&context, bad, &response).error_code(), grpc::StatusCode::NOT_FOUND);
   });
   Check("InferStream refused", 0, [&] {
-    grpc::ClientContext context;
-    auto stream = stub->InferStream(&context);
-    ASSERT_TRUE(stream->Write(bad));
-    stream->WritesDone();
     v1::InferResponse response;
-    ASSERT_TRUE(stream->Read(&response));
+    AloneOnAStream(infer_stream, bad, &response);
     EXPECT_EQ(response.error().code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
-    EXPECT_TRUE(stream->Finish().ok());
   });
   EXPECT_GE(checked_, 80);
 }
@@ -204,20 +202,14 @@ TEST_F(MemoryAccountingTest, SessionsSelfAndCross) {
         const std::string what =
             model + " " + std::string(DTypeName(dtype)) + " weights " + std::to_string(weights);
         Check("Append " + what, static_cast<int64_t>(append.ByteSizeLong()), [&] {
-          grpc::ClientContext context;
           v1::AppendResponse response;
-          const grpc::Status status = sessions->Append(&context, append, &response);
-          EXPECT_TRUE(status.ok()) << status.error_message();
+          ExpectOk([&](grpc::ClientContext* c) { return sessions->Append(c, append, &response); });
         });
         Check("SessionStream " + what, static_cast<int64_t>(append.ByteSizeLong()), [&] {
-          grpc::ClientContext context;
-          auto stream = sessions->SessionStream(&context);
-          ASSERT_TRUE(stream->Write(append));
-          stream->WritesDone();
           v1::AppendResponse response;
-          ASSERT_TRUE(stream->Read(&response));
+          AloneOnAStream([&](grpc::ClientContext* c) { return sessions->SessionStream(c); }, append,
+                         &response);
           EXPECT_EQ(response.error().code(), 0) << response.error().message();
-          EXPECT_TRUE(stream->Finish().ok());
         });
       }
     }
@@ -230,9 +222,7 @@ TEST_F(MemoryAccountingTest, SessionsSelfAndCross) {
   ToProto(RandomTensor({500, 28}, rng).ConvertTo(DType::kFloat16), cross.mutable_value());
   v1::SessionInfo info;
   Check("cross CreateSession", static_cast<int64_t>(cross.ByteSizeLong()), [&] {
-    grpc::ClientContext context;
-    const grpc::Status status = sessions->CreateSession(&context, cross, &info);
-    EXPECT_TRUE(status.ok()) << status.error_message();
+    ExpectOk([&](grpc::ClientContext* c) { return sessions->CreateSession(c, cross, &info); });
   });
   for (int weights = 0; weights < 3; ++weights) {
     v1::AppendRequest append;
@@ -240,13 +230,12 @@ TEST_F(MemoryAccountingTest, SessionsSelfAndCross) {
     ToProto(RandomTensor({33, 48}, rng).ConvertTo(DType::kBFloat16), append.mutable_tokens());
     append.set_need_weights(weights > 0);
     append.set_per_head_weights(weights == 2);
-    Check("cross Append weights " + std::to_string(weights),
-          static_cast<int64_t>(append.ByteSizeLong()), [&] {
-            grpc::ClientContext context;
-            v1::AppendResponse response;
-            const grpc::Status status = sessions->Append(&context, append, &response);
-            EXPECT_TRUE(status.ok()) << status.error_message();
-          });
+    Check(
+        "cross Append weights " + std::to_string(weights),
+        static_cast<int64_t>(append.ByteSizeLong()), [&] {
+          v1::AppendResponse response;
+          ExpectOk([&](grpc::ClientContext* c) { return sessions->Append(c, append, &response); });
+        });
   }
 }
 
@@ -273,32 +262,25 @@ TEST_F(MemoryAccountingTest, InferenceProtocolAndSequences) {
       const std::string what = std::string(DTypeName(dtype)) + (weights ? " weights" : "");
       const inference::ModelInferRequest r = make(150, dtype, weights, 0, false);
       Check("ModelInfer " + what, static_cast<int64_t>(r.ByteSizeLong()), [&] {
-        grpc::ClientContext context;
         inference::ModelInferResponse response;
-        const grpc::Status status = oip->ModelInfer(&context, r, &response);
-        EXPECT_TRUE(status.ok()) << status.error_message();
+        ExpectOk([&](grpc::ClientContext* c) { return oip->ModelInfer(c, r, &response); });
       });
       Check("ModelStreamInfer " + what, static_cast<int64_t>(r.ByteSizeLong()), [&] {
-        grpc::ClientContext context;
-        auto stream = oip->ModelStreamInfer(&context);
-        ASSERT_TRUE(stream->Write(r));
-        stream->WritesDone();
         inference::ModelStreamInferResponse response;
-        ASSERT_TRUE(stream->Read(&response));
+        AloneOnAStream([&](grpc::ClientContext* c) { return oip->ModelStreamInfer(c); }, r,
+                       &response);
         EXPECT_EQ(response.error_message(), "");
-        EXPECT_TRUE(stream->Finish().ok());
       });
       const uint64_t sequence = weights ? 8 : 7;
       for (bool start : {true, false}) {
         const inference::ModelInferRequest step =
             make(start ? 200 : 3, dtype, weights, sequence, start);
-        Check("sequence " + what + (start ? " start" : " step"),
-              static_cast<int64_t>(step.ByteSizeLong()), [&] {
-                grpc::ClientContext context;
-                inference::ModelInferResponse response;
-                const grpc::Status status = oip->ModelInfer(&context, step, &response);
-                EXPECT_TRUE(status.ok()) << status.error_message();
-              });
+        Check(
+            "sequence " + what + (start ? " start" : " step"),
+            static_cast<int64_t>(step.ByteSizeLong()), [&] {
+              inference::ModelInferResponse response;
+              ExpectOk([&](grpc::ClientContext* c) { return oip->ModelInfer(c, step, &response); });
+            });
       }
     }
   }

@@ -2,11 +2,8 @@
 // heads) with its default limits: requests that could crash the server or
 // grow its memory without bound are batched apart, refused before compute,
 // or slowed down, and everything accepted is still answered.
-#include <unistd.h>
-
 #include <grpcpp/grpcpp.h>
 
-#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -16,14 +13,12 @@
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
 #include "tests/fixture/server_test_util.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::server::ServerOptions;
-using ::attention::testing::FromProto;
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
 using ::testing::HasSubstr;
@@ -36,25 +31,19 @@ class ServerAdmissionTest : public ::testing::Test {
     // The demo layer twice: "demo" with the server's defaults, and "patient"
     // whose oldest request waits a whole second for company, so that
     // requests sent together are certainly queued together.
-    const std::string dir =
-        ::testing::TempDir() + "/server_admission_models_" + std::to_string(getpid());
-    std::filesystem::remove_all(dir);
-    testing::WriteModelDir(*MhaModel::Demo(), dir + "/demo", "");
-    testing::WriteModelDir(*MhaModel::Demo(), dir + "/patient", "\"max_queue_delay_us\": 1000000");
-    ServerOptions options;
-    options.host = "127.0.0.1";
-    options.port = 0;
-    options.metrics_port = 0;
-    options.repository.path = dir;
+    testing::ModelFolder models("server_admission_models");
+    testing::WriteModelDir(*MhaModel::Demo(), models.path() + "/demo", "");
+    testing::WriteModelDir(*MhaModel::Demo(), models.path() + "/patient",
+                           "\"max_queue_delay_us\": 1000000");
+    server::ServerOptions options =
+        testing::TestServerOptions(models.path(), /*rest=*/false, /*compute_threads=*/2);
     options.repository.default_model = "demo";
-    options.repository.compute_threads = 2;
-    options.repository.warmup = false;
     options.repository.batching.max_batch_tokens = 16384;  // attention-server's default.
-    server_ = AttentionServer::Listen(options)->release();
-    ASSERT_TRUE(server_->LoadModels().ok());
-    channel_ = new std::shared_ptr<grpc::Channel>(
-        grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server_->port()),
-                                  grpc::InsecureChannelCredentials(), ChannelArgs()));
+    server_ = testing::StartServer(options).release();
+    ASSERT_NE(server_, nullptr);
+    // No message size limits on the client: the server's are what is tested.
+    channel_ = new std::shared_ptr<grpc::Channel>(grpc::CreateCustomChannel(
+        testing::Target(*server_), grpc::InsecureChannelCredentials(), ChannelArgs()));
   }
   static void TearDownTestSuite() {
     delete channel_;
@@ -80,11 +69,17 @@ class ServerAdmissionTest : public ::testing::Test {
     return stub.Infer(&context, request, response);
   }
 
-  static AttentionServer* server_;
+  // `request` on a stub of its own; its response is not kept.
+  grpc::Status Call(const v1::InferRequest& request) {
+    v1::InferResponse response;
+    return Call(*Stub(), request, &response);
+  }
+
+  static server::AttentionServer* server_;
   static std::shared_ptr<grpc::Channel>* channel_;
 };
 
-AttentionServer* ServerAdmissionTest::server_ = nullptr;
+server::AttentionServer* ServerAdmissionTest::server_ = nullptr;
 std::shared_ptr<grpc::Channel>* ServerAdmissionTest::channel_ = nullptr;
 
 // A request of random float32 tensors: (n, l, E) queries and, when s > 0,
@@ -122,17 +117,18 @@ TEST_F(ServerAdmissionTest, LongAndManyShortCrossAttentionRequestsAreNotPaddedTo
   ASSERT_TRUE(status_b.ok()) << status_b.error_message();
   EXPECT_EQ(response_a.batch_requests(), 1);
   EXPECT_EQ(response_b.batch_requests(), 1);
-  EXPECT_EQ(FromProto(response_b.output()).shape(), (Shape{8000, 1, kEmbed}));
+  EXPECT_EQ(testing::FromProto(response_b.output()).shape(), (Shape{8000, 1, kEmbed}));
 
   // A's result is the engine's own.
-  Tensor q = FromProto(a.query()), k = FromProto(a.key()), v = FromProto(a.value());
+  Tensor q = testing::FromProto(a.query()), k = testing::FromProto(a.key()),
+         v = testing::FromProto(a.value());
   MhaInputs in;
   in.query = q.view();
   in.key = k.view();
   in.value = v.view();
   auto solo = Demo().engine->Forward(in);
   ASSERT_TRUE(solo.ok()) << solo.status();
-  Tensor got = FromProto(response_a.output());
+  Tensor got = testing::FromProto(response_a.output());
   ASSERT_EQ(got.shape(), solo->output.shape());
   for (int64_t i = 0; i < got.num_elements(); ++i) {
     ASSERT_NEAR(got.as<float>()[i], solo->output.as<float>()[i], 1e-5) << i;
@@ -149,10 +145,8 @@ TEST_F(ServerAdmissionTest, OversizedResponseIsRefusedBeforeCompute) {
   std::mt19937 rng(2);
   v1::InferRequest request = MakeRequest(rng, 1, 16384, 1024, "big");
   request.set_need_weights(true);
-  auto stub = Stub();
   const uint64_t batches = Batches();
-  v1::InferResponse response;
-  const grpc::Status status = Call(*stub, request, &response);
+  const grpc::Status status = Call(request);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(), HasSubstr("output 16777216, attn_weights 67108864"));
   EXPECT_THAT(status.error_message(), HasSubstr("max_message_bytes 67108864"));
@@ -167,9 +161,7 @@ TEST_F(ServerAdmissionTest, WeightsBufferOverTheBatchCapIsRefused) {
   ToProto(RandomTensor({1, 4096, kEmbed}, rng).ConvertTo(DType::kFloat16), request.mutable_query());
   ToProto(RandomTensor({1, 4100, kEmbed}, rng).ConvertTo(DType::kFloat16), request.mutable_key());
   request.set_need_weights(true);
-  auto stub = Stub();
-  v1::InferResponse response;
-  const grpc::Status status = Call(*stub, request, &response);
+  const grpc::Status status = Call(request);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(), HasSubstr("computing the attention weights takes 537395200"));
 }
@@ -180,9 +172,7 @@ TEST_F(ServerAdmissionTest, ShapesWhoseProductOverflowsAreInvalid) {
   for (int64_t d : {int64_t{1} << 20, int64_t{1} << 20, int64_t{1} << 24}) {
     request.mutable_query()->add_shape(d);
   }
-  auto stub = Stub();
-  v1::InferResponse response;
-  const grpc::Status status = Call(*stub, request, &response);
+  const grpc::Status status = Call(request);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("has more than 2^40 elements"));
 }
@@ -209,7 +199,7 @@ TEST_F(ServerAdmissionTest, OversizedRequestOnAStreamIsItsOwnErrorAndTheStreamGo
       ++refused;
     } else {
       EXPECT_FALSE(response.has_error()) << response.error().message();
-      EXPECT_EQ(FromProto(response.output()).shape(), (Shape{1, 4, kEmbed}));
+      EXPECT_EQ(testing::FromProto(response.output()).shape(), (Shape{1, 4, kEmbed}));
       ++ok;
     }
   }

@@ -1,7 +1,7 @@
-// The async Infer path's review, continued (server_async_infer_review_test
-// has the rest): what an answered call holds while its client has not read
-// the response, and (disabled, timing) small calls beside large requests on
-// the one infer-cq thread.
+// Memory held by attention.v1 Infer on gRPC's async API (its queue's tests
+// are tests/attention_api/async_infer_queue_test): what an answered call
+// holds while its client has not read the response, and (disabled, timing)
+// small calls beside large requests on the one infer-cq thread.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -16,30 +16,29 @@
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
 #include "tests/fixture/async_infer_test_util.h"
-#include "tests/fixture/server_test_util.h"
 #include "tests/fixture/small_server_options.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
 using namespace ::attention::async_infer_testing;  // NOLINT: the file's helpers.
+
+class AsyncInferMemoryTest : public AsyncInferServerTest {};
 
 // A version unloaded once its call has been computed goes as soon as the
 // batch is done, as on the callback path (the version is held by the queued
 // work, not by the transport): a client that has not read its (large)
 // response yet must not keep the unloaded weights resident, which would
 // also refuse loading them again under --max_model_bytes.
-TEST(AsyncInferReviewTest, UnreadResponseDoesNotPinAnUnloadedVersion) {
-  server::ServerOptions options = testing::SmallServerOptions("async_review_pin");
+TEST_F(AsyncInferMemoryTest, UnreadResponseDoesNotPinAnUnloadedVersion) {
+  server::ServerOptions options = SmallServerOptions("async_infer_memory_pin");
   options.repository.control = server::ModelControl::kExplicit;
   options.repository.max_model_bytes = 8000;  // One copy of its 4656 bytes, not two.
-  std::unique_ptr<AttentionServer> server = StartServer(options);
-  ASSERT_NE(server, nullptr);
-  const int64_t resident = server->repository()->resident_bytes();
+  ASSERT_TRUE(Start(options));
+  const int64_t resident = server_->repository()->resident_bytes();
   ASSERT_GT(resident, 0);
   ASSERT_LE(resident, 8000);
   ASSERT_GT(2 * resident, 8000);
@@ -49,7 +48,7 @@ TEST(AsyncInferReviewTest, UnreadResponseDoesNotPinAnUnloadedVersion) {
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   args.SetMaxReceiveMessageSize(-1);
   auto stub = v1::AttentionService::NewStub(grpc::CreateCustomChannel(
-      "127.0.0.1:" + std::to_string(server->port()), grpc::InsecureChannelCredentials(), args));
+      testing::Target(*server_), grpc::InsecureChannelCredentials(), args));
   std::mt19937 rng(8);
   v1::InferRequest request = SmallRequest(rng, 1024, "unread");
   request.set_need_weights(true);
@@ -65,15 +64,15 @@ TEST(AsyncInferReviewTest, UnreadResponseDoesNotPinAnUnloadedVersion) {
   bool ok = false;
   ASSERT_TRUE(cq.Next(&tag, &ok));  // The server answered (its metadata come with it).
   ASSERT_EQ(tag, reinterpret_cast<void*>(2));
-  ASSERT_TRUE(WaitFor([&] { return Count(*server, absl::StatusCode::kOk) == 1; }));
-  const absl::Status unloaded = server->repository()->UnloadModel("small");
+  ASSERT_TRUE(WaitFor([&] { return Count(*server_, absl::StatusCode::kOk) == 1; }));
+  const absl::Status unloaded = server_->repository()->UnloadModel("small");
   ASSERT_TRUE(unloaded.ok()) << unloaded;
   EXPECT_TRUE(
-      WaitFor([&] { return server->repository()->resident_bytes() == 0; }, absl::Seconds(3)))
-      << server->repository()->resident_bytes() << " bytes of the unloaded version still resident "
+      WaitFor([&] { return server_->repository()->resident_bytes() == 0; }, absl::Seconds(3)))
+      << server_->repository()->resident_bytes() << " bytes of the unloaded version still resident "
       << "while its answered call waits for the client to read";
   // Loading it again fits the budget once the unloaded copy is gone.
-  const absl::Status reloaded = server->repository()->LoadModel("small");
+  const absl::Status reloaded = server_->repository()->LoadModel("small");
   EXPECT_TRUE(reloaded.ok()) << reloaded;
   v1::InferResponse response;
   grpc::Status status;
@@ -82,7 +81,7 @@ TEST(AsyncInferReviewTest, UnreadResponseDoesNotPinAnUnloadedVersion) {
   EXPECT_TRUE(ok);
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.model_version(), 1);
-  EXPECT_TRUE(server->Drain());
+  EXPECT_TRUE(server_->Drain());
   cq.Shutdown();
   while (cq.Next(&tag, &ok)) {
   }
@@ -95,11 +94,10 @@ TEST(AsyncInferReviewTest, UnreadResponseDoesNotPinAnUnloadedVersion) {
 // 61 ms, p99 104 and 96 ms; callback (8349fe9) 1511 and 970 calls, p90 5.2
 // and 17.9 ms, p99 42 and 46 ms. Timing-dependent: run by hand with
 // --gtest_also_run_disabled_tests.
-TEST(AsyncInferReviewTest, DISABLED_SmallCallsAreNotHeldBehindLargeRequests) {
-  server::ServerOptions options = testing::SmallServerOptions("async_review_hol");
+TEST_F(AsyncInferMemoryTest, DISABLED_SmallCallsAreNotHeldBehindLargeRequests) {
+  server::ServerOptions options = SmallServerOptions("async_infer_memory_hol");
   options.repository.batching.max_queue_delay_us = 0;
-  std::unique_ptr<AttentionServer> server = StartServer(options);
-  ASSERT_NE(server, nullptr);
+  ASSERT_TRUE(Start(options));
   std::atomic<bool> stop{false};
   std::vector<std::thread> big;
   std::mt19937 brng(9);
@@ -108,11 +106,11 @@ TEST(AsyncInferReviewTest, DISABLED_SmallCallsAreNotHeldBehindLargeRequests) {
   ToProto(RandomTensor({1, 1 << 20, 8}, brng), large.mutable_query());  // Wrong width.
   for (int t = 0; t < 2; ++t) {
     big.emplace_back([&] {
-      auto stub = v1::AttentionService::NewStub(Channel(*server));
+      auto stub = v1::AttentionService::NewStub(Channel(*server_));
       while (!stop.load()) InferOnce(stub.get(), large);
     });
   }
-  auto stub = v1::AttentionService::NewStub(Channel(*server));
+  auto stub = v1::AttentionService::NewStub(Channel(*server_));
   std::mt19937 rng(10);
   const v1::InferRequest small = SmallRequest(rng, 4, "s");
   EXPECT_TRUE(InferOnce(stub.get(), small).ok());
@@ -130,7 +128,7 @@ TEST(AsyncInferReviewTest, DISABLED_SmallCallsAreNotHeldBehindLargeRequests) {
   std::printf("small calls %zu p50 %.2f p90 %.2f p99 %.2f max %.2f ms\n", ms.size(),
               ms[ms.size() / 2], p90, ms[ms.size() * 99 / 100], ms.back());
   EXPECT_LT(p90, 25.0);
-  EXPECT_TRUE(server->Drain());
+  EXPECT_TRUE(server_->Drain());
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "tests/fixture/server_test_util.h"
 #include "tests/fixture/test_util.h"
+#include "tests/memory/one_model_process.h"
 
 namespace attention {
 namespace {
@@ -201,15 +202,10 @@ TEST(FloodTest, InflightBytesBoundMemoryAndEveryRequestIsAnsweredOrRefused) {
 // descriptor; the server must close what it cannot accept, say so, and
 // accept again once descriptors are free.
 TEST(FloodTest, RunningOutOfFileDescriptorsDoesNotStopTheServerAccepting) {
-  const std::string dir = ::testing::TempDir() + "/fd_flood_test_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(32, 4), 1), dir + "/m");
-  testing::ServerProcessOptions process;
-  process.stderr_path = dir + "/server.log";
+  testing::OneModelProcess setup("fd_flood_test");
+  testing::ServerProcessOptions& process = setup.options;
   process.max_open_files = 64;  // Soft and hard: the server cannot raise it.
-  testing::ServerProcess server(ATTENTION_SERVER_BINARY,
-                                {"--model_repository=" + dir, "--threads=1", "--warmup=false"},
-                                "127.0.0.1", 0, process);
+  testing::ServerProcess server(ATTENTION_SERVER_BINARY, setup.Flags(), "127.0.0.1", 0, process);
   ASSERT_TRUE(server.ok());
   auto log = [&] {
     std::ifstream in(process.stderr_path);

@@ -10,7 +10,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <regex>
@@ -27,6 +26,7 @@
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "tests/fixture/server_test_util.h"
 #include "tests/fixture/test_util.h"
+#include "tests/memory/one_model_process.h"
 
 namespace attention {
 namespace {
@@ -43,17 +43,13 @@ int64_t PlanLine(const std::string& log, const std::string& name) {
 }
 
 TEST(ReceiveMemoryTest, RefusedLargeMessagesOnUnreadStreamsStayWithinThePlan) {
-  const std::string dir = ::testing::TempDir() + "/receive_memory_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(32, 4), 1), dir + "/m");
-  testing::ServerProcessOptions process;
-  process.stderr_path = dir + "/server.log";
+  testing::OneModelProcess setup("receive_memory");
+  const testing::ServerProcessOptions& process = setup.options;
   // The flags, under a stated limit so that the plan's allocator
   // reserve does not depend on the machine (about 40 MiB).
   testing::ServerProcess server(ATTENTION_SERVER_BINARY,
-                                {"--model_repository=" + dir, "--threads=1", "--warmup=false",
-                                 absl::StrCat("--max_inflight_bytes=", 32 * kMiB),
-                                 absl::StrCat("--memory_limit_bytes=", 512 * kMiB)},
+                                setup.Flags({absl::StrCat("--max_inflight_bytes=", 32 * kMiB),
+                                             absl::StrCat("--memory_limit_bytes=", 512 * kMiB)}),
                                 "127.0.0.1", 0, process);
   ASSERT_TRUE(server.ok());
   std::string log;

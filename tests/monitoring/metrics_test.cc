@@ -25,9 +25,7 @@ TEST_F(ServerTest, ProcessMetricsAreExposedAndMove) {
   ToProto(RandomTensor({8, 256, 32}, rng), request.mutable_query());
   request.set_model("small");
   for (const absl::Time until = absl::Now() + absl::Milliseconds(300); absl::Now() < until;) {
-    grpc::ClientContext ctx;
-    v1::InferResponse response;
-    ASSERT_TRUE(stub->Infer(&ctx, request, &response).ok());
+    ASSERT_TRUE(InferStatus(*stub, request).ok());
   }
   EXPECT_GT(value("process_cpu_seconds_total"), cpu_before);
   EXPECT_GT(value("process_resident_memory_bytes"), 10e6);
@@ -44,12 +42,7 @@ TEST_F(ServerTest, MetricsAreExposedAndMove) {
   const std::string before = HttpGet(metrics_port_, "/metrics");
   auto stub = InProcessStub();
   std::mt19937 rng(11);
-  for (int i = 0; i < 3; ++i) {
-    RequestCase c = MakeCase(rng, i);
-    grpc::ClientContext ctx;
-    v1::InferResponse response;
-    ASSERT_TRUE(stub->Infer(&ctx, c.request, &response).ok());
-  }
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(InferStatus(*stub, MakeCase(rng, i).request).ok());
   const std::string after = HttpGet(metrics_port_, "/metrics");
   for (const char* name :
        {"attention_request_duration_seconds_bucket", "attention_queue_duration_seconds_count",

@@ -8,6 +8,7 @@
 // connection; the clients then reopen their streams (their own tests).
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,6 +19,7 @@
 #include "attention/v1/sessions.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
+#include "tests/fixture/own_server_test.h"
 #include "tests/fixture/server_test_util.h"
 #include "tests/fixture/small_server_options.h"
 #include "tests/fixture/test_util.h"
@@ -25,24 +27,22 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
 using ::attention::server::ServerOptions;
 
 constexpr int64_t kE = 16;  // SmallServerOptions' model "small".
 
-std::unique_ptr<AttentionServer> Start(ServerOptions o) {
-  o.max_connection_age = absl::Milliseconds(200);
-  auto server = AttentionServer::Listen(o);
-  EXPECT_TRUE(server.ok()) << server.status();
-  if (!server.ok()) return nullptr;
-  EXPECT_TRUE((*server)->LoadModels().ok());
-  return std::move(*server);
-}
-
-std::shared_ptr<grpc::Channel> Connect(const AttentionServer& server) {
-  return grpc::CreateChannel("127.0.0.1:" + std::to_string(server.port()),
-                             grpc::InsecureChannelCredentials());
-}
+class ConnectionAgeTest : public testing::OwnServerTest {
+ protected:
+  // Starts a small server (SmallServerOptions(`name`)) whose connections age
+  // after 200 ms, with `tweak` applied to its options.
+  [[nodiscard]] bool StartAged(const std::string& name,
+                               const std::function<void(ServerOptions&)>& tweak = nullptr) {
+    ServerOptions o = testing::SmallServerOptions(name);
+    o.max_connection_age = absl::Milliseconds(200);
+    if (tweak != nullptr) tweak(o);
+    return Start(o);
+  }
+};
 
 // Waits for the server's GOAWAY: the channel, READY for the calls made so
 // far, leaves READY once its connection takes no new calls (it may have
@@ -74,7 +74,7 @@ bool RoundTrip(grpc::ClientReaderWriter<v1::InferRequest, v1::InferResponse>* st
   return true;
 }
 
-TEST(ConnectionAgeTest, TheDefaultGraceLetsOpenCallsRunToTheirEnd) {
+TEST_F(ConnectionAgeTest, TheDefaultGraceLetsOpenCallsRunToTheirEnd) {
   EXPECT_EQ(ServerOptions().connection_age_grace, absl::InfiniteDuration());
 }
 
@@ -82,12 +82,9 @@ TEST(ConnectionAgeTest, TheDefaultGraceLetsOpenCallsRunToTheirEnd) {
 // connection keep answering long after its age (a GOAWAY seen, then ten
 // times the age), while a new call on the same channel goes through a new
 // connection.
-TEST(ConnectionAgeTest, StreamsInUseOutliveTheConnectionAge) {
-  auto server = Start(testing::SmallServerOptions("connection_age_default"));
-  ASSERT_NE(server, nullptr);
-  auto channel = Connect(*server);
-  auto stub = v1::AttentionService::NewStub(channel);
-  auto sessions = v1::SessionService::NewStub(channel);
+TEST_F(ConnectionAgeTest, StreamsInUseOutliveTheConnectionAge) {
+  ASSERT_TRUE(StartAged("connection_age_default"));
+  auto sessions = v1::SessionService::NewStub(channel_);
   std::mt19937 rng(5);
 
   grpc::ClientContext create_context;
@@ -98,7 +95,7 @@ TEST(ConnectionAgeTest, StreamsInUseOutliveTheConnectionAge) {
   ASSERT_TRUE(sessions->CreateSession(&create_context, create, &info).ok());
 
   grpc::ClientContext infer_context, session_context;
-  auto infer = stub->InferStream(&infer_context);
+  auto infer = stub_->InferStream(&infer_context);
   auto appends = sessions->SessionStream(&session_context);
   int64_t length = 0;
   auto append = [&]() {
@@ -116,12 +113,12 @@ TEST(ConnectionAgeTest, StreamsInUseOutliveTheConnectionAge) {
   ASSERT_TRUE(RoundTrip(infer.get(), Query(rng, i++)));
   ASSERT_TRUE(append());
 
-  ASSERT_TRUE(WaitForGoaway(channel.get()));
+  ASSERT_TRUE(WaitForGoaway(channel_.get()));
   const absl::Time goaway = absl::Now();
   // A new call after the GOAWAY: on a new connection.
   grpc::ClientContext unary_context;
   v1::InferResponse unary;
-  ASSERT_TRUE(stub->Infer(&unary_context, Query(rng, 1000), &unary).ok());
+  ASSERT_TRUE(stub_->Infer(&unary_context, Query(rng, 1000), &unary).ok());
   while (absl::Now() < goaway + absl::Seconds(2)) {
     ASSERT_TRUE(RoundTrip(infer.get(), Query(rng, i++)))
         << infer->Finish().error_message() << " (request " << i << ")";
@@ -133,45 +130,38 @@ TEST(ConnectionAgeTest, StreamsInUseOutliveTheConnectionAge) {
   EXPECT_TRUE(infer->Finish().ok());
   appends->WritesDone();
   EXPECT_TRUE(appends->Finish().ok());
-  EXPECT_TRUE(server->Drain());
+  EXPECT_TRUE(server_->Drain());
 }
 
 // A finite grace ends the streams still open after age + grace with
 // UNAVAILABLE (what the clients' reopening recovers from).
-TEST(ConnectionAgeTest, AFiniteGraceCutsAStreamStillOpen) {
-  ServerOptions o = testing::SmallServerOptions("connection_age_finite");
-  o.connection_age_grace = absl::Milliseconds(300);
-  auto server = Start(o);
-  ASSERT_NE(server, nullptr);
-  auto channel = Connect(*server);
-  auto stub = v1::AttentionService::NewStub(channel);
+TEST_F(ConnectionAgeTest, AFiniteGraceCutsAStreamStillOpen) {
+  ASSERT_TRUE(StartAged("connection_age_finite", [](ServerOptions& o) {
+    o.connection_age_grace = absl::Milliseconds(300);
+  }));
   std::mt19937 rng(6);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto infer = stub->InferStream(&context);
+  testing::PrepareContext(context, /*token=*/"", absl::Seconds(60));
+  auto infer = stub_->InferStream(&context);
   int i = 0;
   while (RoundTrip(infer.get(), Query(rng, i++))) absl::SleepFor(absl::Milliseconds(50));
   const grpc::Status status = infer->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
   EXPECT_GT(i, 1);
-  EXPECT_TRUE(server->Drain());
+  EXPECT_TRUE(server_->Drain());
 }
 
 // With no grace limit, a drain still ends the streams left open: after the
 // drain timeout they are cancelled, and the drain returns.
-TEST(ConnectionAgeTest, ADrainEndsAStreamLeftOpen) {
-  ServerOptions o = testing::SmallServerOptions("connection_age_drain");
-  o.drain_timeout = absl::Milliseconds(500);
-  auto server = Start(o);
-  ASSERT_NE(server, nullptr);
-  auto channel = Connect(*server);
-  auto stub = v1::AttentionService::NewStub(channel);
+TEST_F(ConnectionAgeTest, ADrainEndsAStreamLeftOpen) {
+  ASSERT_TRUE(StartAged("connection_age_drain",
+                        [](ServerOptions& o) { o.drain_timeout = absl::Milliseconds(500); }));
   std::mt19937 rng(7);
   grpc::ClientContext context;
-  auto infer = stub->InferStream(&context);
+  auto infer = stub_->InferStream(&context);
   ASSERT_TRUE(RoundTrip(infer.get(), Query(rng, 0)));
-  ASSERT_TRUE(WaitForGoaway(channel.get()));  // Aged: only the grace would have ended it.
-  EXPECT_TRUE(server->Drain());               // Every accepted request was answered.
+  ASSERT_TRUE(WaitForGoaway(channel_.get()));  // Aged: only the grace would have ended it.
+  EXPECT_TRUE(server_->Drain());               // Every accepted request was answered.
   v1::InferResponse response;
   EXPECT_FALSE(infer->Read(&response));
   EXPECT_FALSE(infer->Finish().ok());

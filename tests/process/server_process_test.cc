@@ -1,8 +1,8 @@
 // attention-server as a process: start it on free ports, load it from
 // several threads, send SIGTERM in the middle, and check that every request
 // it accepted got a full, correct response and that it exits 0; SIGTERM
-// while models load (at start, and LoadModel calls queued) stops it promptly.
-#include <fcntl.h>
+// while models load (at start, and LoadModel calls queued) stops it promptly;
+// a busy port and a negative metrics port at start-up.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,14 +23,13 @@
 #include "core/mha_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/fixture/server_child.h"
 #include "tests/fixture/server_test_util.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {
 
-using ::attention::testing::FromProto;
-using ::attention::testing::ToProto;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -51,7 +50,7 @@ TEST(ServerProcessTest, SigtermDrainsAcceptedRequestsAndExitsZero) {
       for (int i = 0; i < 400 && !stop.load(); ++i) {
         Tensor q = testing::RandomTensor({1, 8 + (i * 5 + t) % 40, 256}, rng);
         v1::InferRequest request;
-        ToProto(q, request.mutable_query());
+        testing::ToProto(q, request.mutable_query());
         request.set_is_causal(i % 2 == 0);
         grpc::ClientContext ctx;
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
@@ -72,7 +71,7 @@ TEST(ServerProcessTest, SigtermDrainsAcceptedRequestsAndExitsZero) {
         in.query = q.view();
         in.is_causal = request.is_causal();
         MhaOutputs expected = *engine->Forward(in);
-        Tensor got = FromProto(response.output());
+        Tensor got = testing::FromProto(response.output());
         bool same = got.shape() == expected.output.shape();
         for (int64_t j = 0; same && j < got.num_elements(); ++j) {
           same = std::abs(got.as<float>()[j] - expected.output.as<float>()[j]) <= 1e-5;
@@ -116,6 +115,15 @@ TEST(ServerProcessTest, ABusyPortIsOneLineBeforeAnythingStarts) {
   EXPECT_THAT(output, Not(HasSubstr("metrics on")));
 }
 
+// A negative --metrics_port turns metrics off as 0 does: main probes only a
+// port > 0, as AttentionServer::Listen serves metrics only on one (probing
+// "-1" once ended start-up with a line blaming the host: "--host 127.0.0.1:
+// cannot resolve it (Servname not supported for ai_socktype)").
+TEST(ServerProcessTest, ANegativeMetricsPortStillTurnsMetricsOff) {
+  testing::ServerProcess server(ATTENTION_SERVER_BINARY, {"--metrics_port=-1"});
+  EXPECT_TRUE(server.ok()) << "the server did not come up with --metrics_port=-1";
+}
+
 // attention-server started with `args` and `env`, its stderr in a file; it
 // is not waited for (ServerProcess waits for SERVING).
 class LoggedServer {
@@ -124,21 +132,7 @@ class LoggedServer {
       : log_(::testing::TempDir() + "/server_process_" + std::to_string(getpid()) + "_" +
              std::to_string(++count_) + ".log"),
         port_(testing::FreePort()) {
-    std::vector<std::string> args = {ATTENTION_SERVER_BINARY, "--host=127.0.0.1",
-                                     "--port=" + std::to_string(port_), "--metrics_port=0",
-                                     "--http_port=0"};
-    args.insert(args.end(), extra_args.begin(), extra_args.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 2);
-      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    pid_ = testing::SpawnServer(ATTENTION_SERVER_BINARY, port_, extra_args, log_, env);
   }
   ~LoggedServer() {
     if (pid_ > 0) {

@@ -5,8 +5,6 @@
 // (SessionManager::EndLocked): a heap-use-after-free under ASan (the test is
 // in scripts/sanitize.sh's ASan list), and in a plain build the expiry was
 // counted through the freed model's metrics pointer.
-#include <unistd.h>
-
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -18,41 +16,29 @@
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
 #include "server/batching/pending_request.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::server::PendingRequest;
-using ::attention::server::RequestOutcome;
 using ::attention::server::ServedModel;
-using ::attention::server::SessionEnd;
 
 TEST(ShutdownOrderTest, SessionReaperNeverEndsASessionOfAFreedModel) {
-  const std::string dir = ::testing::TempDir() + "/shutdown_test_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
   // Two models: the repository frees "b" first, then waits for "a"'s batcher.
-  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1), dir + "/a");
-  testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 2), dir + "/b");
-  server::ServerOptions options;
-  options.host = "127.0.0.1";
-  options.port = 0;
-  options.metrics_port = 0;
-  options.repository.path = dir;
-  options.repository.compute_threads = 1;
-  options.repository.warmup = false;
-  options.drain_grace = absl::ZeroDuration();
-  auto listened = AttentionServer::Listen(options);
-  ASSERT_TRUE(listened.ok()) << listened.status();
-  std::unique_ptr<AttentionServer> server = *std::move(listened);
-  ASSERT_TRUE(server->LoadModels().ok());
+  testing::ModelFolder models("shutdown_test");
+  models.Add("a", testing::SelfAttentionSpec(16, 2), 1);
+  models.Add("b", testing::SelfAttentionSpec(16, 2), 2);
+  std::unique_ptr<server::AttentionServer> server =
+      testing::StartServer(testing::TestServerOptions(models.path()));
+  ASSERT_NE(server, nullptr);
   const ServedModel* a = server->repository()->Find("a").get();
   const ServedModel* b = server->repository()->Find("b").get();
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   // Owned by the server's Metrics, which outlive the models.
-  prometheus::Counter* expired = b->metrics->session_ends[static_cast<int>(SessionEnd::kExpired)];
+  prometheus::Counter* expired =
+      b->metrics->session_ends[static_cast<int>(server::SessionEnd::kExpired)];
 
   // A session of "b" that expires one second after its last use: at the
   // reaper's second tick, while the shutdown below is under way.
@@ -70,9 +56,9 @@ TEST(ShutdownOrderTest, SessionReaperNeverEndsASessionOfAFreedModel) {
   // once, whose answer blocks until released. The repository's destructor
   // waits for it with "b" already freed.
   absl::Notification entered, release;
-  auto blocker = std::make_unique<PendingRequest>();
+  auto blocker = std::make_unique<server::PendingRequest>();
   blocker->deadline = absl::InfinitePast();
-  blocker->done = [&](RequestOutcome) {
+  blocker->done = [&](server::RequestOutcome) {
     entered.Notify();
     release.WaitForNotification();
   };
@@ -90,7 +76,7 @@ TEST(ShutdownOrderTest, SessionReaperNeverEndsASessionOfAFreedModel) {
   releaser.join();
   EXPECT_EQ(expired->Value(), 0) << "the session reaper ended a session after its model was freed";
   server.reset();
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(models.path());
 }
 
 }  // namespace

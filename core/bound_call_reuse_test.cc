@@ -77,7 +77,7 @@ std::vector<double> KeyProjection(const MhaModel& model, const Tensor& x) {
 // more keys than the thread's entries, the OpenMP thread count flipping
 // between calls, Project with a new row count each time in between, and a
 // primitive cache of 2 (each call's primitives evict the previous ones).
-TEST(BoundCallReviewTest, ShapesThreadCountsAndEvictionsOnOneThread) {
+TEST(BoundCallReuseTest, ShapesThreadCountsAndEvictionsOnOneThread) {
   const int saved_threads = omp_get_max_threads();
   std::mt19937 rng(21);
   for (size_t capacity : {size_t{2}, size_t{512}}) {
@@ -116,7 +116,7 @@ TEST(BoundCallReviewTest, ShapesThreadCountsAndEvictionsOnOneThread) {
 // each call's primitives are evicted by the others' while it runs (the
 // bound call holds its primitive during the call). Self-attention (the fused
 // q/k/v projection) and cross with appended keys.
-TEST(BoundCallReviewTest, ThreadsSharingAnEngineWithACacheOfOne) {
+TEST(BoundCallReuseTest, ThreadsSharingAnEngineWithACacheOfOne) {
   for (bool cross : {false, true}) {
     MhaSpec spec = cross ? CrossSpec(true, true, true) : testing::SelfAttentionSpec(32, 4);
     auto model = MhaModel::Random(spec, 40);
@@ -143,7 +143,7 @@ TEST(BoundCallReviewTest, ThreadsSharingAnEngineWithACacheOfOne) {
 // engine it used and makes another (same spec, new weights: the allocator
 // may hand out the same addresses) between the worker's calls; the worker
 // then computes with the new engine's weights, every time.
-TEST(BoundCallReviewTest, EngineRemadeBetweenAWorkersCalls) {
+TEST(BoundCallReuseTest, EngineRemadeBetweenAWorkersCalls) {
   MhaSpec spec = CrossSpec(true, false, true);
   std::shared_ptr<const MhaModel> model;
   std::unique_ptr<MhaEngine> engine;

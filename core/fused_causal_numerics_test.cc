@@ -79,7 +79,7 @@ Paths RunBoth(const SdpaInputs& in) {
 // double loop at 1e-4 relative + 1e-5 absolute (a score of 1e4 carries a
 // float32 rounding of 1e-3, so exact agreement is not expected; both paths
 // are held to the same bound).
-TEST(FusedCausalReviewTest, ScoreSwingsOfTenThousandInsideADiagonalTile) {
+TEST(FusedCausalNumericsTest, ScoreSwingsOfTenThousandInsideADiagonalTile) {
   if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here";
   for (int64_t l : {5, 63, 64, 65, 131}) {
     for (int pattern = 0; pattern < 3; ++pattern) {
@@ -122,7 +122,7 @@ TEST(FusedCausalReviewTest, ScoreSwingsOfTenThousandInsideADiagonalTile) {
 
 // Cross-attention under is_causal with L != S, top-left aligned (row i sees
 // keys j <= i; rows past S see every key), lengths off the block sizes.
-TEST(FusedCausalReviewTest, CrossLengthsTopLeftAligned) {
+TEST(FusedCausalNumericsTest, CrossLengthsTopLeftAligned) {
   if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here";
   uint32_t seed = 40;
   for (auto [l, s] : {std::pair<int64_t, int64_t>{1, 300},
@@ -154,7 +154,7 @@ TEST(FusedCausalReviewTest, CrossLengthsTopLeftAligned) {
 // NaN and infinity in Q, K or V at rows before, on and after the diagonal:
 // the fused path's NaN positions are the primitive path's, element by
 // element, and its finite values agree at 1e-5 (float32) or 2e-2 (bfloat16).
-TEST(FusedCausalReviewTest, NonFiniteInputsLikeThePrimitivePath) {
+TEST(FusedCausalNumericsTest, NonFiniteInputsLikeThePrimitivePath) {
   if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here";
   const int64_t h = 2, l = 130, d = 32;
   struct Poke {
@@ -210,7 +210,7 @@ TEST(FusedCausalReviewTest, NonFiniteInputsLikeThePrimitivePath) {
 
 // bfloat16 with score swings inside the diagonal tile: the fused path
 // against the primitive path (2e-2).
-TEST(FusedCausalReviewTest, BFloat16ScoreSwings) {
+TEST(FusedCausalNumericsTest, BFloat16ScoreSwings) {
   if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here";
   for (int64_t l : {7, 64, 100}) {
     std::mt19937 rng(static_cast<uint32_t>(l));
@@ -244,7 +244,7 @@ TEST(FusedCausalReviewTest, BFloat16ScoreSwings) {
 // wholly keeps the zeros on both paths, infinite input or not: row 0 under a
 // bool attn_mask that hides its one key, and under a key padding mask. bf16
 // compute follows the same rule.
-TEST(FusedCausalReviewTest, RowOfMinusInfScoresFromInputsIsNaNAndAMaskedOneIsZero) {
+TEST(FusedCausalNumericsTest, RowOfMinusInfScoresFromInputsIsNaNAndAMaskedOneIsZero) {
   if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here";
   const int64_t h = 1, l = 2, s = 1, d = 16;
   for (DType compute : {DType::kFloat32, DType::kBFloat16}) {
@@ -300,7 +300,7 @@ TEST(FusedCausalReviewTest, RowOfMinusInfScoresFromInputsIsNaNAndAMaskedOneIsZer
 // out zeros (then NaN). PyTorch and the primitive path give the mean of
 // those keys' values. Without masks and under is_causal (row 127, its -inf
 // block unmasked, the rest in the diagonal tile), float32 and bfloat16.
-TEST(FusedCausalReviewTest, FiniteScoresFarBelowAnAllMinusInfBlockAreKept) {
+TEST(FusedCausalNumericsTest, FiniteScoresFarBelowAnAllMinusInfBlockAreKept) {
   if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here";
   for (DType compute : {DType::kFloat32, DType::kBFloat16}) {
     for (bool causal : {false, true}) {
@@ -352,7 +352,7 @@ TEST(FusedCausalReviewTest, FiniteScoresFarBelowAnAllMinusInfBlockAreKept) {
 // kernel skipped the key tiles after row 0's own (they are all hidden) and
 // gave zeros; a non-finite query row now computes every key tile, as a
 // non-finite key or value already did.
-TEST(FusedCausalReviewTest, AnInfiniteQueryReachesTheCausallyHiddenKeysOfAMaskedRow) {
+TEST(FusedCausalNumericsTest, AnInfiniteQueryReachesTheCausallyHiddenKeysOfAMaskedRow) {
   if (!FusedAttentionAvailable()) GTEST_SKIP() << "no AVX-512 here";
   const int64_t l = 65, s = 65, d = 16;
   std::mt19937 rng(4);
