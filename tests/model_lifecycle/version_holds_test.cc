@@ -62,9 +62,7 @@ TEST(VersionHoldsTest, IdleStreamsHoldNoVersion) {
   auto attention = v1::AttentionService::NewStub(server->InProcessChannel());
   grpc::ClientContext infer_context;
   auto infer = attention->InferStream(&infer_context);
-  v1::InferRequest request;
-  request.set_model("m");
-  ToProto(query, request.mutable_query());
+  const v1::InferRequest request = InferRequest(query);
   v1::InferResponse response;
   ASSERT_TRUE(infer->Write(request));
   ASSERT_TRUE(infer->Read(&response));
@@ -186,11 +184,7 @@ TEST(VersionHoldsTest, PerModelGaugesAddUpEveryVersion) {
     for (int64_t v : {1, 2}) {
       for (int i = 0; i < 3; ++i) {
         auto call = std::make_unique<Call>();
-        v1::InferRequest request;
-        request.set_model("m");
-        request.set_model_version(v);
-        ToProto(query, request.mutable_query());
-        call->reader = attention->AsyncInfer(&call->context, request, &cq);
+        call->reader = attention->AsyncInfer(&call->context, InferRequest(query, v), &cq);
         call->reader->Finish(&call->response, &call->status, call.get());
         calls.push_back(std::move(call));
       }
@@ -295,9 +289,7 @@ TEST(VersionHoldsTest, AnUnreadStreamResponseHoldsNoVersion) {
   auto attention = v1::AttentionService::NewStub(server->InProcessChannel());
   grpc::ClientContext context;
   auto stream = attention->InferStream(&context);
-  v1::InferRequest request;
-  request.set_model("m");
-  ToProto(query, request.mutable_query());
+  const v1::InferRequest request = InferRequest(query);
   ASSERT_TRUE(stream->Write(request));
   // Computed; its response is not read yet.
   ASSERT_TRUE(Eventually(

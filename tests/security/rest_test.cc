@@ -12,22 +12,24 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "server/attention_server.h"
-#include "server/security/token_authenticator.h"
+#include "tests/fixture/security_test_fixture.h"
 #include "tests/fixture/test_certificates.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {
 
+using ::attention::security_test::ReplaceByRename;
 using ::attention::server::AttentionServer;
 using ::attention::server::ServerOptions;
+using ::attention::testing::HashHex;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
@@ -49,20 +51,10 @@ class RestSecurityTest : public ::testing::Test {
       testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 2),
                              models + "/other");
     }
-    ServerOptions o;
-    o.host = "127.0.0.1";
-    o.port = 0;
-    o.metrics_port = 0;
-    o.http_port = 0;
-    o.repository.path = models;
-    o.repository.compute_threads = 1;
-    o.repository.warmup = false;
+    ServerOptions o = testing::TestServerOptions(models, /*rest=*/true);
+    o.drain_grace = absl::Milliseconds(500);
     tweak(o);
-    auto server = AttentionServer::Listen(o);
-    EXPECT_TRUE(server.ok()) << server.status();
-    if (!server.ok()) return nullptr;
-    EXPECT_TRUE((*server)->LoadModels().ok());
-    return *std::move(server);
+    return testing::StartServer(o);
   }
   static std::string Body() {
     return json{{"inputs", {Input("query", "FP32", {1, 1, 16}, std::vector<float>(16, 1.f))}}}
@@ -75,11 +67,7 @@ TEST_F(RestSecurityTest, BearerTokensAsOverGrpc) {
   const std::string tokens = Dir() + "/tokens";
   {
     std::ofstream out(tokens);
-    const auto hash = [](const std::string& t) {
-      const auto h = server::TokenAuthenticator::Hash(t);
-      return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h.data()), 32));
-    };
-    out << hash("alice-secret") << " alice small\n";
+    out << HashHex("alice-secret") << " alice small\n";
   }
   auto server = Start([&](ServerOptions& o) { o.auth_tokens_file = tokens; });
   ASSERT_NE(server, nullptr);
@@ -156,9 +144,7 @@ TEST_F(RestSecurityTest, ARotatedCertificateIsServedOnTheRestPortWithoutRestart)
   const std::string dir = Dir() + "/rotation";
   std::filesystem::create_directories(dir);
   auto place = [&](const std::string& from, const std::string& to) {
-    std::filesystem::copy_file(certs.Path(from), dir + "/" + to + ".new",
-                               std::filesystem::copy_options::overwrite_existing);
-    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
+    ReplaceByRename(certs.Path(from), dir + "/" + to);
   };
   place("server-ca1.pem", "tls.crt");
   place("server-ca1.key", "tls.key");
@@ -205,9 +191,7 @@ TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
   const std::string dir = Dir() + "/crotation";
   std::filesystem::create_directories(dir);
   auto place = [&](const std::string& from, const std::string& to) {
-    std::filesystem::copy_file(certs.Path(from), dir + "/" + to + ".new",
-                               std::filesystem::copy_options::overwrite_existing);
-    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
+    ReplaceByRename(certs.Path(from), dir + "/" + to);
   };
   {
     std::ofstream both(dir + "/both-cas.pem");

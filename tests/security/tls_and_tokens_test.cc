@@ -30,9 +30,6 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::server::ServerOptions;
-using ::attention::server::TokenAuthenticator;
 using ::testing::HasSubstr;
 using namespace ::attention::security_test;  // NOLINT: the fixture's helpers.
 
@@ -74,10 +71,8 @@ TEST_F(SecurityTest, MutualTlsNeedsAClientCertificateFromTheClientCa) {
 TEST_F(SecurityTest, RotatedCertificateIsServedWithoutRestart) {
   const std::string dir = TestDir() + "/rotation";
   std::filesystem::create_directories(dir);
-  std::filesystem::copy_file(certs_->Path("server-ca1.pem"), dir + "/tls.crt",
-                             std::filesystem::copy_options::overwrite_existing);
-  std::filesystem::copy_file(certs_->Path("server-ca1.key"), dir + "/tls.key",
-                             std::filesystem::copy_options::overwrite_existing);
+  ReplaceByRename(certs_->Path("server-ca1.pem"), dir + "/tls.crt");
+  ReplaceByRename(certs_->Path("server-ca1.key"), dir + "/tls.key");
   auto server = StartServer([&](ServerOptions& o) {
     o.tls.cert_file = dir + "/tls.crt";
     o.tls.key_file = dir + "/tls.key";
@@ -89,9 +84,7 @@ TEST_F(SecurityTest, RotatedCertificateIsServedWithoutRestart) {
   // Rotate to a certificate from the other CA, each file replaced by rename.
   for (const auto& [from, to] : {std::pair<std::string, std::string>{"server-ca2.key", "tls.key"},
                                  {"server-ca2.pem", "tls.crt"}}) {
-    std::filesystem::copy_file(certs_->Path(from), dir + "/" + to + ".new",
-                               std::filesystem::copy_options::overwrite_existing);
-    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
+    ReplaceByRename(certs_->Path(from), dir + "/" + to);
   }
   EXPECT_TRUE(Eventually([&] { return Infer(TlsChannel(target, certs_->Read("ca2.pem"))).ok(); },
                          absl::Seconds(30)))
@@ -145,9 +138,7 @@ TEST_F(SecurityTest, MismatchedKeyOnReloadKeepsThePairInForce) {
   const std::string dir = TestDir() + "/mismatch";
   std::filesystem::create_directories(dir);
   auto replace = [&](const std::string& from, const std::string& to) {
-    std::filesystem::copy_file(certs_->Path(from), dir + "/" + to + ".new",
-                               std::filesystem::copy_options::overwrite_existing);
-    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
+    ReplaceByRename(certs_->Path(from), dir + "/" + to);
   };
   replace("server-ca1.pem", "tls.crt");
   replace("server-ca1.key", "tls.key");
@@ -176,9 +167,7 @@ TEST_F(SecurityTest, IdentityWatcherInstallsOnlyMatchingPairs) {
   const std::string dir = TestDir() + "/watcher";
   std::filesystem::create_directories(dir);
   auto replace = [&](const std::string& from, const std::string& to) {
-    std::filesystem::copy_file(certs_->Path(from), dir + "/" + to + ".new",
-                               std::filesystem::copy_options::overwrite_existing);
-    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
+    ReplaceByRename(certs_->Path(from), dir + "/" + to);
   };
   auto served = [](const TlsIdentityWatcher& w) {
     std::ifstream in(w.path(), std::ios::binary);

@@ -17,9 +17,6 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::server::ServerOptions;
-using ::attention::server::TokenAuthenticator;
 using ::testing::HasSubstr;
 using namespace ::attention::security_test;  // NOLINT: the fixture's helpers.
 
@@ -165,7 +162,7 @@ TEST(TokenModelTest, EmptyModelNameResolvesAmongTheCallersModels) {
   testing::ModelFolder models("token_models");
   models.Add("small", testing::SelfAttentionSpec(32, 4), 1, "\"max_session_tokens\": 8192");
   models.Add("wide", wide, 2);
-  const std::string tokens = models.path() + "/../token_models_tokens";
+  const std::string tokens = models.path() + "_tokens";
   WriteTokens(tokens, HashHex("bob-secret") + " bob wide\n");
   ServerOptions options = testing::TestServerOptions(models.path(), false, 2);
   options.drain_grace = absl::Milliseconds(500);
