@@ -7,6 +7,7 @@
 // sessions/refusals_test.cc.
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <random>
 #include <string>
 
@@ -75,40 +76,38 @@ class SequenceLimitsTest : public ::testing::Test {
 };
 
 // The inference protocol's names, on the same server.
-class InferenceProtocolLimitsTest : public SequenceLimitsTest {};
+class InferenceProtocolLimitsTest : public SequenceLimitsTest {
+ protected:
+  // ModelInfer of 2 random tokens on "small", not in a sequence, once
+  // `spoil` changed the request: its status.
+  grpc::Status InferSpoiled(const std::function<void(ModelInferRequest&)>& spoil) {
+    ModelInferRequest r = Step(2, /*start=*/false);
+    r.mutable_parameters()->erase("sequence_id");
+    spoil(r);
+    ModelInferResponse response;
+    return Infer(r, &response);
+  }
+};
 
 // DecodeModelInfer quotes an unknown output name whole ("expected 'output'
 // or 'attn_weights', got '...'"). gRPC percent-encodes grpc-message: 4096
 // '%' become 12 KiB of trailing metadata, over the client's 8 KiB limit, so
 // the client got RESOURCE_EXHAUSTED / INTERNAL instead of INVALID_ARGUMENT.
 TEST_F(InferenceProtocolLimitsTest, ModelInferRefusesALongOutputNameWithInvalidArgument) {
-  ModelInferRequest r = Step(2, /*start=*/false);
-  r.mutable_parameters()->erase("sequence_id");
-  r.add_outputs()->set_name(std::string(5000, '%'));
-  ModelInferResponse response;
-  const grpc::Status status = Infer(r, &response);
+  const grpc::Status status =
+      InferSpoiled([](ModelInferRequest& r) { r.add_outputs()->set_name(std::string(5000, '%')); });
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
 }
 
 // ParseDatatype quotes the datatype whole; the input's name is quoted whole
 // in every inputs[i] ('<name>') field of an error.
 TEST_F(InferenceProtocolLimitsTest, ModelInferRefusesALongDatatypeOrInputNameWithInvalidArgument) {
-  {
-    ModelInferRequest r = Step(2, /*start=*/false);
-    r.mutable_parameters()->erase("sequence_id");
-    r.mutable_inputs(0)->set_datatype(std::string(5000, '%'));
-    ModelInferResponse response;
-    const grpc::Status status = Infer(r, &response);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
-  }
-  {
-    ModelInferRequest r = Step(2, /*start=*/false);
-    r.mutable_parameters()->erase("sequence_id");
-    r.mutable_inputs(0)->set_name(std::string(5000, '%'));
-    ModelInferResponse response;
-    const grpc::Status status = Infer(r, &response);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
-  }
+  const grpc::Status datatype = InferSpoiled(
+      [](ModelInferRequest& r) { r.mutable_inputs(0)->set_datatype(std::string(5000, '%')); });
+  EXPECT_EQ(datatype.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << datatype.error_message();
+  const grpc::Status name = InferSpoiled(
+      [](ModelInferRequest& r) { r.mutable_inputs(0)->set_name(std::string(5000, '%')); });
+  EXPECT_EQ(name.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << name.error_message();
 }
 
 // A restart whose step fails when it runs (here: 9 tokens over the model's

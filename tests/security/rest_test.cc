@@ -27,10 +27,7 @@ namespace attention {
 namespace {
 
 using ::attention::security_test::ReplaceByRename;
-using ::attention::server::AttentionServer;
 using ::attention::server::ServerOptions;
-using ::attention::testing::HashHex;
-using ::testing::HasSubstr;
 using json = nlohmann::json;
 
 json Input(const std::string& name, const std::string& datatype, const Shape& shape, json data) {
@@ -43,7 +40,8 @@ class RestSecurityTest : public ::testing::Test {
   static std::string Dir() {
     return ::testing::TempDir() + "/rest_security_test_" + std::to_string(getpid());
   }
-  static std::unique_ptr<AttentionServer> Start(const std::function<void(ServerOptions&)>& tweak) {
+  static std::unique_ptr<server::AttentionServer> Start(
+      const std::function<void(ServerOptions&)>& tweak) {
     const std::string models = Dir() + "/models";
     if (!std::filesystem::exists(models)) {
       testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1),
@@ -67,7 +65,7 @@ TEST_F(RestSecurityTest, BearerTokensAsOverGrpc) {
   const std::string tokens = Dir() + "/tokens";
   {
     std::ofstream out(tokens);
-    out << HashHex("alice-secret") << " alice small\n";
+    out << testing::HashHex("alice-secret") << " alice small\n";
   }
   auto server = Start([&](ServerOptions& o) { o.auth_tokens_file = tokens; });
   ASSERT_NE(server, nullptr);
@@ -76,7 +74,7 @@ TEST_F(RestSecurityTest, BearerTokensAsOverGrpc) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 401);
   EXPECT_EQ(res->get_header_value("WWW-Authenticate"), "Bearer");
-  EXPECT_THAT(res->body, HasSubstr("error"));
+  EXPECT_THAT(res->body, ::testing::HasSubstr("error"));
   httplib::Headers bad = {{"Authorization", "Bearer wrong"}};
   EXPECT_EQ(client.Post("/v2/models/small/infer", bad, Body(), "application/json")->status, 401);
   httplib::Headers alice = {{"Authorization", "Bearer alice-secret"}};

@@ -27,9 +27,6 @@ namespace attention {
 namespace {
 
 using ::attention::server::AttentionServer;
-using ::attention::server::ServerOptions;
-using ::attention::testing::FromProto;
-using ::attention::testing::RandomMask;
 using ::attention::testing::RandomTensor;
 using ::attention::testing::ToProto;
 using ::testing::HasSubstr;
@@ -91,7 +88,7 @@ TEST(SessionDrainTest, QueuedAppendsFinishAndNewOnesAreRefused) {
 // (gRPC's default SO_REUSEPORT would split the clients, and their sessions,
 // between the two).
 TEST(ServerPortTest, ASecondServerOnTheSamePortFailsToStart) {
-  ServerOptions options;
+  server::ServerOptions options;
   options.host = "127.0.0.1";
   options.port = testing::FreePort();
   options.metrics_port = 0;

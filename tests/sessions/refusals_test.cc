@@ -261,23 +261,27 @@ TEST(SequenceStartRefusalTest, RefusedSequenceStartsHoldNothing) {
 // trailing metadata, over the client's 8 KiB limit, so the client gets
 // RESOURCE_EXHAUSTED / INTERNAL instead of INVALID_ARGUMENT (issue 21, 3c).
 // On a real TCP channel: its default 8 KiB metadata limit is what clients meet.
-TEST_F(SessionRefusalTest, GetSessionRefusesALongSessionIdWithInvalidArgument) {
-  auto stub = v1::SessionService::NewStub(testing::PlainChannel(*server_));
+template <typename Request, typename Response>
+grpc::Status CallWithALongSessionId(AttentionServer& server,
+                                    grpc::Status (v1::SessionService::Stub::*call)(
+                                        grpc::ClientContext*, const Request&, Response*)) {
+  auto stub = v1::SessionService::NewStub(testing::PlainChannel(server));
   grpc::ClientContext context;
-  v1::GetSessionRequest request;
+  Request request;
   request.set_session_id(std::string(5000, '%'));
-  v1::SessionInfo info;
-  const grpc::Status status = stub->GetSession(&context, request, &info);
+  Response response;
+  return ((*stub).*call)(&context, request, &response);
+}
+
+TEST_F(SessionRefusalTest, GetSessionRefusesALongSessionIdWithInvalidArgument) {
+  const grpc::Status status =
+      CallWithALongSessionId(*server_, &v1::SessionService::Stub::GetSession);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
 }
 
 TEST_F(SessionRefusalTest, CloseSessionRefusesALongSessionIdWithInvalidArgument) {
-  auto stub = v1::SessionService::NewStub(testing::PlainChannel(*server_));
-  grpc::ClientContext context;
-  v1::CloseSessionRequest request;
-  request.set_session_id(std::string(5000, '%'));
-  v1::CloseSessionResponse response;
-  const grpc::Status status = stub->CloseSession(&context, request, &response);
+  const grpc::Status status =
+      CallWithALongSessionId(*server_, &v1::SessionService::Stub::CloseSession);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
 }
 
