@@ -26,7 +26,7 @@
 namespace attention {
 namespace {
 
-using ::attention::security_test::ReplaceByRename;
+using ::attention::security_test::RotatingPair;
 using ::attention::server::ServerOptions;
 using json = nlohmann::json;
 
@@ -139,18 +139,10 @@ TEST_F(RestSecurityTest, MutualTlsNeedsAClientCertificate) {
 TEST_F(RestSecurityTest, ARotatedCertificateIsServedOnTheRestPortWithoutRestart) {
   testing::TestCertificates certs(Dir() + "/rcerts");
   ASSERT_TRUE(certs.ok()) << certs.error();
-  const std::string dir = Dir() + "/rotation";
-  std::filesystem::create_directories(dir);
-  auto place = [&](const std::string& from, const std::string& to) {
-    ReplaceByRename(certs.Path(from), dir + "/" + to);
-  };
-  place("server-ca1.pem", "tls.crt");
-  place("server-ca1.key", "tls.key");
-  auto server = Start([&](ServerOptions& o) {
-    o.tls.cert_file = dir + "/tls.crt";
-    o.tls.key_file = dir + "/tls.key";
-    o.tls.reload_interval_s = 1;
-  });
+  const RotatingPair pair(certs, Dir() + "/rotation");
+  pair.Place("server-ca1.pem", "tls.crt");
+  pair.Place("server-ca1.key", "tls.key");
+  auto server = Start([&](ServerOptions& o) { pair.ServeOn(o); });
   ASSERT_NE(server, nullptr);
   auto live_with_ca = [&](const std::string& ca) {
     httplib::SSLClient client("localhost", server->http_port());
@@ -163,12 +155,12 @@ TEST_F(RestSecurityTest, ARotatedCertificateIsServedOnTheRestPortWithoutRestart)
   ASSERT_FALSE(live_with_ca("ca2.pem"));
 
   // A certificate of the other CA with a key that is not its own: refused.
-  place("server-ca2.pem", "tls.crt");
-  place("client-ca1.key", "tls.key");
+  pair.Place("server-ca2.pem", "tls.crt");
+  pair.Place("client-ca1.key", "tls.key");
   // Then the matching pair.
   absl::SleepFor(absl::Seconds(2));  // Two watcher checks see the mismatched pair.
   EXPECT_TRUE(live_with_ca("ca1.pem")) << "a mismatched pair replaced the one in force";
-  place("server-ca2.key", "tls.key");
+  pair.Place("server-ca2.key", "tls.key");
   const absl::Time bound = absl::Now() + absl::Seconds(30);
   bool rotated = false;
   while (!(rotated = live_with_ca("ca2.pem")) && absl::Now() < bound) {
@@ -186,22 +178,16 @@ TEST_F(RestSecurityTest, ARotatedCertificateIsServedOnTheRestPortWithoutRestart)
 TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
   testing::TestCertificates certs(Dir() + "/ccerts");
   ASSERT_TRUE(certs.ok()) << certs.error();
-  const std::string dir = Dir() + "/crotation";
-  std::filesystem::create_directories(dir);
-  auto place = [&](const std::string& from, const std::string& to) {
-    ReplaceByRename(certs.Path(from), dir + "/" + to);
-  };
+  const RotatingPair pair(certs, Dir() + "/crotation");
   {
-    std::ofstream both(dir + "/both-cas.pem");
+    std::ofstream both(pair.dir() + "/both-cas.pem");
     for (const char* ca : {"ca1.pem", "ca2.pem"}) both << std::ifstream(certs.Path(ca)).rdbuf();
   }
-  place("server-ca1.pem", "tls.crt");
-  place("server-ca1.key", "tls.key");
+  pair.Place("server-ca1.pem", "tls.crt");
+  pair.Place("server-ca1.key", "tls.key");
   auto server = Start([&](ServerOptions& o) {
-    o.tls.cert_file = dir + "/tls.crt";
-    o.tls.key_file = dir + "/tls.key";
+    pair.ServeOn(o);
     o.tls.client_ca_file = certs.Path("ca1.pem");
-    o.tls.reload_interval_s = 1;
     o.http_threads = 8;
   });
   ASSERT_NE(server, nullptr);
@@ -222,14 +208,14 @@ TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
   std::vector<std::thread> clients;
   for (int i = 0; i < 4; ++i) {
     clients.emplace_back([&] {
-      while (!done.load()) (live(dir + "/both-cas.pem", true) ? ok : failed)++;
+      while (!done.load()) (live(pair.dir() + "/both-cas.pem", true) ? ok : failed)++;
     });
   }
   // ca1 -> ca2 -> ca1 -> ca2, each seen by a client that trusts only it.
   int seen = 0;
   for (const char* ca : {"ca2", "ca1", "ca2"}) {
-    place(absl::StrCat("server-", ca, ".pem"), "tls.crt");
-    place(absl::StrCat("server-", ca, ".key"), "tls.key");
+    pair.Place(absl::StrCat("server-", ca, ".pem"), "tls.crt");
+    pair.Place(absl::StrCat("server-", ca, ".key"), "tls.key");
     const absl::Time bound = absl::Now() + absl::Seconds(30);
     bool rotated = false;
     while (!(rotated = live(certs.Path(absl::StrCat(ca, ".pem")), true)) && absl::Now() < bound) {
@@ -244,8 +230,8 @@ TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
   EXPECT_GT(ok.load(), 0);
   EXPECT_EQ(failed.load(), 0) << "handshakes failed during rotation (of " << ok.load() << " ok)";
   // After the rotations the client certificate is still required.
-  EXPECT_FALSE(live(dir + "/both-cas.pem", false));
-  EXPECT_TRUE(live(dir + "/both-cas.pem", true));
+  EXPECT_FALSE(live(pair.dir() + "/both-cas.pem", false));
+  EXPECT_TRUE(live(pair.dir() + "/both-cas.pem", true));
 }
 
 }  // namespace

@@ -26,11 +26,6 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::testing::RandomTensor;
-using ::attention::testing::ToProto;
-using ::testing::HasSubstr;
-
 // SIGTERM-style drain: an append already queued completes, new appends and
 // sessions are refused UNAVAILABLE, and Drain reports every request answered.
 TEST(SessionDrainTest, QueuedAppendsFinishAndNewOnesAreRefused) {

@@ -23,10 +23,6 @@
 namespace attention {
 namespace {
 
-using ::attention::testing::FromProto;
-using ::attention::testing::RandomTensor;
-using ::attention::testing::ToProto;
-using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 constexpr char kHeader[] = "x-attention-session";

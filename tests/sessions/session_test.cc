@@ -26,12 +26,6 @@
 namespace attention {
 namespace {
 
-using ::attention::testing::FromProto;
-using ::attention::testing::RandomMask;
-using ::attention::testing::RandomTensor;
-using ::attention::testing::ToProto;
-using ::testing::HasSubstr;
-
 class SessionTest : public SessionServerTest {
  protected:
   static void SetUpTestSuite() { StartSuiteServer("session_test"); }
