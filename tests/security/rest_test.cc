@@ -27,6 +27,7 @@ namespace attention {
 namespace {
 
 using ::attention::security_test::RotatingPair;
+using ::attention::security_test::ServeServerPair;
 using ::attention::server::ServerOptions;
 using json = nlohmann::json;
 
@@ -93,10 +94,7 @@ TEST_F(RestSecurityTest, BearerTokensAsOverGrpc) {
 TEST_F(RestSecurityTest, TlsOnTheRestPortWithTheGrpcPortsCertificate) {
   testing::TestCertificates certs(Dir() + "/certs");
   ASSERT_TRUE(certs.ok()) << certs.error();
-  auto server = Start([&](ServerOptions& o) {
-    o.tls.cert_file = certs.Path("server-ca1.pem");
-    o.tls.key_file = certs.Path("server-ca1.key");
-  });
+  auto server = Start([&](ServerOptions& o) { ServeServerPair(certs, "ca1", o); });
   ASSERT_NE(server, nullptr);
   httplib::SSLClient trusting("localhost", server->http_port());
   trusting.set_ca_cert_path(certs.Path("ca1.pem").c_str());
@@ -117,8 +115,7 @@ TEST_F(RestSecurityTest, MutualTlsNeedsAClientCertificate) {
   testing::TestCertificates certs(Dir() + "/mcerts");
   ASSERT_TRUE(certs.ok()) << certs.error();
   auto server = Start([&](ServerOptions& o) {
-    o.tls.cert_file = certs.Path("server-ca1.pem");
-    o.tls.key_file = certs.Path("server-ca1.key");
+    ServeServerPair(certs, "ca1", o);
     o.tls.client_ca_file = certs.Path("ca1.pem");
   });
   ASSERT_NE(server, nullptr);
@@ -140,8 +137,7 @@ TEST_F(RestSecurityTest, ARotatedCertificateIsServedOnTheRestPortWithoutRestart)
   testing::TestCertificates certs(Dir() + "/rcerts");
   ASSERT_TRUE(certs.ok()) << certs.error();
   const RotatingPair pair(certs, Dir() + "/rotation");
-  pair.Place("server-ca1.pem", "tls.crt");
-  pair.Place("server-ca1.key", "tls.key");
+  pair.PlaceServerPair("ca1");
   auto server = Start([&](ServerOptions& o) { pair.ServeOn(o); });
   ASSERT_NE(server, nullptr);
   auto live_with_ca = [&](const std::string& ca) {
@@ -183,8 +179,7 @@ TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
     std::ofstream both(pair.dir() + "/both-cas.pem");
     for (const char* ca : {"ca1.pem", "ca2.pem"}) both << std::ifstream(certs.Path(ca)).rdbuf();
   }
-  pair.Place("server-ca1.pem", "tls.crt");
-  pair.Place("server-ca1.key", "tls.key");
+  pair.PlaceServerPair("ca1");
   auto server = Start([&](ServerOptions& o) {
     pair.ServeOn(o);
     o.tls.client_ca_file = certs.Path("ca1.pem");
@@ -214,8 +209,7 @@ TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
   // ca1 -> ca2 -> ca1 -> ca2, each seen by a client that trusts only it.
   int seen = 0;
   for (const char* ca : {"ca2", "ca1", "ca2"}) {
-    pair.Place(absl::StrCat("server-", ca, ".pem"), "tls.crt");
-    pair.Place(absl::StrCat("server-", ca, ".key"), "tls.key");
+    pair.PlaceServerPair(ca);
     const absl::Time bound = absl::Now() + absl::Seconds(30);
     bool rotated = false;
     while (!(rotated = live(certs.Path(absl::StrCat(ca, ".pem")), true)) && absl::Now() < bound) {

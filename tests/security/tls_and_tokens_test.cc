@@ -34,10 +34,7 @@ using ::testing::HasSubstr;
 using namespace ::attention::security_test;  // NOLINT: the fixture's helpers.
 
 TEST_F(SecurityTest, TlsServesClientsTrustingItsCaOnly) {
-  auto server = StartServer([](ServerOptions& o) {
-    o.tls.cert_file = certs_->Path("server-ca1.pem");
-    o.tls.key_file = certs_->Path("server-ca1.key");
-  });
+  auto server = StartServer([](ServerOptions& o) { ServeServerPair(*certs_, "ca1", o); });
   ASSERT_NE(server, nullptr);
   const std::string target = Target(*server);
   EXPECT_TRUE(Infer(TlsChannel(target, certs_->Read("ca1.pem"))).ok());
@@ -49,8 +46,7 @@ TEST_F(SecurityTest, TlsServesClientsTrustingItsCaOnly) {
 
 TEST_F(SecurityTest, MutualTlsNeedsAClientCertificateFromTheClientCa) {
   auto server = StartServer([](ServerOptions& o) {
-    o.tls.cert_file = certs_->Path("server-ca1.pem");
-    o.tls.key_file = certs_->Path("server-ca1.key");
+    ServeServerPair(*certs_, "ca1", o);
     o.tls.client_ca_file = certs_->Path("ca1.pem");
   });
   ASSERT_NE(server, nullptr);
@@ -70,8 +66,7 @@ TEST_F(SecurityTest, MutualTlsNeedsAClientCertificateFromTheClientCa) {
 
 TEST_F(SecurityTest, RotatedCertificateIsServedWithoutRestart) {
   const RotatingPair pair(*certs_, TestDir() + "/rotation");
-  pair.Place("server-ca1.pem", "tls.crt");
-  pair.Place("server-ca1.key", "tls.key");
+  pair.PlaceServerPair("ca1");
   auto server = StartServer([&](ServerOptions& o) { pair.ServeOn(o); });
   ASSERT_NE(server, nullptr);
   const std::string target = Target(*server);
@@ -90,10 +85,7 @@ TEST_F(SecurityTest, RotatedCertificateIsServedWithoutRestart) {
 }
 
 TEST_F(SecurityTest, StartUpErrorsNameTheFlag) {
-  ServerOptions options;
-  options.host = "127.0.0.1";
-  options.port = 0;
-  options.metrics_port = 0;
+  ServerOptions options = testing::TestServerOptions("");
   options.tls.key_file = certs_->Path("server-ca1.key");
   EXPECT_THAT(AttentionServer::Listen(options).status().message(),
               HasSubstr("--tls_cert_file is not"));
@@ -111,10 +103,7 @@ TEST_F(SecurityTest, StartUpErrorsNameTheFlag) {
 // A key that is not the certificate's: refused at start-up naming both files
 // (before, the server started and every handshake failed).
 TEST_F(SecurityTest, StartUpRefusesAKeyThatIsNotTheCertificates) {
-  ServerOptions options;
-  options.host = "127.0.0.1";
-  options.port = 0;
-  options.metrics_port = 0;
+  ServerOptions options = testing::TestServerOptions("");
   options.tls.cert_file = certs_->Path("server-ca1.pem");
   options.tls.key_file = certs_->Path("client-ca1.key");
   const absl::Status status = AttentionServer::Listen(options).status();
@@ -131,8 +120,7 @@ TEST_F(SecurityTest, StartUpRefusesAKeyThatIsNotTheCertificates) {
 // is served.
 TEST_F(SecurityTest, MismatchedKeyOnReloadKeepsThePairInForce) {
   const RotatingPair pair(*certs_, TestDir() + "/mismatch");
-  pair.Place("server-ca1.pem", "tls.crt");
-  pair.Place("server-ca1.key", "tls.key");
+  pair.PlaceServerPair("ca1");
   auto server = StartServer([&](ServerOptions& o) { pair.ServeOn(o); });
   ASSERT_NE(server, nullptr);
   const std::string target = Target(*server);
@@ -158,8 +146,7 @@ TEST_F(SecurityTest, IdentityWatcherInstallsOnlyMatchingPairs) {
     text << in.rdbuf();
     return text.str();
   };
-  pair.Place("server-ca1.pem", "tls.crt");
-  pair.Place("server-ca1.key", "tls.key");
+  pair.PlaceServerPair("ca1");
   auto watcher = TlsIdentityWatcher::Start(pair.dir() + "/tls.crt", pair.dir() + "/tls.key",
                                            absl::Milliseconds(20));
   ASSERT_TRUE(watcher.ok()) << watcher.status();
@@ -210,8 +197,7 @@ TEST_F(SecurityTest, ClientCliAndHealthScriptSpeakMutualTlsWithTokens) {
     out << "cli-secret\n";
   }
   auto server = StartServer([&](ServerOptions& o) {
-    o.tls.cert_file = certs_->Path("server-ca1.pem");
-    o.tls.key_file = certs_->Path("server-ca1.key");
+    ServeServerPair(*certs_, "ca1", o);
     o.tls.client_ca_file = certs_->Path("ca1.pem");
     o.auth_tokens_file = tokens;
   });
