@@ -18,21 +18,16 @@
 #include "server/requests/inflight_budget.h"
 #include "tests/fixture/oip_requests.h"
 #include "tests/fixture/server_test_util.h"
+#include "tests/fixture/session_test_server.h"
 #include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
 using ::attention::server::ServerOptions;
-using ::attention::testing::RandomTensor;
-using ::attention::testing::ToProto;
 using ::inference::ModelInferRequest;
 using ::inference::ModelInferResponse;
-using ::testing::HasSubstr;
-
-constexpr int64_t kE = 32;
 
 // Models: "small" (E=32, H=4; sessions up to 8192 tokens) and "wide" (E=48,
 // kdim 20, vdim 28: no self-attention, no self sessions).

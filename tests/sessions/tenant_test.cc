@@ -23,7 +23,6 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
 using ::attention::server::ServerOptions;
 using ::attention::server::SessionEnd;
 using ::attention::testing::HashHex;
@@ -38,8 +37,8 @@ constexpr char kTokenB[] = "team-b-secret";
 // A server on a repository of two models ("small", "other") with a 1 MiB
 // session budget (one slab: 512 blocks), tokens A and B unless `tokens` is
 // false, and `tweak` applied to its options.
-std::unique_ptr<AttentionServer> StartServer(bool tokens,
-                                             const std::function<void(ServerOptions&)>& tweak) {
+std::unique_ptr<server::AttentionServer> StartServer(
+    bool tokens, const std::function<void(ServerOptions&)>& tweak) {
   static const std::string repository = [] {
     testing::ModelFolder models("session_tenant_test");
     models.Add("small", testing::SelfAttentionSpec(kE, 2), 1);
@@ -60,7 +59,7 @@ std::unique_ptr<AttentionServer> StartServer(bool tokens,
 // One caller: a token (empty: none) on a server's in-process channel.
 class Caller {
  public:
-  Caller(AttentionServer& server, std::string token)
+  Caller(server::AttentionServer& server, std::string token)
       : stub_(v1::SessionService::NewStub(server.InProcessChannel())), token_(std::move(token)) {}
 
   // A self session of "small"; its id, or the refusal.
@@ -107,7 +106,7 @@ class Caller {
   std::mt19937 rng_{5};
 };
 
-double Ends(AttentionServer& server, SessionEnd end) {
+double Ends(server::AttentionServer& server, SessionEnd end) {
   return server.repository()->Find("small")->metrics->session_ends[static_cast<int>(end)]->Value();
 }
 
