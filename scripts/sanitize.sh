@@ -148,8 +148,8 @@ asan_tests=(core_test wire_codec_test client_cli_unit_test fuzz_regression_test
             monitoring_metrics_test sessions_session_test sessions_lifecycle_test
             process_shutdown_test attention_api_async_infer_test
             attention_api_async_infer_queue_test memory_async_infer_memory_test
-            model_lifecycle_version_holds_test model_lifecycle_version_holds_edges_test
-            model_lifecycle_churn_test model_lifecycle_rollout_test)
+            model_lifecycle_version_holds_test model_lifecycle_churn_test
+            model_lifecycle_rollout_test)
 fuzzers=(model_dir_fuzzer infer_request_fuzzer npy_fuzzer session_fuzzer oip_request_fuzzer
          rest_request_fuzzer)
 # TSan: our own cross-thread code, driven directly from many threads: the

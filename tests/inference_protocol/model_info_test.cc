@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
-#include "server/frontends/protocol/oip_codec.h"
+#include "tests/fixture/oip_requests.h"
 #include "tests/fixture/server_fixture.h"
 
 namespace attention {
@@ -48,21 +48,12 @@ class ModelInfoTest : public ServerTest {
     return response;
   }
   // One query-only ModelInfer of `model` with `tokens` (1, T, E), as a step
-  // of `sequence` when it is not 0.
+  // of `sequence` when it is not 0 (`start` and `end` only then).
   grpc::Status Infer(const std::string& model, const Tensor& tokens, uint64_t sequence = 0,
                      bool start = false, bool end = false,
                      inference::ModelInferResponse* out = nullptr) {
-    inference::ModelInferRequest r;
-    r.set_model_name(model);
-    auto* input = r.add_inputs();
-    input->set_name("query");
-    input->set_datatype(server::OipDatatype(DType::kFloat32));
-    input->mutable_shape()->Assign(tokens.shape().begin(), tokens.shape().end());
-    r.add_raw_input_contents(
-        std::string(static_cast<const char*>(tokens.data()), tokens.num_bytes()));
-    if (sequence != 0) (*r.mutable_parameters())["sequence_id"].set_uint64_param(sequence);
-    if (start) (*r.mutable_parameters())["sequence_start"].set_bool_param(true);
-    if (end) (*r.mutable_parameters())["sequence_end"].set_bool_param(true);
+    inference::ModelInferRequest r = testing::OipQuery(tokens, model);
+    if (sequence != 0) testing::AsSequenceStep(r, sequence, start, end);
     grpc::ClientContext context;
     inference::ModelInferResponse response;
     const grpc::Status status = Stub()->ModelInfer(&context, r, out != nullptr ? out : &response);

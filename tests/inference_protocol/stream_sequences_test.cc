@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
-#include "server/frontends/protocol/oip_codec.h"
+#include "tests/fixture/oip_requests.h"
 #include "tests/fixture/server_fixture.h"
 
 namespace attention {
@@ -33,19 +33,9 @@ class StreamSequenceTest : public ServerTest {
     const int64_t e = tokens.dim(2);
     const Tensor chunk = Tensor::FromBytes(DType::kFloat32, {1, count, e},
                                            static_cast<const char*>(tokens.data()) + at * e * 4);
-    ModelInferRequest r;
-    r.set_model_name(model);
+    ModelInferRequest r = testing::OipQuery(chunk, model);
     r.set_id(request_id);
-    auto* input = r.add_inputs();
-    input->set_name("query");
-    input->set_datatype(server::OipDatatype(DType::kFloat32));
-    input->mutable_shape()->Assign(chunk.shape().begin(), chunk.shape().end());
-    r.add_raw_input_contents(
-        std::string(static_cast<const char*>(chunk.data()), chunk.num_bytes()));
-    (*r.mutable_parameters())["sequence_id"].set_uint64_param(id);
-    if (start) (*r.mutable_parameters())["sequence_start"].set_bool_param(true);
-    if (end) (*r.mutable_parameters())["sequence_end"].set_bool_param(true);
-    return r;
+    return testing::AsSequenceStep(r, id, start, end);
   }
 
   // Sends `requests` on one stream; the responses by id.

@@ -13,7 +13,6 @@
 #include <random>
 #include <thread>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_join.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "attention/v1/sessions.grpc.pb.h"
@@ -21,30 +20,17 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "nlohmann/json.hpp"
-#include "server/security/token_authenticator.h"
 #include "tests/fixture/model_versions_fixture.h"
+#include "tests/fixture/token_files.h"
 
 namespace attention {
 namespace {
 
 using namespace ::attention::model_versions_test;  // NOLINT: the shared helpers.
-namespace fs = std::filesystem;
-using server::AttentionServer;
-using server::ModelControl;
-using server::ServerOptions;
-using testing::FromProto;
-using testing::RandomTensor;
-using testing::ToProto;
-
-std::string HashHex(const std::string& token) {
-  const auto h = server::TokenAuthenticator::Hash(token);
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h.data()), 32));
-}
+using testing::HashHex;
 
 TEST(ModelVersionsTest, LoadAndUnloadNeedTheAdminPermissionOnBothProtocols) {
-  const std::string repo = NewRepo("admin");
-  fs::create_directories(repo + "/m");
-  WriteVersion(repo + "/m", 1, 6);
+  const std::string repo = NewModelRepo("admin", 6);
   std::ofstream(repo + "/../tokens_" + std::to_string(getpid()))
       << HashHex("user-secret") << " user *\n"
       << HashHex("admin-secret") << " admin *\n";
@@ -130,18 +116,13 @@ TEST(ModelVersionsTest, LoadAndUnloadNeedTheAdminPermissionOnBothProtocols) {
 }
 
 TEST(ModelVersionsTest, SessionsOfAnUnloadedVersionEndAndNewOnesUseTheNewVersion) {
-  const std::string repo = NewRepo("sessions");
-  fs::create_directories(repo + "/m");
-  WriteVersion(repo + "/m", 1, 7);
+  const std::string repo = NewModelRepo("sessions", 7);
   auto server = Start(repo, ModelControl::kPoll);
   auto sessions = v1::SessionService::NewStub(server->InProcessChannel());
   auto create = [&] {
     grpc::ClientContext context;
-    v1::CreateSessionRequest request;
-    request.set_model("m");
-    request.set_kind(v1::SESSION_KIND_SELF);
     v1::SessionInfo info;
-    EXPECT_TRUE(sessions->CreateSession(&context, request, &info).ok());
+    EXPECT_TRUE(testing::CreateSelfSession(*sessions, context, "m", &info).ok());
     return info.session_id();
   };
   auto append = [&](const std::string& id, const Tensor& rows, v1::AppendResponse* response) {
@@ -226,10 +207,7 @@ TEST(ModelVersionsTest, SessionsAndSequencesReportTheirVersionAcrossAReload) {
   auto oip = inference::GRPCInferenceService::NewStub(server->InProcessChannel());
   auto create = [&](v1::SessionInfo* info) {
     grpc::ClientContext context;
-    v1::CreateSessionRequest request;
-    request.set_model("m");
-    request.set_kind(v1::SESSION_KIND_SELF);
-    return sessions->CreateSession(&context, request, info);
+    return testing::CreateSelfSession(*sessions, context, "m", info);
   };
   auto append = [&](const std::string& id, const Tensor& rows, v1::AppendResponse* response) {
     grpc::ClientContext context;
@@ -248,16 +226,8 @@ TEST(ModelVersionsTest, SessionsAndSequencesReportTheirVersionAcrossAReload) {
     return stream->Write(request) && stream->Read(r);
   };
   auto sequence_step = [&](bool start, const Tensor& rows, inference::ModelInferResponse* r) {
-    inference::ModelInferRequest request;
-    request.set_model_name("m");
-    (*request.mutable_parameters())["sequence_id"].set_uint64_param(42);
-    if (start) (*request.mutable_parameters())["sequence_start"].set_bool_param(true);
-    auto* input = request.add_inputs();
-    input->set_name("query");
-    input->set_datatype("FP32");
-    for (int64_t d : rows.shape()) input->add_shape(d);
-    request.add_raw_input_contents(
-        std::string(static_cast<const char*>(rows.data()), rows.num_bytes()));
+    inference::ModelInferRequest request = OipRequest(rows);
+    testing::AsSequenceStep(request, 42, start);
     grpc::ClientContext context;
     return oip->ModelInfer(&context, request, r);
   };

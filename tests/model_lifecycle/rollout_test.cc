@@ -23,11 +23,6 @@ namespace attention {
 namespace {
 
 using namespace ::attention::model_versions_test;  // NOLINT: the shared helpers.
-namespace fs = std::filesystem;
-using server::AttentionServer;
-using server::ModelControl;
-using server::ServerOptions;
-using testing::RandomTensor;
 
 // Writes `v` under a hidden name and renames it into place (as WriteVersion)
 // after removing `remove` (a version folder), both between two polls.
@@ -48,9 +43,7 @@ int64_t ServingVersion(AttentionServer& server, const std::string& model, int64_
 // failure, not a refusal for room: freeing its own half-made version is no
 // room for it, so later polls do not load it again until its folder changes.
 TEST(ModelRolloutTest, ALoadOutOfMemoryIsNotRetriedAtEveryPoll) {
-  const std::string repo = NewRepo("oom");
-  fs::create_directories(repo + "/m");
-  WriteVersion(repo + "/m", 1, 90);
+  const std::string repo = NewModelRepo("oom", 90);
   const int64_t one = static_cast<int64_t>(fs::file_size(repo + "/m/1/model.safetensors"));
   std::atomic<int> loads_of_2{0};
   auto server = Start(repo, ModelControl::kPoll, [&](ServerOptions& o) {
@@ -109,9 +102,7 @@ TEST(ModelRolloutTest, AVersionRefusedForRoomIsRetriedOnceRoomFrees) {
 // the first poll sees version 2 once (not loaded yet), and version 1 keeps
 // serving (and the server ready) until version 2 serves.
 TEST(ModelRolloutTest, AReplacedVersionFolderKeepsTheOldServingUntilTheNewServes) {
-  const std::string repo = NewRepo("replaced");
-  fs::create_directories(repo + "/m");
-  WriteVersion(repo + "/m", 1, 20);
+  const std::string repo = NewModelRepo("replaced", 20);
   // "all": version 1 removed, version 2 added.
   fs::create_directories(repo + "/all");
   std::ofstream(repo + "/all/config.json") << R"({"version_policy": "all"})";
@@ -176,10 +167,7 @@ TEST(ModelRolloutTest, AReplacedVersionFolderKeepsTheOldServingUntilTheNewServes
 // with only its config.json (the version policy): not a model gone, so
 // version 1 keeps serving (and the server ready) until version 2 serves.
 TEST(ModelRolloutTest, APollBetweenRemoveAndRenameKeepsTheOldVersionServing) {
-  const std::string repo = NewRepo("mid_swap");
-  fs::create_directories(repo + "/m");
-  std::ofstream(repo + "/m/config.json") << R"({"version_policy": {"latest": 1}})";
-  WriteVersion(repo + "/m", 1, 80);
+  const std::string repo = NewModelRepo("mid_swap", 80, R"({"version_policy": {"latest": 1}})");
   auto server = Start(repo, ModelControl::kPoll);
   auto stub = v1::AttentionService::NewStub(server->InProcessChannel());
   std::mt19937 rng(8);
@@ -285,9 +273,7 @@ TEST(ModelRolloutTest, AFailedScanChangesNothingAndIsRetried) {
 // Loads queued behind a busy control thread when the drain starts are
 // answered UNAVAILABLE at once, not run.
 TEST(ModelRolloutTest, DrainAnswersQueuedLoadsUnavailable) {
-  const std::string repo = NewRepo("queued");
-  fs::create_directories(repo + "/m");
-  WriteVersion(repo + "/m", 1, 50);
+  const std::string repo = NewModelRepo("queued", 50);
   auto server = Start(repo, ModelControl::kExplicit);
   fs::create_directories(repo + "/n");  // A model not loaded yet.
   WriteVersion(repo + "/n", 1, 51);
@@ -326,9 +312,7 @@ TEST(ModelRolloutTest, DrainAnswersQueuedLoadsUnavailable) {
 // A load still running at the drain deadline is abandoned at its next check
 // (the hook stands for a large model's reading) and answered UNAVAILABLE.
 TEST(ModelRolloutTest, DrainAbandonsTheLoadInProgressAtItsDeadline) {
-  const std::string repo = NewRepo("abandon");
-  fs::create_directories(repo + "/m");
-  WriteVersion(repo + "/m", 1, 70);
+  const std::string repo = NewModelRepo("abandon", 70);
   std::atomic<bool> slow{false};
   absl::Notification loading;
   auto server = Start(repo, ModelControl::kExplicit, [&](ServerOptions& o) {

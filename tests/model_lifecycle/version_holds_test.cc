@@ -3,7 +3,10 @@
 // flight; a session call from the moment it finds the session; a
 // CreateSession whose version is unloaded under it is refused, never
 // crashes; the per-model gauges add up every resident version; a refused
-// request's log line names the model it asked for.
+// request's log line names the model it asked for. And where what serves
+// changes under long-lived state: every version serving at start has
+// session state, a stream's unread response holds no version, and a late
+// ForgetModel of a reused address spares the newer version's state.
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 
@@ -23,7 +26,6 @@ namespace attention {
 namespace {
 
 using namespace ::attention::model_versions_test;  // NOLINT: the shared helpers.
-namespace fs = std::filesystem;
 
 // The value of gauge `name`{model="m"}.
 double Gauge(AttentionServer& server, const std::string& name) {
@@ -38,13 +40,11 @@ double Gauge(AttentionServer& server, const std::string& name) {
   return -1;
 }
 
+// A self session of "m"; its id, and its version in `version`.
 std::string CreateSession(v1::SessionService::Stub& stub, int64_t* version = nullptr) {
   grpc::ClientContext context;
-  v1::CreateSessionRequest request;
-  request.set_model("m");
-  request.set_kind(v1::SESSION_KIND_SELF);
   v1::SessionInfo info;
-  const grpc::Status status = stub.CreateSession(&context, request, &info);
+  const grpc::Status status = testing::CreateSelfSession(stub, context, "m", &info);
   EXPECT_TRUE(status.ok()) << status.error_message();
   if (version != nullptr) *version = info.model_version();
   return info.session_id();
@@ -62,9 +62,7 @@ TEST(VersionHoldsTest, IdleStreamsHoldNoVersion) {
   auto attention = v1::AttentionService::NewStub(server->InProcessChannel());
   grpc::ClientContext infer_context;
   auto infer = attention->InferStream(&infer_context);
-  v1::InferRequest request;
-  request.set_model("m");
-  ToProto(query, request.mutable_query());
+  const v1::InferRequest request = InferRequest(query);
   v1::InferResponse response;
   ASSERT_TRUE(infer->Write(request));
   ASSERT_TRUE(infer->Read(&response));
@@ -73,14 +71,7 @@ TEST(VersionHoldsTest, IdleStreamsHoldNoVersion) {
   auto oip = inference::GRPCInferenceService::NewStub(server->InProcessChannel());
   grpc::ClientContext oip_context;
   auto oip_stream = oip->ModelStreamInfer(&oip_context);
-  inference::ModelInferRequest oip_request;
-  oip_request.set_model_name("m");
-  auto* input = oip_request.add_inputs();
-  input->set_name("query");
-  input->set_datatype("FP32");
-  for (int64_t d : query.shape()) input->add_shape(d);
-  oip_request.add_raw_input_contents(std::string(reinterpret_cast<const char*>(query.as<float>()),
-                                                 query.num_elements() * sizeof(float)));
+  const inference::ModelInferRequest oip_request = OipRequest(query);
   inference::ModelStreamInferResponse oip_response;
   ASSERT_TRUE(oip_stream->Write(oip_request));
   ASSERT_TRUE(oip_stream->Read(&oip_response));
@@ -160,10 +151,7 @@ TEST(VersionHoldsTest, AFoundSessionHoldsItsVersionUntilTheCallEnds) {
 // 1 on v2 under "latest 2" read 1 before: each version set its own count),
 // and attention_queue_depth{model} the requests queued on every version.
 TEST(VersionHoldsTest, PerModelGaugesAddUpEveryVersion) {
-  const std::string repo = NewRepo("gauges");
-  fs::create_directories(repo + "/m");
-  std::ofstream(repo + "/m/config.json") << R"({"version_policy": {"latest": 2}})";
-  WriteVersion(repo + "/m", 1, 41);
+  const std::string repo = NewModelRepo("gauges", 41, R"({"version_policy": {"latest": 2}})");
   auto server = Start(repo, ModelControl::kExplicit,
                       [](ServerOptions& o) { o.repository.batching.max_batch_size = 1; });
   auto sessions = v1::SessionService::NewStub(server->InProcessChannel());
@@ -196,11 +184,7 @@ TEST(VersionHoldsTest, PerModelGaugesAddUpEveryVersion) {
     for (int64_t v : {1, 2}) {
       for (int i = 0; i < 3; ++i) {
         auto call = std::make_unique<Call>();
-        v1::InferRequest request;
-        request.set_model("m");
-        request.set_model_version(v);
-        ToProto(query, request.mutable_query());
-        call->reader = attention->AsyncInfer(&call->context, request, &cq);
+        call->reader = attention->AsyncInfer(&call->context, InferRequest(query, v), &cq);
         call->reader->Finish(&call->response, &call->status, call.get());
         calls.push_back(std::move(call));
       }
@@ -236,6 +220,122 @@ TEST(VersionHoldsTest, RestLogNamesTheModelAskedFor) {
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->status, 404) << refused->body;
   EXPECT_NE(log.find("model=nosuch"), std::string::npos) << log;
+  server->Drain();
+}
+
+// Every version serving at start has session state, not only the newest:
+// under "latest 2", v1 serves sequences asked for by version, and once v2 is
+// rolled back (its folder removed, the model reloaded) v1 serves sessions
+// again. Before, only the newest version at start got session state: the
+// rollback left the model's serving version without it, and every
+// CreateSession failed INTERNAL ("has no session state").
+TEST(VersionHoldsTest, EveryVersionServingAtStartServesSessions) {
+  const std::string repo =
+      NewModelRepo("start_versions", 61, R"({"version_policy": {"latest": 2}})");
+  WriteVersion(repo + "/m", 2, 62);
+  auto server = Start(repo, ModelControl::kExplicit);
+  std::mt19937 rng(7);
+  const Tensor query = RandomTensor({1, 2, kE}, rng);
+
+  auto oip = inference::GRPCInferenceService::NewStub(server->InProcessChannel());
+  {
+    grpc::ClientContext context;
+    inference::ModelInferResponse response;
+    inference::ModelInferRequest start = OipRequest(query, "1");
+    testing::AsSequenceStep(start, 7, /*start=*/true, /*end=*/true);
+    const grpc::Status status = oip->ModelInfer(&context, start, &response);
+    EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+    EXPECT_EQ(response.model_version(), "1");
+  }
+
+  fs::remove_all(repo + "/m/2");
+  ASSERT_TRUE(server->repository()->LoadModel("m").ok());
+  ASSERT_EQ(server->repository()->Find("m")->version, 1);
+  auto sessions = v1::SessionService::NewStub(server->InProcessChannel());
+  grpc::ClientContext context;
+  v1::SessionInfo info;
+  const grpc::Status status = testing::CreateSelfSession(*sessions, context, "m", &info);
+  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  EXPECT_EQ(info.model_version(), 1);
+  EXPECT_TRUE(
+      Eventually([&] { return server->repository()->resident_bytes() == ModelBytes(repo, 1); }));
+  server->Drain();
+}
+
+// The count of histogram `name`{model="m"} (observations so far).
+uint64_t HistogramCount(AttentionServer& server, const std::string& name) {
+  for (const auto& family : server.metrics().registry()->Collect()) {
+    if (family.name != name) continue;
+    for (const auto& metric : family.metric) {
+      for (const auto& l : metric.label) {
+        if (l.name == "model" && l.value == "m") return metric.histogram.sample_count;
+      }
+    }
+  }
+  return 0;
+}
+
+// A stream's request holds its version while it is in flight, not while
+// its computed response waits for a client that does not read: as for the
+// unary calls (async Infer included), a slow reader must not keep an
+// unloaded version resident (nor refuse a load under --max_model_bytes).
+// Before, the response waiting to be written held the request's leases.
+TEST(VersionHoldsTest, AnUnreadStreamResponseHoldsNoVersion) {
+  const std::string repo = NewModelRepo("unread_stream", 71);
+  auto server = Start(repo, ModelControl::kExplicit);
+  std::mt19937 rng(9);
+  const Tensor query = RandomTensor({1, 2, kE}, rng);
+
+  auto attention = v1::AttentionService::NewStub(server->InProcessChannel());
+  grpc::ClientContext context;
+  auto stream = attention->InferStream(&context);
+  const v1::InferRequest request = InferRequest(query);
+  ASSERT_TRUE(stream->Write(request));
+  // Computed; its response is not read yet.
+  ASSERT_TRUE(Eventually(
+      [&] { return HistogramCount(*server, "attention_compute_duration_seconds") == 1; }));
+
+  WriteVersion(repo + "/m", 2, 72);
+  ASSERT_TRUE(server->repository()->LoadModel("m").ok());  // Policy latest 1: v1 unloads.
+  EXPECT_TRUE(Eventually([&] {
+    return server->repository()->resident_bytes() == ModelBytes(repo, 2);
+  })) << server->repository()->resident_bytes()
+      << " resident";
+
+  v1::InferResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.model_version(), 1);
+  EXPECT_FALSE(response.has_error()) << response.error().message();
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.model_version(), 2);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  server->Drain();
+}
+
+// ForgetModel(key) frees the session state of the version freed at that
+// address, not that of a newer version the allocator made at the same
+// address and unloaded before the older one's ForgetModel came (the reaper
+// calls it on its own thread, after freeing the version and trimming the
+// heap). Driven on the manager in that order, deterministically: before,
+// the newer version's RemoveModel replaced the older state (one entry per
+// address) and the late ForgetModel then freed the newer state while a
+// call still held its version (CreateSession read a freed SessionModel).
+TEST(VersionHoldsTest, ALateForgetModelOfAReusedAddressKeepsTheNewerState) {
+  const std::string repo = NewModelRepo("reused_address", 81);
+  auto server = Start(repo, ModelControl::kExplicit);
+  server::SessionManager* manager = server->sessions();
+  server::ModelRef held = server->repository()->Find("m");  // As a call's lease.
+  const server::ServedModel* at = held.get();
+  manager->RemoveModel(at);  // The older version at this address: unloaded, then freed.
+  server::SessionModel* newer = manager->AddModel(at);  // A newer one made there.
+  manager->RemoveModel(at);                             // Unloaded while a call holds it.
+  manager->ForgetModel(at);                             // The older version's, late.
+  EXPECT_EQ(manager->model(at), newer);
+  manager->ForgetModel(at);  // The newer version's, once it is freed.
+  EXPECT_EQ(manager->model(at), nullptr);
+  held.reset();
   server->Drain();
 }
 

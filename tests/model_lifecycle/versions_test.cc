@@ -28,13 +28,6 @@ namespace attention {
 namespace {
 
 using namespace ::attention::model_versions_test;  // NOLINT: the shared helpers.
-namespace fs = std::filesystem;
-using server::AttentionServer;
-using server::ModelControl;
-using server::ServerOptions;
-using testing::FromProto;
-using testing::RandomTensor;
-using testing::ToProto;
 
 TEST(ModelVersionsTest, PolicyPicksVersionsAndRequestsNameThem) {
   const std::string repo = NewRepo("policy");
@@ -73,14 +66,7 @@ TEST(ModelVersionsTest, PolicyPicksVersionsAndRequestsNameThem) {
 
   // The Open Inference Protocol resolves the same versions.
   auto oip = inference::GRPCInferenceService::NewStub(server->InProcessChannel());
-  inference::ModelInferRequest request;
-  request.set_model_name("m");
-  request.set_model_version("2");
-  auto* input = request.add_inputs();
-  input->set_name("query");
-  input->set_datatype("FP32");
-  for (int64_t d : q.shape()) input->add_shape(d);
-  request.add_raw_input_contents(std::string(static_cast<const char*>(q.data()), q.num_bytes()));
+  inference::ModelInferRequest request = OipRequest(q, "2");
   inference::ModelInferResponse oip_response;
   grpc::ClientContext infer_context;
   const grpc::Status infer = oip->ModelInfer(&infer_context, request, &oip_response);

@@ -12,23 +12,23 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "server/attention_server.h"
-#include "server/security/token_authenticator.h"
+#include "tests/fixture/security_test_fixture.h"
 #include "tests/fixture/test_certificates.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
+using ::attention::security_test::RotatingPair;
+using ::attention::security_test::ServeServerPair;
 using ::attention::server::ServerOptions;
-using ::testing::HasSubstr;
 using json = nlohmann::json;
 
 json Input(const std::string& name, const std::string& datatype, const Shape& shape, json data) {
@@ -41,7 +41,8 @@ class RestSecurityTest : public ::testing::Test {
   static std::string Dir() {
     return ::testing::TempDir() + "/rest_security_test_" + std::to_string(getpid());
   }
-  static std::unique_ptr<AttentionServer> Start(const std::function<void(ServerOptions&)>& tweak) {
+  static std::unique_ptr<server::AttentionServer> Start(
+      const std::function<void(ServerOptions&)>& tweak) {
     const std::string models = Dir() + "/models";
     if (!std::filesystem::exists(models)) {
       testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1),
@@ -49,20 +50,10 @@ class RestSecurityTest : public ::testing::Test {
       testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 2),
                              models + "/other");
     }
-    ServerOptions o;
-    o.host = "127.0.0.1";
-    o.port = 0;
-    o.metrics_port = 0;
-    o.http_port = 0;
-    o.repository.path = models;
-    o.repository.compute_threads = 1;
-    o.repository.warmup = false;
+    ServerOptions o = testing::TestServerOptions(models, /*rest=*/true);
+    o.drain_grace = absl::Milliseconds(500);
     tweak(o);
-    auto server = AttentionServer::Listen(o);
-    EXPECT_TRUE(server.ok()) << server.status();
-    if (!server.ok()) return nullptr;
-    EXPECT_TRUE((*server)->LoadModels().ok());
-    return *std::move(server);
+    return testing::StartServer(o);
   }
   static std::string Body() {
     return json{{"inputs", {Input("query", "FP32", {1, 1, 16}, std::vector<float>(16, 1.f))}}}
@@ -75,11 +66,7 @@ TEST_F(RestSecurityTest, BearerTokensAsOverGrpc) {
   const std::string tokens = Dir() + "/tokens";
   {
     std::ofstream out(tokens);
-    const auto hash = [](const std::string& t) {
-      const auto h = server::TokenAuthenticator::Hash(t);
-      return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h.data()), 32));
-    };
-    out << hash("alice-secret") << " alice small\n";
+    out << testing::HashHex("alice-secret") << " alice small\n";
   }
   auto server = Start([&](ServerOptions& o) { o.auth_tokens_file = tokens; });
   ASSERT_NE(server, nullptr);
@@ -88,7 +75,7 @@ TEST_F(RestSecurityTest, BearerTokensAsOverGrpc) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 401);
   EXPECT_EQ(res->get_header_value("WWW-Authenticate"), "Bearer");
-  EXPECT_THAT(res->body, HasSubstr("error"));
+  EXPECT_THAT(res->body, ::testing::HasSubstr("error"));
   httplib::Headers bad = {{"Authorization", "Bearer wrong"}};
   EXPECT_EQ(client.Post("/v2/models/small/infer", bad, Body(), "application/json")->status, 401);
   httplib::Headers alice = {{"Authorization", "Bearer alice-secret"}};
@@ -107,10 +94,7 @@ TEST_F(RestSecurityTest, BearerTokensAsOverGrpc) {
 TEST_F(RestSecurityTest, TlsOnTheRestPortWithTheGrpcPortsCertificate) {
   testing::TestCertificates certs(Dir() + "/certs");
   ASSERT_TRUE(certs.ok()) << certs.error();
-  auto server = Start([&](ServerOptions& o) {
-    o.tls.cert_file = certs.Path("server-ca1.pem");
-    o.tls.key_file = certs.Path("server-ca1.key");
-  });
+  auto server = Start([&](ServerOptions& o) { ServeServerPair(certs, "ca1", o); });
   ASSERT_NE(server, nullptr);
   httplib::SSLClient trusting("localhost", server->http_port());
   trusting.set_ca_cert_path(certs.Path("ca1.pem").c_str());
@@ -131,8 +115,7 @@ TEST_F(RestSecurityTest, MutualTlsNeedsAClientCertificate) {
   testing::TestCertificates certs(Dir() + "/mcerts");
   ASSERT_TRUE(certs.ok()) << certs.error();
   auto server = Start([&](ServerOptions& o) {
-    o.tls.cert_file = certs.Path("server-ca1.pem");
-    o.tls.key_file = certs.Path("server-ca1.key");
+    ServeServerPair(certs, "ca1", o);
     o.tls.client_ca_file = certs.Path("ca1.pem");
   });
   ASSERT_NE(server, nullptr);
@@ -153,20 +136,9 @@ TEST_F(RestSecurityTest, MutualTlsNeedsAClientCertificate) {
 TEST_F(RestSecurityTest, ARotatedCertificateIsServedOnTheRestPortWithoutRestart) {
   testing::TestCertificates certs(Dir() + "/rcerts");
   ASSERT_TRUE(certs.ok()) << certs.error();
-  const std::string dir = Dir() + "/rotation";
-  std::filesystem::create_directories(dir);
-  auto place = [&](const std::string& from, const std::string& to) {
-    std::filesystem::copy_file(certs.Path(from), dir + "/" + to + ".new",
-                               std::filesystem::copy_options::overwrite_existing);
-    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
-  };
-  place("server-ca1.pem", "tls.crt");
-  place("server-ca1.key", "tls.key");
-  auto server = Start([&](ServerOptions& o) {
-    o.tls.cert_file = dir + "/tls.crt";
-    o.tls.key_file = dir + "/tls.key";
-    o.tls.reload_interval_s = 1;
-  });
+  const RotatingPair pair(certs, Dir() + "/rotation");
+  pair.PlaceServerPair("ca1");
+  auto server = Start([&](ServerOptions& o) { pair.ServeOn(o); });
   ASSERT_NE(server, nullptr);
   auto live_with_ca = [&](const std::string& ca) {
     httplib::SSLClient client("localhost", server->http_port());
@@ -179,12 +151,12 @@ TEST_F(RestSecurityTest, ARotatedCertificateIsServedOnTheRestPortWithoutRestart)
   ASSERT_FALSE(live_with_ca("ca2.pem"));
 
   // A certificate of the other CA with a key that is not its own: refused.
-  place("server-ca2.pem", "tls.crt");
-  place("client-ca1.key", "tls.key");
+  pair.Place("server-ca2.pem", "tls.crt");
+  pair.Place("client-ca1.key", "tls.key");
   // Then the matching pair.
   absl::SleepFor(absl::Seconds(2));  // Two watcher checks see the mismatched pair.
   EXPECT_TRUE(live_with_ca("ca1.pem")) << "a mismatched pair replaced the one in force";
-  place("server-ca2.key", "tls.key");
+  pair.Place("server-ca2.key", "tls.key");
   const absl::Time bound = absl::Now() + absl::Seconds(30);
   bool rotated = false;
   while (!(rotated = live_with_ca("ca2.pem")) && absl::Now() < bound) {
@@ -202,24 +174,15 @@ TEST_F(RestSecurityTest, ARotatedCertificateIsServedOnTheRestPortWithoutRestart)
 TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
   testing::TestCertificates certs(Dir() + "/ccerts");
   ASSERT_TRUE(certs.ok()) << certs.error();
-  const std::string dir = Dir() + "/crotation";
-  std::filesystem::create_directories(dir);
-  auto place = [&](const std::string& from, const std::string& to) {
-    std::filesystem::copy_file(certs.Path(from), dir + "/" + to + ".new",
-                               std::filesystem::copy_options::overwrite_existing);
-    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
-  };
+  const RotatingPair pair(certs, Dir() + "/crotation");
   {
-    std::ofstream both(dir + "/both-cas.pem");
+    std::ofstream both(pair.dir() + "/both-cas.pem");
     for (const char* ca : {"ca1.pem", "ca2.pem"}) both << std::ifstream(certs.Path(ca)).rdbuf();
   }
-  place("server-ca1.pem", "tls.crt");
-  place("server-ca1.key", "tls.key");
+  pair.PlaceServerPair("ca1");
   auto server = Start([&](ServerOptions& o) {
-    o.tls.cert_file = dir + "/tls.crt";
-    o.tls.key_file = dir + "/tls.key";
+    pair.ServeOn(o);
     o.tls.client_ca_file = certs.Path("ca1.pem");
-    o.tls.reload_interval_s = 1;
     o.http_threads = 8;
   });
   ASSERT_NE(server, nullptr);
@@ -240,14 +203,13 @@ TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
   std::vector<std::thread> clients;
   for (int i = 0; i < 4; ++i) {
     clients.emplace_back([&] {
-      while (!done.load()) (live(dir + "/both-cas.pem", true) ? ok : failed)++;
+      while (!done.load()) (live(pair.dir() + "/both-cas.pem", true) ? ok : failed)++;
     });
   }
   // ca1 -> ca2 -> ca1 -> ca2, each seen by a client that trusts only it.
   int seen = 0;
   for (const char* ca : {"ca2", "ca1", "ca2"}) {
-    place(absl::StrCat("server-", ca, ".pem"), "tls.crt");
-    place(absl::StrCat("server-", ca, ".key"), "tls.key");
+    pair.PlaceServerPair(ca);
     const absl::Time bound = absl::Now() + absl::Seconds(30);
     bool rotated = false;
     while (!(rotated = live(certs.Path(absl::StrCat(ca, ".pem")), true)) && absl::Now() < bound) {
@@ -262,8 +224,8 @@ TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
   EXPECT_GT(ok.load(), 0);
   EXPECT_EQ(failed.load(), 0) << "handshakes failed during rotation (of " << ok.load() << " ok)";
   // After the rotations the client certificate is still required.
-  EXPECT_FALSE(live(dir + "/both-cas.pem", false));
-  EXPECT_TRUE(live(dir + "/both-cas.pem", true));
+  EXPECT_FALSE(live(pair.dir() + "/both-cas.pem", false));
+  EXPECT_TRUE(live(pair.dir() + "/both-cas.pem", true));
 }
 
 }  // namespace

@@ -30,17 +30,11 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::server::ServerOptions;
-using ::attention::server::TokenAuthenticator;
 using ::testing::HasSubstr;
 using namespace ::attention::security_test;  // NOLINT: the fixture's helpers.
 
 TEST_F(SecurityTest, TlsServesClientsTrustingItsCaOnly) {
-  auto server = StartServer([](ServerOptions& o) {
-    o.tls.cert_file = certs_->Path("server-ca1.pem");
-    o.tls.key_file = certs_->Path("server-ca1.key");
-  });
+  auto server = StartServer([](ServerOptions& o) { ServeServerPair(*certs_, "ca1", o); });
   ASSERT_NE(server, nullptr);
   const std::string target = Target(*server);
   EXPECT_TRUE(Infer(TlsChannel(target, certs_->Read("ca1.pem"))).ok());
@@ -52,8 +46,7 @@ TEST_F(SecurityTest, TlsServesClientsTrustingItsCaOnly) {
 
 TEST_F(SecurityTest, MutualTlsNeedsAClientCertificateFromTheClientCa) {
   auto server = StartServer([](ServerOptions& o) {
-    o.tls.cert_file = certs_->Path("server-ca1.pem");
-    o.tls.key_file = certs_->Path("server-ca1.key");
+    ServeServerPair(*certs_, "ca1", o);
     o.tls.client_ca_file = certs_->Path("ca1.pem");
   });
   ASSERT_NE(server, nullptr);
@@ -72,26 +65,16 @@ TEST_F(SecurityTest, MutualTlsNeedsAClientCertificateFromTheClientCa) {
 }
 
 TEST_F(SecurityTest, RotatedCertificateIsServedWithoutRestart) {
-  const std::string dir = TestDir() + "/rotation";
-  std::filesystem::create_directories(dir);
-  std::filesystem::copy_file(certs_->Path("server-ca1.pem"), dir + "/tls.crt",
-                             std::filesystem::copy_options::overwrite_existing);
-  std::filesystem::copy_file(certs_->Path("server-ca1.key"), dir + "/tls.key",
-                             std::filesystem::copy_options::overwrite_existing);
-  auto server = StartServer([&](ServerOptions& o) {
-    o.tls.cert_file = dir + "/tls.crt";
-    o.tls.key_file = dir + "/tls.key";
-    o.tls.reload_interval_s = 1;
-  });
+  const RotatingPair pair(*certs_, TestDir() + "/rotation");
+  pair.PlaceServerPair("ca1");
+  auto server = StartServer([&](ServerOptions& o) { pair.ServeOn(o); });
   ASSERT_NE(server, nullptr);
   const std::string target = Target(*server);
   ASSERT_TRUE(Infer(TlsChannel(target, certs_->Read("ca1.pem"))).ok());
   // Rotate to a certificate from the other CA, each file replaced by rename.
   for (const auto& [from, to] : {std::pair<std::string, std::string>{"server-ca2.key", "tls.key"},
                                  {"server-ca2.pem", "tls.crt"}}) {
-    std::filesystem::copy_file(certs_->Path(from), dir + "/" + to + ".new",
-                               std::filesystem::copy_options::overwrite_existing);
-    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
+    pair.Place(from, to);
   }
   EXPECT_TRUE(Eventually([&] { return Infer(TlsChannel(target, certs_->Read("ca2.pem"))).ok(); },
                          absl::Seconds(30)))
@@ -102,10 +85,7 @@ TEST_F(SecurityTest, RotatedCertificateIsServedWithoutRestart) {
 }
 
 TEST_F(SecurityTest, StartUpErrorsNameTheFlag) {
-  ServerOptions options;
-  options.host = "127.0.0.1";
-  options.port = 0;
-  options.metrics_port = 0;
+  ServerOptions options = testing::TestServerOptions("");
   options.tls.key_file = certs_->Path("server-ca1.key");
   EXPECT_THAT(AttentionServer::Listen(options).status().message(),
               HasSubstr("--tls_cert_file is not"));
@@ -123,10 +103,7 @@ TEST_F(SecurityTest, StartUpErrorsNameTheFlag) {
 // A key that is not the certificate's: refused at start-up naming both files
 // (before, the server started and every handshake failed).
 TEST_F(SecurityTest, StartUpRefusesAKeyThatIsNotTheCertificates) {
-  ServerOptions options;
-  options.host = "127.0.0.1";
-  options.port = 0;
-  options.metrics_port = 0;
+  ServerOptions options = testing::TestServerOptions("");
   options.tls.cert_file = certs_->Path("server-ca1.pem");
   options.tls.key_file = certs_->Path("client-ca1.key");
   const absl::Status status = AttentionServer::Listen(options).status();
@@ -142,29 +119,18 @@ TEST_F(SecurityTest, StartUpRefusesAKeyThatIsNotTheCertificates) {
 // installed the pair and every new connection failed.) Then a matching pair
 // is served.
 TEST_F(SecurityTest, MismatchedKeyOnReloadKeepsThePairInForce) {
-  const std::string dir = TestDir() + "/mismatch";
-  std::filesystem::create_directories(dir);
-  auto replace = [&](const std::string& from, const std::string& to) {
-    std::filesystem::copy_file(certs_->Path(from), dir + "/" + to + ".new",
-                               std::filesystem::copy_options::overwrite_existing);
-    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
-  };
-  replace("server-ca1.pem", "tls.crt");
-  replace("server-ca1.key", "tls.key");
-  auto server = StartServer([&](ServerOptions& o) {
-    o.tls.cert_file = dir + "/tls.crt";
-    o.tls.key_file = dir + "/tls.key";
-    o.tls.reload_interval_s = 1;
-  });
+  const RotatingPair pair(*certs_, TestDir() + "/mismatch");
+  pair.PlaceServerPair("ca1");
+  auto server = StartServer([&](ServerOptions& o) { pair.ServeOn(o); });
   ASSERT_NE(server, nullptr);
   const std::string target = Target(*server);
   ASSERT_TRUE(Infer(TlsChannel(target, certs_->Read("ca1.pem"))).ok());
-  replace("server-ca2.key", "tls.key");  // The certificate stays ca1's.
+  pair.Place("server-ca2.key", "tls.key");  // The certificate stays ca1's.
   // Three reload intervals: a reload that took the pair would have by now.
   absl::SleepFor(absl::Seconds(3));
   const grpc::Status kept = Infer(TlsChannel(target, certs_->Read("ca1.pem")));
   EXPECT_TRUE(kept.ok()) << "the mismatched pair was installed: " << kept.error_message();
-  replace("server-ca2.pem", "tls.crt");  // Now a matching pair.
+  pair.Place("server-ca2.pem", "tls.crt");  // Now a matching pair.
   EXPECT_TRUE(Eventually([&] { return Infer(TlsChannel(target, certs_->Read("ca2.pem"))).ok(); },
                          absl::Seconds(30)))
       << "the matching pair was not served";
@@ -173,31 +139,24 @@ TEST_F(SecurityTest, MismatchedKeyOnReloadKeepsThePairInForce) {
 // The watcher itself: what gRPC reads (path()) changes only to matching pairs.
 TEST_F(SecurityTest, IdentityWatcherInstallsOnlyMatchingPairs) {
   using ::attention::server::TlsIdentityWatcher;
-  const std::string dir = TestDir() + "/watcher";
-  std::filesystem::create_directories(dir);
-  auto replace = [&](const std::string& from, const std::string& to) {
-    std::filesystem::copy_file(certs_->Path(from), dir + "/" + to + ".new",
-                               std::filesystem::copy_options::overwrite_existing);
-    std::filesystem::rename(dir + "/" + to + ".new", dir + "/" + to);
-  };
+  const RotatingPair pair(*certs_, TestDir() + "/watcher");
   auto served = [](const TlsIdentityWatcher& w) {
     std::ifstream in(w.path(), std::ios::binary);
     std::ostringstream text;
     text << in.rdbuf();
     return text.str();
   };
-  replace("server-ca1.pem", "tls.crt");
-  replace("server-ca1.key", "tls.key");
-  auto watcher =
-      TlsIdentityWatcher::Start(dir + "/tls.crt", dir + "/tls.key", absl::Milliseconds(20));
+  pair.PlaceServerPair("ca1");
+  auto watcher = TlsIdentityWatcher::Start(pair.dir() + "/tls.crt", pair.dir() + "/tls.key",
+                                           absl::Milliseconds(20));
   ASSERT_TRUE(watcher.ok()) << watcher.status();
   const std::string first = served(**watcher);
   EXPECT_THAT(first, HasSubstr(certs_->Read("server-ca1.pem")));
   EXPECT_THAT(first, HasSubstr(certs_->Read("server-ca1.key")));
-  replace("server-ca2.key", "tls.key");
+  pair.Place("server-ca2.key", "tls.key");
   ASSERT_TRUE(Eventually([&] { return (*watcher)->refused() > 0; }, absl::Seconds(20)));
   EXPECT_EQ(served(**watcher), first) << "a mismatched pair replaced the one in force";
-  replace("server-ca2.pem", "tls.crt");
+  pair.Place("server-ca2.pem", "tls.crt");
   ASSERT_TRUE(Eventually([&] { return (*watcher)->installed() > 0; }, absl::Seconds(20)));
   EXPECT_THAT(served(**watcher), HasSubstr(certs_->Read("server-ca2.pem")));
   EXPECT_THAT(served(**watcher), HasSubstr(certs_->Read("server-ca2.key")));
@@ -238,8 +197,7 @@ TEST_F(SecurityTest, ClientCliAndHealthScriptSpeakMutualTlsWithTokens) {
     out << "cli-secret\n";
   }
   auto server = StartServer([&](ServerOptions& o) {
-    o.tls.cert_file = certs_->Path("server-ca1.pem");
-    o.tls.key_file = certs_->Path("server-ca1.key");
+    ServeServerPair(*certs_, "ca1", o);
     o.tls.client_ca_file = certs_->Path("ca1.pem");
     o.auth_tokens_file = tokens;
   });

@@ -1,7 +1,8 @@
 // TokenAuthenticator's token file (issue 21, items 5 and 8c): a file rewritten
 // in place is never installed empty or half-written, an empty file revokes
 // only once it stays empty, names are refused unless they can be logged as
-// they are, and a principal is identified by its entry's hash.
+// they are, a principal is identified by its entry's hash, and parse errors
+// name the line.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -12,23 +13,19 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/security/token_authenticator.h"
+#include "tests/fixture/token_files.h"
 
 namespace attention {
 namespace {
 
 using ::attention::server::TokenAuthenticator;
+using ::attention::testing::HashHex;
 using ::testing::HasSubstr;
-
-std::string HashHex(const std::string& token) {
-  const TokenAuthenticator::Sha256 h = TokenAuthenticator::Hash(token);
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h.data()), 32));
-}
 
 std::string TestFile(const std::string& name) {
   const std::string dir = ::testing::TempDir() + "/token_file_test_" + std::to_string(getpid());
@@ -154,6 +151,21 @@ TEST(TokenFileTest, PrincipalIdIsTheEntrysHash) {
   EXPECT_EQ((*first)->id, HashHex("team-one"));
   EXPECT_EQ((*second)->id, HashHex("team-two"));
   EXPECT_NE((*first)->id, (*second)->id);
+}
+
+TEST(TokenFileTest, ParseErrorsNameTheLine) {
+  EXPECT_THAT(TokenAuthenticator::Parse("abc alice *\n", "f").status().message(),
+              HasSubstr("f:1: expected a SHA-256 hash of 64 hex digits"));
+  const std::string hash = HashHex("x");
+  EXPECT_THAT(TokenAuthenticator::Parse("# c\n\n" + hash + " alice\n", "f").status().message(),
+              HasSubstr("f:3: expected 3 fields"));
+  EXPECT_THAT(TokenAuthenticator::Parse(hash + " a *\n" + hash + " b *\n", "f").status().message(),
+              HasSubstr("f:2: the same token hash as entry 'a'"));
+  auto parsed = TokenAuthenticator::Parse(hash + " a m1,m2\n", "f");
+  ASSERT_TRUE(parsed.ok());
+  ASSERT_EQ(parsed->size(), 1u);
+  EXPECT_TRUE((*parsed)[0].principal->MayUse("m2"));
+  EXPECT_FALSE((*parsed)[0].principal->MayUse("m3"));
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // Bearer tokens end to end over loopback with an in-process server: missing
 // or wrong tokens, models outside a token's list, sessions owned by their
 // creator, refusals counted without exposing tokens, token files rotated
-// without a restart, and parse errors naming the line.
+// without a restart, and an empty model name resolved among a token's models.
+// The token file itself: token_file_test.cc.
 #include <grpcpp/grpcpp.h>
 
+#include <random>
 #include <string>
 
 #include "attention/v1/attention.grpc.pb.h"
@@ -15,9 +17,6 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::server::ServerOptions;
-using ::attention::server::TokenAuthenticator;
 using ::testing::HasSubstr;
 using namespace ::attention::security_test;  // NOLINT: the fixture's helpers.
 
@@ -153,22 +152,45 @@ TEST_F(TokenTest, ZRotatedTokensTakeEffectWithoutRestart) {
   EXPECT_TRUE(Infer(Channel(), "small", "alice-rotated").ok());
 }
 
-TEST(TokenFileTest, ParseErrorsNameTheLine) {
-  EXPECT_THAT(TokenAuthenticator::Parse("abc alice *\n", "f").status().message(),
-              HasSubstr("f:1: expected a SHA-256 hash of 64 hex digits"));
-  const std::string hash = HashHex("x");
-  EXPECT_THAT(TokenAuthenticator::Parse("# c\n\n" + hash + " alice\n", "f").status().message(),
-              HasSubstr("f:3: expected 3 fields"));
-  EXPECT_THAT(TokenAuthenticator::Parse(hash + " a *\n" + hash + " b *\n", "f").status().message(),
-              HasSubstr("f:2: the same token hash as entry 'a'"));
-  auto parsed = TokenAuthenticator::Parse(hash + " a m1,m2\n", "f");
-  ASSERT_TRUE(parsed.ok());
-  ASSERT_EQ(parsed->size(), 1u);
-  EXPECT_TRUE((*parsed)[0].principal->MayUse("m2"));
-  EXPECT_FALSE((*parsed)[0].principal->MayUse("m3"));
+// An empty model name resolves among the caller's own models; a limited
+// token never learns the server's default's name (issue 21, item 6). Models
+// "small" (the default) and "wide" (E=48, kdim 20, vdim 28: Infer needs a key).
+TEST(TokenModelTest, EmptyModelNameResolvesAmongTheCallersModels) {
+  MhaSpec wide = testing::SelfAttentionSpec(48, 4);
+  wide.kdim = 20;
+  wide.vdim = 28;
+  testing::ModelFolder models("token_models");
+  models.Add("small", testing::SelfAttentionSpec(32, 4), 1, "\"max_session_tokens\": 8192");
+  models.Add("wide", wide, 2);
+  const std::string tokens = models.path() + "_tokens";
+  WriteTokens(tokens, HashHex("bob-secret") + " bob wide\n");
+  ServerOptions options = testing::TestServerOptions(models.path(), false, 2);
+  options.drain_grace = absl::Milliseconds(500);
+  options.repository.default_model = "small";
+  options.sessions.memory_bytes = int64_t{256} << 20;
+  options.max_message_bytes = 8 << 20;
+  options.auth_tokens_file = tokens;
+  auto server = testing::StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::AttentionService::NewStub(server->InProcessChannel());
+  grpc::ClientContext c1;
+  c1.AddMetadata("authorization", "Bearer bob-secret");
+  v1::GetModelRequest get;  // Empty: the default among bob's models.
+  v1::ModelInfo info;
+  const grpc::Status got = stub->GetModel(&c1, get, &info);
+  EXPECT_TRUE(got.ok()) << got.error_message();
+  EXPECT_EQ(info.name(), "wide");
+  std::mt19937 rng(8);
+  v1::InferRequest request;  // On "wide" it needs a key: refused, but not naming "small".
+  testing::ToProto(testing::RandomTensor({1, 4, 48}, rng), request.mutable_query());
+  grpc::ClientContext c2;
+  c2.AddMetadata("authorization", "Bearer bob-secret");
+  v1::InferResponse response;
+  const grpc::Status status = stub->Infer(&c2, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), ::testing::Not(HasSubstr("small")));
+  EXPECT_TRUE(server->Drain());
 }
 
-// attention-client and the image's health check script over mutual TLS with
-// a token, against an in-process server.
 }  // namespace
 }  // namespace attention

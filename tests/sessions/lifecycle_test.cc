@@ -26,14 +26,6 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::server::ServerOptions;
-using ::attention::testing::FromProto;
-using ::attention::testing::RandomMask;
-using ::attention::testing::RandomTensor;
-using ::attention::testing::ToProto;
-using ::testing::HasSubstr;
-
 // SIGTERM-style drain: an append already queued completes, new appends and
 // sessions are refused UNAVAILABLE, and Drain reports every request answered.
 TEST(SessionDrainTest, QueuedAppendsFinishAndNewOnesAreRefused) {
@@ -91,7 +83,7 @@ TEST(SessionDrainTest, QueuedAppendsFinishAndNewOnesAreRefused) {
 // (gRPC's default SO_REUSEPORT would split the clients, and their sessions,
 // between the two).
 TEST(ServerPortTest, ASecondServerOnTheSamePortFailsToStart) {
-  ServerOptions options;
+  server::ServerOptions options;
   options.host = "127.0.0.1";
   options.port = testing::FreePort();
   options.metrics_port = 0;

@@ -23,24 +23,13 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::testing::FromProto;
-using ::attention::testing::RandomTensor;
-using ::attention::testing::ToProto;
-using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 constexpr char kHeader[] = "x-attention-session";
 
-class SessionRoutingTest : public ::testing::Test {
+class SessionRoutingTest : public SessionServerTest {
  protected:
-  static void SetUpTestSuite() {
-    server_ = StartServer("session_routing_test", int64_t{64} << 20, absl::Hours(1));
-  }
-  static void TearDownTestSuite() {
-    EXPECT_TRUE(server_->Drain());
-    delete server_;
-  }
+  static void SetUpTestSuite() { StartSuiteServer("session_routing_test"); }
   void SetUp() override { stub_ = v1::SessionService::NewStub(server_->InProcessChannel()); }
 
   // A context with the routing header set to `key` (none for nullptr).
@@ -101,11 +90,8 @@ class SessionRoutingTest : public ::testing::Test {
     }
   }
 
-  static AttentionServer* server_;
   std::unique_ptr<v1::SessionService::Stub> stub_;
 };
-
-AttentionServer* SessionRoutingTest::server_ = nullptr;
 
 TEST_F(SessionRoutingTest, TheIdCarriesTheKeyAndEveryCallMustCarryIt) {
   v1::SessionInfo info;

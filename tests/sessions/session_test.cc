@@ -26,25 +26,11 @@
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
-using ::attention::server::ServerOptions;
-using ::attention::testing::FromProto;
-using ::attention::testing::RandomMask;
-using ::attention::testing::RandomTensor;
-using ::attention::testing::ToProto;
-using ::testing::HasSubstr;
-
-class SessionTest : public ::testing::Test {
+class SessionTest : public SessionServerTest {
  protected:
-  static void SetUpTestSuite() {
-    server_ = StartServer("session_test", int64_t{64} << 20, absl::Hours(1));
-  }
-  static void TearDownTestSuite() {
-    EXPECT_TRUE(server_->Drain());
-    delete server_;
-  }
+  static void SetUpTestSuite() { StartSuiteServer("session_test"); }
 
-  static std::unique_ptr<v1::SessionService::Stub> Sessions(AttentionServer* s = server_) {
+  static std::unique_ptr<v1::SessionService::Stub> Sessions(server::AttentionServer* s = server_) {
     return v1::SessionService::NewStub(s->InProcessChannel());
   }
   static std::unique_ptr<v1::AttentionService::Stub> Attention() {
@@ -106,11 +92,7 @@ class SessionTest : public ::testing::Test {
       }
     }
   }
-
-  static AttentionServer* server_;
 };
-
-AttentionServer* SessionTest::server_ = nullptr;
 
 TEST_F(SessionTest, ChunkedAppendsEqualOneStatelessCausalInfer) {
   std::mt19937 rng(7);

@@ -3,44 +3,32 @@
 // refusals name the limit, memory eviction spares a tenant within its fair
 // share, ownership follows the token and not its name, and without tokens the
 // one tenant keeps today's limits. In-process servers, two small models.
-#include <unistd.h>
-
 #include <grpcpp/grpcpp.h>
 
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <random>
 
-#include "absl/strings/escaping.h"
 #include "attention/v1/sessions.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
-#include "server/security/token_authenticator.h"
+#include "tests/fixture/oip_requests.h"
 #include "tests/fixture/server_test_util.h"
+#include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
+#include "tests/fixture/token_files.h"
 
 namespace attention {
 namespace {
 
-using ::attention::server::AttentionServer;
 using ::attention::server::ServerOptions;
 using ::attention::server::SessionEnd;
-using ::attention::server::TokenAuthenticator;
+using ::attention::testing::HashHex;
 using ::testing::HasSubstr;
 
 constexpr int64_t kE = 16;  // "small": E=16, H=2, float32: 2048-byte cache blocks of 16 tokens.
-
-std::string TestDir() {
-  return ::testing::TempDir() + "/session_tenant_test_" + std::to_string(getpid());
-}
-
-std::string HashHex(const std::string& token) {
-  const TokenAuthenticator::Sha256 h = TokenAuthenticator::Hash(token);
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(h.data()), 32));
-}
 
 // Two tokens whose entries share the name "team": A and B are two tenants.
 constexpr char kTokenA[] = "team-a-secret";
@@ -49,54 +37,37 @@ constexpr char kTokenB[] = "team-b-secret";
 // A server on a repository of two models ("small", "other") with a 1 MiB
 // session budget (one slab: 512 blocks), tokens A and B unless `tokens` is
 // false, and `tweak` applied to its options.
-std::unique_ptr<AttentionServer> StartServer(bool tokens,
-                                             const std::function<void(ServerOptions&)>& tweak) {
+std::unique_ptr<server::AttentionServer> StartServer(
+    bool tokens, const std::function<void(ServerOptions&)>& tweak) {
   static const std::string repository = [] {
-    const std::string d = TestDir() + "/models";
-    std::filesystem::remove_all(d);
-    testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(kE, 2), 1), d + "/small");
-    testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(kE, 2), 2), d + "/other");
-    const std::string file = TestDir() + "/tokens";
-    std::ofstream(file) << HashHex(kTokenA) << " team small,other\n"
-                        << HashHex(kTokenB) << " team small,other\n";
-    return d;
+    testing::ModelFolder models("session_tenant_test");
+    models.Add("small", testing::SelfAttentionSpec(kE, 2), 1);
+    models.Add("other", testing::SelfAttentionSpec(kE, 2), 2);
+    std::ofstream(models.path() + "_tokens") << HashHex(kTokenA) << " team small,other\n"
+                                             << HashHex(kTokenB) << " team small,other\n";
+    return models.path();
   }();
-  ServerOptions options;
-  options.host = "127.0.0.1";
-  options.port = 0;
-  options.metrics_port = 0;
-  options.repository.path = repository;
+  ServerOptions options = testing::TestServerOptions(repository);
+  options.drain_grace = absl::Milliseconds(500);
   options.repository.default_model = "small";
-  options.repository.compute_threads = 1;
-  options.repository.warmup = false;
   options.sessions.memory_bytes = 1 << 20;
-  if (tokens) options.auth_tokens_file = TestDir() + "/tokens";
+  if (tokens) options.auth_tokens_file = repository + "_tokens";
   tweak(options);
-  auto server = AttentionServer::Listen(options);
-  if (!server.ok()) {
-    ADD_FAILURE() << server.status();
-    return nullptr;
-  }
-  const absl::Status loaded = (*server)->LoadModels();
-  EXPECT_TRUE(loaded.ok()) << loaded;
-  return *std::move(server);
+  return testing::StartServer(options);
 }
 
 // One caller: a token (empty: none) on a server's in-process channel.
 class Caller {
  public:
-  Caller(AttentionServer& server, std::string token)
+  Caller(server::AttentionServer& server, std::string token)
       : stub_(v1::SessionService::NewStub(server.InProcessChannel())), token_(std::move(token)) {}
 
   // A self session of "small"; its id, or the refusal.
   grpc::Status Create(std::string* id) {
     grpc::ClientContext context;
     Authorize(context);
-    v1::CreateSessionRequest request;
-    request.set_model("small");
-    request.set_kind(v1::SESSION_KIND_SELF);
     v1::SessionInfo info;
-    const grpc::Status status = stub_->CreateSession(&context, request, &info);
+    const grpc::Status status = testing::CreateSelfSession(*stub_, context, "small", &info);
     *id = info.session_id();
     return status;
   }
@@ -135,7 +106,7 @@ class Caller {
   std::mt19937 rng_{5};
 };
 
-double Ends(AttentionServer& server, SessionEnd end) {
+double Ends(server::AttentionServer& server, SessionEnd end) {
   return server.repository()->Find("small")->metrics->session_ends[static_cast<int>(end)]->Value();
 }
 

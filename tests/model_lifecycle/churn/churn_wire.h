@@ -33,16 +33,7 @@ inline Tensor Query(std::mt19937& rng) {
 }
 
 // The inference protocol's request of `query` (1, T, E) to model "m".
-inline inference::ModelInferRequest OipRequest(const Tensor& query) {
-  inference::ModelInferRequest r;
-  r.set_model_name("m");
-  auto* input = r.add_inputs();
-  input->set_name("query");
-  input->set_datatype("FP32");
-  for (int64_t d : query.shape()) input->add_shape(d);
-  r.add_raw_input_contents(std::string(static_cast<const char*>(query.data()), query.num_bytes()));
-  return r;
-}
+using model_versions_test::OipRequest;
 
 // The first output of an inference-protocol response, and its version.
 inline Tensor OipOutput(const inference::ModelInferResponse& response, const Shape& shape) {
