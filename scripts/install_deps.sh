@@ -40,8 +40,10 @@ build_pkgs=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc grpc-proto
   prometheus-cpp-dev
   nlohmann-json3-dev
-  # The REST front-end: cpp-httplib (HTTP/1.1, TLS) and simdjson (request JSON).
-  libcpp-httplib-dev libsimdjson-dev
+  # The REST front-end: Boost.Beast on Asio (HTTP/1.1 server, header-only; libboost1.81-dev,
+  # whose parser bounds every read), simdjson (request JSON), cpp-httplib (the REST tests'
+  # HTTP client, and the server's until the Beast server replaces it).
+  libboost1.81-dev libcpp-httplib-dev libsimdjson-dev
   # rest_framing_test gzips request bodies (also a dependency of cpp-httplib).
   zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -1,0 +1,370 @@
+// File: server/frontends/rest/http_connection.cc
+#include "server/frontends/rest/http_connection.h"
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+
+namespace attention::server {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+namespace net = boost::asio;
+
+// Room for a whole head plus one read past it (pipelined bytes included).
+constexpr size_t kReadChunk = 16 << 10;
+
+// Whether the parser refused the bytes (not: the client went mid-message).
+bool IsMalformed(const beast::error_code& ec) {
+  return ec.category() == beast::error_code(http::error::end_of_stream).category() &&
+         ec != http::error::end_of_stream && ec != http::error::partial_message;
+}
+
+std::chrono::nanoseconds Chrono(absl::Duration d) { return absl::ToChronoNanoseconds(d); }
+
+// {"error": message}, for the messages this file makes (no control bytes).
+std::string ErrorJson(const std::string& message) {
+  std::string out = R"({"error":")";
+  for (const char c : message) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    if (static_cast<unsigned char>(c) >= 0x20) out.push_back(c);
+  }
+  out += "\"}";
+  return out;
+}
+
+}  // namespace
+
+template <class Stream>
+HttpConnection<Stream>::HttpConnection(Stream stream, const HttpServerOptions& options,
+                                       HttpHandler* handler,
+                                       std::shared_ptr<HttpConnections> connections, uint64_t id,
+                                       std::string peer)
+    : stream_(std::move(stream)),
+      options_(options),
+      handler_(handler),
+      connections_(std::move(connections)),
+      id_(id),
+      peer_(std::move(peer)),
+      buffer_(static_cast<size_t>(options.header_limit_bytes) + kReadChunk) {}
+
+template <class Stream>
+HttpConnection<Stream>::~HttpConnection() {
+  connections_->Remove(id_);
+}
+
+template <class Stream>
+void HttpConnection<Stream>::Start() {
+  net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] { self->ReadHead(); });
+}
+
+template <class Stream>
+void HttpConnection<Stream>::Close(bool now) {
+  net::post(stream_.get_executor(), [self = this->shared_from_this(), now] {
+    if (self->closed_) return;
+    // Not past its head (reading or idle): nothing of it is answered.
+    if (now || self->state_ == State::kReading) return self->DoClose();
+    self->close_after_ = true;
+  });
+}
+
+template <class Stream>
+void HttpConnection<Stream>::ReadHead() {
+  if (closed_) return;
+  if (close_after_) return DoClose();
+  state_ = State::kReading;
+  head_.emplace();
+  head_->header_limit(static_cast<std::uint32_t>(options_.header_limit_bytes));
+  // A Content-Length past it is refused with the head (413), unread.
+  head_->body_limit(static_cast<std::uint64_t>(options_.max_body_bytes));
+  if (first_ || buffer_.size() > 0) return ReadHeadNow();
+  // Idle keep-alive: the next head's first byte within idle_timeout.
+  beast::get_lowest_layer(stream_).expires_after(Chrono(options_.idle_timeout));
+  stream_.async_read_some(buffer_.prepare(kReadChunk),
+                          [self = this->shared_from_this()](beast::error_code ec, size_t n) {
+                            self->buffer_.commit(n);
+                            if (ec || self->closed_) return self->DoClose();
+                            self->ReadHeadNow();
+                          });
+}
+
+template <class Stream>
+void HttpConnection<Stream>::ReadHeadNow() {
+  beast::get_lowest_layer(stream_).expires_after(Chrono(options_.header_timeout));
+  http::async_read_header(
+      stream_, buffer_, *head_,
+      [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHead(ec); });
+}
+
+template <class Stream>
+std::optional<std::pair<int, std::string>> HttpConnection<Stream>::CheckHead() const {
+  const auto& head = head_->get();
+  const size_t fields = std::distance(head.begin(), head.end());
+  if (fields > static_cast<size_t>(options_.max_header_fields)) {
+    return std::make_pair(431, absl::StrCat("request head: ", fields, " header fields, more than ",
+                                            options_.max_header_fields));
+  }
+  // RFC 9112 6.3: one Content-Length, one number; Beast takes equal repeats.
+  const auto lengths = head.equal_range(http::field::content_length);
+  if (lengths.first != lengths.second) {
+    if (std::next(lengths.first) != lengths.second ||
+        lengths.first->value().find(',') != beast::string_view::npos) {
+      return std::make_pair(400, "Content-Length: expected one, got several");
+    }
+  }
+  const auto te = head.find(http::field::transfer_encoding);
+  if (te != head.end()) {
+    const std::string value(te->value());
+    if (!absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(value), "chunked")) {
+      return std::make_pair(501, absl::StrCat("Transfer-Encoding: expected chunked, got '",
+                                              value.substr(0, 64), "'"));
+    }
+  }
+  return std::nullopt;
+}
+
+template <class Stream>
+void HttpConnection<Stream>::OnHead(beast::error_code ec) {
+  if (closed_) return;
+  if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
+    return Refuse(
+        431, absl::StrCat("request head: larger than ", options_.header_limit_bytes, " bytes"));
+  }
+  if (ec == http::error::body_limit) return TooLarge();
+  if (ec == http::error::multiple_content_length || ec == http::error::bad_content_length) {
+    return Refuse(400, "Content-Length: expected one number, with no Transfer-Encoding");
+  }
+  if (ec == http::error::bad_transfer_encoding) {
+    return Refuse(400, "Content-Length: expected none with Transfer-Encoding: chunked");
+  }
+  if (ec && IsMalformed(ec)) {
+    return Refuse(400, absl::StrCat("request head: ", ec.message()));
+  }
+  if (ec) return DoClose();  // Closed, reset, or too slow (slowloris): unanswered.
+  const auto& head = head_->get();
+  keep_alive_ = head.keep_alive();
+  head_method_ = head.method() == http::verb::head;
+  request_ = HttpRequest();
+  request_.method = std::string(head.method_string());
+  request_.target = std::string(head.target());
+  request_.path = request_.target.substr(0, request_.target.find('?'));
+  request_.headers = static_cast<const http::fields&>(head);
+  request_.peer = peer_;
+  if (auto refused = CheckHead()) return Refuse(refused->first, refused->second);
+  HeadDecision decision = handler_->OnHead(request_);
+  if (decision.refuse.has_value()) {
+    body_unread_ = !head_->is_done();
+    if (body_unread_) decision.refuse->close = true;
+    return Write(*std::move(decision.refuse));
+  }
+  charge_ = std::move(decision.charge);
+  if (head_->is_done()) return Dispatch();
+  if (beast::iequals(head[http::field::expect], "100-continue")) {
+    continue_ = std::make_unique<http::response<http::empty_body>>(http::status::continue_, 11);
+    beast::get_lowest_layer(stream_).expires_after(Chrono(options_.write_timeout));
+    return http::async_write(stream_, *continue_,
+                             [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                               self->continue_.reset();
+                               if (ec || self->closed_) return self->DoClose();
+                               self->ReadBody();
+                             });
+  }
+  ReadBody();
+}
+
+template <class Stream>
+void HttpConnection<Stream>::ReadBody() {
+  body_.emplace(std::move(*head_));
+  head_.reset();
+  body_->body_limit(static_cast<std::uint64_t>(options_.max_body_bytes));
+  beast::get_lowest_layer(stream_).expires_after(Chrono(options_.body_timeout));
+  http::async_read(
+      stream_, buffer_, *body_,
+      [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+}
+
+template <class Stream>
+void HttpConnection<Stream>::OnBody(beast::error_code ec) {
+  if (closed_) return;
+  if (ec) {
+    charge_.reset();
+    body_unread_ = true;
+    if (ec == http::error::body_limit) return TooLarge();
+    if (ec == beast::error::timeout) {
+      return Refuse(408, absl::StrCat("request body: not received within ",
+                                      absl::FormatDuration(options_.body_timeout)));
+    }
+    if (IsMalformed(ec)) {
+      return Refuse(400, absl::StrCat("request body: ", ec.message()));
+    }
+    return DoClose();
+  }
+  request_.body = std::move(body_->get().body());
+  body_.reset();
+  Dispatch();
+}
+
+template <class Stream>
+void HttpConnection<Stream>::Dispatch() {
+  state_ = State::kComputing;
+  body_unread_ = false;
+  exchange_ = std::make_shared<HttpExchange>(this->shared_from_this(), connections_->outstanding());
+  handling_.store(std::this_thread::get_id(), std::memory_order_release);
+  handler_->Handle(std::move(request_), exchange_);
+  handling_.store(std::thread::id(), std::memory_order_release);
+  if (state_ == State::kComputing && !pending_.has_value()) Watch();
+}
+
+template <class Stream>
+void HttpConnection<Stream>::Watch() {
+  if (closed_ || pending_.has_value() || watching_) return;
+  const size_t room = buffer_.max_size() - buffer_.size();
+  if (room == 0) return;  // Pipelined bytes fill the buffer: read no more until answered.
+  watching_ = true;
+  beast::get_lowest_layer(stream_).expires_never();
+  stream_.async_read_some(
+      buffer_.prepare(std::min(room, kReadChunk)),
+      [self = this->shared_from_this()](beast::error_code ec, size_t n) { self->OnWatch(ec, n); });
+}
+
+template <class Stream>
+void HttpConnection<Stream>::OnWatch(beast::error_code ec, size_t n) {
+  watching_ = false;
+  buffer_.commit(n);
+  if (closed_) return;
+  if (pending_.has_value()) {
+    HttpResponse response = *std::move(pending_);
+    pending_.reset();
+    return Write(std::move(response));
+  }
+  if (ec) return DoClose();  // The client went: its request is cancelled.
+  Watch();
+}
+
+template <class Stream>
+void HttpConnection<Stream>::Answer(HttpResponse response) {
+  // Answered inside Handle (on the strand): written without a round trip.
+  if (handling_.load(std::memory_order_acquire) == std::this_thread::get_id()) {
+    return OnAnswer(std::move(response));
+  }
+  net::post(stream_.get_executor(),
+            [self = this->shared_from_this(), response = std::move(response)]() mutable {
+              self->OnAnswer(std::move(response));
+            });
+}
+
+template <class Stream>
+void HttpConnection<Stream>::OnAnswer(HttpResponse response) {
+  exchange_.reset();
+  charge_.reset();
+  if (closed_) return;  // Dropped with its hold.
+  if (watching_) {
+    pending_ = std::move(response);
+    beast::get_lowest_layer(stream_).cancel();  // OnWatch writes it.
+    return;
+  }
+  Write(std::move(response));
+}
+
+template <class Stream>
+void HttpConnection<Stream>::Refuse(int status, const std::string& message) {
+  HttpResponse response;
+  response.status = status;
+  response.body = ErrorJson(message);
+  response.SetHeader("Content-Type", "application/json");
+  response.close = true;
+  body_unread_ = true;
+  Write(std::move(response));
+}
+
+template <class Stream>
+void HttpConnection<Stream>::TooLarge() {
+  Refuse(413, absl::StrCat("request body: larger than the server's limit of ",
+                           options_.max_body_bytes, " bytes (--max_message_bytes)"));
+}
+
+template <class Stream>
+void HttpConnection<Stream>::Write(HttpResponse response) {
+  state_ = State::kWriting;
+  head_.reset();
+  body_.reset();
+  out_ = std::make_unique<http::response<http::string_body>>();
+  out_->result(static_cast<unsigned>(response.status));
+  out_->version(11);
+  for (auto& [name, value] : response.headers) out_->set(name, value);
+  const size_t size = response.body.size();
+  out_->body() = std::move(response.body);
+  out_->keep_alive(keep_alive_ && !response.close && !close_after_);
+  if (head_method_) {
+    out_->body().clear();
+    out_->content_length(size);
+  } else {
+    out_->prepare_payload();
+  }
+  out_hold_ = std::move(response.hold);
+  linger_after_write_ = response.close && body_unread_;
+  beast::get_lowest_layer(stream_).expires_after(Chrono(options_.write_timeout));
+  http::async_write(
+      stream_, *out_,
+      [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnWritten(ec); });
+}
+
+template <class Stream>
+void HttpConnection<Stream>::OnWritten(beast::error_code ec) {
+  out_hold_.reset();
+  const bool keep = out_ != nullptr && out_->keep_alive();
+  out_.reset();
+  if (closed_) return;
+  if (ec) return DoClose();
+  if (linger_after_write_) return Linger();
+  if (!keep) return DoClose();
+  first_ = false;
+  ReadHead();
+}
+
+template <class Stream>
+void HttpConnection<Stream>::Linger() {
+  // What the client still sends of a body not read is dropped, so that it
+  // reads the answer rather than a reset; bounded in bytes and time.
+  state_ = State::kClosing;
+  beast::error_code ignored;
+  beast::get_lowest_layer(stream_).socket().shutdown(net::socket_base::shutdown_send, ignored);
+  if (discard_.empty()) {
+    discard_.resize(kReadChunk);
+    buffer_.consume(buffer_.size());
+    beast::get_lowest_layer(stream_).expires_after(Chrono(options_.linger_timeout));
+  }
+  stream_.async_read_some(
+      net::buffer(discard_), [self = this->shared_from_this()](beast::error_code ec, size_t n) {
+        self->discarded_ += static_cast<int64_t>(n);
+        if (ec || self->closed_ || self->discarded_ > self->options_.max_body_bytes) {
+          return self->DoClose();
+        }
+        self->Linger();
+      });
+}
+
+template <class Stream>
+void HttpConnection<Stream>::DoClose() {
+  if (closed_) return;
+  closed_ = true;
+  state_ = State::kClosing;
+  beast::error_code ignored;
+  beast::get_lowest_layer(stream_).socket().shutdown(net::socket_base::shutdown_both, ignored);
+  beast::get_lowest_layer(stream_).close();
+  charge_.reset();
+  if (auto exchange = std::move(exchange_)) exchange->Cancel();
+}
+
+template class HttpConnection<boost::beast::tcp_stream>;
+
+}  // namespace attention::server
