@@ -42,7 +42,7 @@ build_pkgs=(
   nlohmann-json3-dev
   # The REST front-end: Boost.Beast on Asio (HTTP/1.1 server, header-only; libboost1.81-dev,
   # whose parser bounds every read), simdjson (request JSON), cpp-httplib (the REST tests'
-  # HTTP client, and the server's until the Beast server replaces it).
+  # HTTP client only; the server does not link it).
   libboost1.81-dev libcpp-httplib-dev libsimdjson-dev
   # rest_framing_test gzips request bodies (also a dependency of cpp-httplib).
   zlib1g-dev
@@ -68,7 +68,7 @@ bench_pkgs=(python3-matplotlib python3-onnx)
 runtime_pkgs=(
   libdnnl2 ocl-icd-libopencl1 libgomp1 libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
   libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libc-ares2 libre2-9 libssl3
-  libcpp-httplib0.11 libsimdjson14
+  libsimdjson14
 )
 
 case $profile in

@@ -179,7 +179,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
     RestOptions rest;
     rest.host = options.host;
     rest.port = options.http_port;
-    rest.threads = options.http_threads;
+    rest.io_threads = options.http_io_threads;
+    rest.max_connections = options.http_max_connections;
     rest.max_body_bytes = options.max_message_bytes;
     rest.receive_budget_bytes = quota;  // gRPC's receive quota's size, for REST's bodies.
     if (s->tls_identity_ != nullptr) {  // The pair in force, re-read as gRPC's is.
@@ -290,7 +291,9 @@ bool AttentionServer::Drain() {
   // drain timeout, then are cancelled.
   const absl::Duration left =
       std::max(absl::ZeroDuration(), start + options_.drain_timeout - absl::Now());
-  if (rest_ != nullptr) rest_->Stop();  // Its handlers have all answered.
+  // REST's connections: closed after their answer, and at the drain's end
+  // whatever they do (their requests cancelled).
+  if (rest_ != nullptr) rest_->Stop(left);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + left));
   server_->Wait();
   // Infer's calls still open were cancelled by the shutdown: their batchers

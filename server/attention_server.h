@@ -25,11 +25,11 @@
 #include "server/frontends/grpc/async_infer_queue.h"
 #include "server/frontends/grpc/attention_service.h"
 #include "server/frontends/grpc/health_service.h"
-#include "server/frontends/protocol/inference_protocol.h"
 #include "server/frontends/grpc/inference_service.h"
 #include "server/frontends/grpc/reflection_service.h"
-#include "server/frontends/rest/rest_frontend.h"
 #include "server/frontends/grpc/session_service.h"
+#include "server/frontends/protocol/inference_protocol.h"
+#include "server/frontends/rest/rest_frontend.h"
 #include "server/metrics/metrics.h"
 #include "server/metrics/process_metrics.h"
 #include "server/requests/request_path.h"
@@ -51,7 +51,8 @@ struct ServerOptions {
   // tokens: -1 off (the library's default; the binary's --http_port is
   // 8000), 0 a free port (see http_port()).
   int http_port = -1;
-  int http_threads = 256;
+  int http_io_threads = 2;          // REST's I/O threads (HttpServer).
+  int http_max_connections = 1024;  // REST's open connections; one more: 503.
   int max_message_bytes = 64 << 20;
   // Per InferStream: requests read but not yet answered and written, by
   // count and bytes, before the stream stops reading (ServiceOptions).

@@ -66,10 +66,14 @@ ABSL_FLAG(int64_t, max_queue_size, 1024,
 ABSL_FLAG(int, http_port, 8000,
           "KServe v2 REST port (HTTP/JSON, Triton's binary tensor extension), with the gRPC "
           "port's TLS and tokens; 0 turns REST off.");
-ABSL_FLAG(int, http_threads, 256,
-          "REST connections served at once (a thread each, started when first needed); more "
-          "wait, and while they do, keep-alive connections close after their reply so that "
-          "waiting ones are served in turn.");
+ABSL_FLAG(int, http_io_threads, 2,
+          "REST I/O threads: every REST connection's reads and writes, none waiting on a "
+          "client (inference runs on the batchers).");
+ABSL_FLAG(int, http_max_connections, 1024,
+          "REST connections open at once; one more is answered 503 and closed.");
+ABSL_FLAG(int, http_threads, 0,
+          "Deprecated alias of --http_io_threads (REST no longer has a thread per "
+          "connection): when set, its value, at most twice the cores, is the I/O threads.");
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "Largest request or response message, in bytes (clients have their own limit: "
           "attention-client --max_message_bytes, 256 MiB by default).");
@@ -211,7 +215,12 @@ int Run() {
   options.port = absl::GetFlag(FLAGS_port);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.http_port = absl::GetFlag(FLAGS_http_port) > 0 ? absl::GetFlag(FLAGS_http_port) : -1;
-  options.http_threads = absl::GetFlag(FLAGS_http_threads);
+  options.http_io_threads = absl::GetFlag(FLAGS_http_io_threads);
+  if (const int legacy = absl::GetFlag(FLAGS_http_threads); legacy > 0) {
+    options.http_io_threads =
+        std::min(legacy, 2 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  }
+  options.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_stream_pending = absl::GetFlag(FLAGS_max_stream_pending);
   options.max_stream_pending_bytes = absl::GetFlag(FLAGS_max_stream_pending_bytes);

@@ -1,8 +1,7 @@
-// REST connections and bodies. Connections beyond --http_threads: a client that connects while
-// every thread serves a busy keep-alive connection is served while those keep sending (their
-// connections are closed after a reply, and their clients reconnect), instead of waiting until one
-// of them stops. Bodies beyond the receive budget are refused and dropped. The drain stops the
-// REST port without waiting for a body a client trickles.
+// REST connections and bodies. Busy keep-alive connections on every I/O thread: a client that
+// connects meanwhile is served while those keep sending (on cpp-httplib's thread per connection
+// it waited until one of them stopped). Bodies beyond the receive budget are refused and dropped.
+// The drain stops the REST port without waiting for a body a client trickles.
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -34,7 +33,7 @@ using ::attention::server::ServerOptions;
 
 TEST(RestConnectionsTest, AConnectionBeyondTheThreadsIsServedWhileOthersKeepSending) {
   ServerOptions o = testing::SmallServerOptions("rest_connections");
-  o.http_threads = 2;
+  o.http_io_threads = 2;
   auto server = testing::StartServer(o);
   ASSERT_NE(server, nullptr);
   const int port = server->http_port();

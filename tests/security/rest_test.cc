@@ -183,7 +183,7 @@ TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
   auto server = Start([&](ServerOptions& o) {
     pair.ServeOn(o);
     o.tls.client_ca_file = certs.Path("ca1.pem");
-    o.http_threads = 8;
+    o.http_io_threads = 2;
   });
   ASSERT_NE(server, nullptr);
   const int port = server->http_port();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include <boost/asio/dispatch.hpp>
@@ -64,7 +65,18 @@ HttpConnection<Stream>::~HttpConnection() {
 
 template <class Stream>
 void HttpConnection<Stream>::Start() {
-  net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] { self->ReadHead(); });
+  net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+    if constexpr (std::is_same_v<Stream, beast::ssl_stream<beast::tcp_stream>>) {
+      // The handshake is part of the first head's time.
+      beast::get_lowest_layer(self->stream_).expires_after(Chrono(self->options_.header_timeout));
+      self->stream_.async_handshake(net::ssl::stream_base::server, [self](beast::error_code ec) {
+        if (ec) return self->DoClose();
+        self->ReadHead();
+      });
+    } else {
+      self->ReadHead();
+    }
+  });
 }
 
 template <class Stream>
@@ -167,6 +179,7 @@ void HttpConnection<Stream>::OnHead(beast::error_code ec) {
     return Write(*std::move(decision.refuse));
   }
   charge_ = std::move(decision.charge);
+  on_body_bytes_ = std::move(decision.on_body_bytes);
   if (head_->is_done()) return Dispatch();
   if (beast::iequals(head[http::field::expect], "100-continue")) {
     continue_ = std::make_unique<http::response<http::empty_body>>(http::status::continue_, 11);
@@ -186,6 +199,13 @@ void HttpConnection<Stream>::ReadBody() {
   body_.emplace(std::move(*head_));
   head_.reset();
   body_->body_limit(static_cast<std::uint64_t>(options_.max_body_bytes));
+  body_refusal_.reset();
+  if (on_body_bytes_) {
+    body_->get().body().grow = [this](uint64_t bytes) {
+      body_refusal_ = on_body_bytes_(bytes);
+      return !body_refusal_.has_value();
+    };
+  }
   beast::get_lowest_layer(stream_).expires_after(Chrono(options_.body_timeout));
   http::async_read(
       stream_, buffer_, *body_,
@@ -194,10 +214,16 @@ void HttpConnection<Stream>::ReadBody() {
 
 template <class Stream>
 void HttpConnection<Stream>::OnBody(beast::error_code ec) {
+  on_body_bytes_ = nullptr;
   if (closed_) return;
   if (ec) {
     charge_.reset();
     body_unread_ = true;
+    if (ec == boost::asio::error::no_buffer_space && body_refusal_.has_value()) {
+      HttpResponse refusal = *std::move(body_refusal_);
+      refusal.close = true;
+      return Write(std::move(refusal));
+    }
     if (ec == http::error::body_limit) return TooLarge();
     if (ec == beast::error::timeout) {
       return Refuse(408, absl::StrCat("request body: not received within ",
@@ -208,7 +234,7 @@ void HttpConnection<Stream>::OnBody(beast::error_code ec) {
     }
     return DoClose();
   }
-  request_.body = std::move(body_->get().body());
+  request_.body = std::move(body_->get().body().data);
   body_.reset();
   Dispatch();
 }
@@ -217,6 +243,8 @@ template <class Stream>
 void HttpConnection<Stream>::Dispatch() {
   state_ = State::kComputing;
   body_unread_ = false;
+  request_.charge = std::move(charge_);
+  on_body_bytes_ = nullptr;
   exchange_ = std::make_shared<HttpExchange>(this->shared_from_this(), connections_->outstanding());
   handling_.store(std::this_thread::get_id(), std::memory_order_release);
   handler_->Handle(std::move(request_), exchange_);
@@ -251,15 +279,15 @@ void HttpConnection<Stream>::OnWatch(beast::error_code ec, size_t n) {
 }
 
 template <class Stream>
-void HttpConnection<Stream>::Answer(HttpResponse response) {
+void HttpConnection<Stream>::Answer(std::function<HttpResponse()> make) {
   // Answered inside Handle (on the strand): written without a round trip.
   if (handling_.load(std::memory_order_acquire) == std::this_thread::get_id()) {
-    return OnAnswer(std::move(response));
+    return OnAnswer(make());
   }
-  net::post(stream_.get_executor(),
-            [self = this->shared_from_this(), response = std::move(response)]() mutable {
-              self->OnAnswer(std::move(response));
-            });
+  net::post(stream_.get_executor(), [self = this->shared_from_this(), make = std::move(make)] {
+    if (self->closed_) return self->OnAnswer(HttpResponse());  // Dropped unmade.
+    self->OnAnswer(make());
+  });
 }
 
 template <class Stream>
@@ -366,5 +394,6 @@ void HttpConnection<Stream>::DoClose() {
 }
 
 template class HttpConnection<boost::beast::tcp_stream>;
+template class HttpConnection<boost::beast::ssl_stream<boost::beast::tcp_stream>>;
 
 }  // namespace attention::server

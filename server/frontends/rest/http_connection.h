@@ -29,6 +29,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,7 +38,9 @@
 
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
+#include "server/frontends/rest/http_body.h"
 #include "server/frontends/rest/http_connections.h"
 #include "server/frontends/rest/http_exchange.h"
 #include "server/frontends/rest/http_handler.h"
@@ -55,8 +58,9 @@ class HttpConnection final : public HttpAnswerSink,
                  std::shared_ptr<HttpConnections> connections, uint64_t id, std::string peer);
   ~HttpConnection() override;
 
+  // Starts reading (after the TLS handshake, for a TLS stream).
   void Start();
-  void Answer(HttpResponse response) override;
+  void Answer(std::function<HttpResponse()> make) override;
   void Close(bool now) override;
 
  private:
@@ -99,7 +103,9 @@ class HttpConnection final : public HttpAnswerSink,
   bool body_unread_ = false;  // The current request's body was not read.
   boost::beast::flat_buffer buffer_;
   std::optional<boost::beast::http::request_parser<boost::beast::http::empty_body>> head_;
-  std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> body_;
+  std::optional<boost::beast::http::request_parser<HttpBody>> body_;
+  std::function<std::optional<HttpResponse>(uint64_t)> on_body_bytes_;
+  std::optional<HttpResponse> body_refusal_;  // What on_body_bytes_ answered.
   HttpRequest request_;
   std::shared_ptr<void> charge_;
   std::shared_ptr<HttpExchange> exchange_;

@@ -4,7 +4,7 @@
 // OnHead sees the request's head before a byte of its body is read past the
 // head's buffer: it refuses the request there (its token, its method, the
 // body's declared size against a budget), or lets the body be read, handing
-// back a charge held until the body has been handled. Handle then gets the
+// back a charge held until the handler drops it. Handle then gets the
 // whole request and answers it exactly once through its HttpExchange, from
 // any thread, now or later (an inference answers from the batcher's thread).
 //
@@ -14,6 +14,8 @@
 #ifndef ATTENTION_SERVER_FRONTENDS_REST_HTTP_HANDLER_H_
 #define ATTENTION_SERVER_FRONTENDS_REST_HTTP_HANDLER_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -28,7 +30,11 @@ namespace attention::server {
 // answered.
 struct HeadDecision {
   std::optional<HttpResponse> refuse;
-  std::shared_ptr<void> charge;
+  std::shared_ptr<void> charge;  // Handed to Handle in HttpRequest::charge.
+  // Called (on the strand) with the size the body would reach as its bytes
+  // arrive, before they are kept: a response refuses the request there
+  // (the rest of the body unread). May be empty.
+  std::function<std::optional<HttpResponse>(uint64_t)> on_body_bytes;
 };
 
 class HttpHandler {

@@ -15,9 +15,9 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include <boost/beast/http/fields.hpp>
 
@@ -30,12 +30,15 @@ struct HttpRequest {
   boost::beast::http::fields headers;
   std::string body;  // Decoded from its framing (Content-Length or chunked).
   std::string peer;  // "address:port".
+  // OnHead's charge for the body (HeadDecision::charge): the handler drops
+  // it once what it parsed from the body is admitted elsewhere.
+  std::shared_ptr<void> charge;
 
   // The first value of header `name`, or none.
-  std::optional<std::string_view> Header(std::string_view name) const {
-    auto it = headers.find(name);
+  std::optional<absl::string_view> Header(absl::string_view name) const {
+    auto it = headers.find(boost::beast::string_view(name.data(), name.size()));
     if (it == headers.end()) return std::nullopt;
-    return std::string_view(it->value().data(), it->value().size());
+    return absl::string_view(it->value().data(), it->value().size());
   }
   // Whether the head announces a body (Content-Length other than 0, or
   // Transfer-Encoding; RFC 9112 6.3: with neither, there is none).

@@ -35,16 +35,19 @@ const std::string& TooManyConnections() {
 
 }  // namespace
 
-HttpServer::HttpServer(const HttpServerOptions& options, HttpHandler* handler)
+HttpServer::HttpServer(const HttpServerOptions& options, HttpHandler* handler,
+                       net::ssl::context* tls)
     : options_(options),
       handler_(handler),
+      tls_(tls),
       connections_(std::make_shared<HttpConnections>(options.max_connections)),
       work_(net::make_work_guard(io_)),
       acceptor_(net::make_strand(io_)) {}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
-                                                              HttpHandler* handler) {
-  auto server = std::unique_ptr<HttpServer>(new HttpServer(options, handler));
+                                                              HttpHandler* handler,
+                                                              net::ssl::context* tls) {
+  auto server = std::unique_ptr<HttpServer>(new HttpServer(options, handler, tls));
   beast::error_code ec;
   const auto address = net::ip::make_address(options.host, ec);
   if (!ec) {
@@ -96,6 +99,13 @@ void HttpServer::OnAccept(tcp::socket socket) {
   const auto remote = socket.remote_endpoint(ec);
   std::string peer =
       ec ? std::string("unknown") : absl::StrCat(remote.address().to_string(), ":", remote.port());
+  if (tls_ != nullptr) {
+    using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+    auto connection = std::make_shared<HttpConnection<TlsStream>>(
+        TlsStream(std::move(socket), *tls_), options_, handler_, connections_, id, std::move(peer));
+    connections_->Attach(id, connection);
+    return connection->Start();
+  }
   auto connection = std::make_shared<HttpConnection<beast::tcp_stream>>(
       beast::tcp_stream(std::move(socket)), options_, handler_, connections_, id, std::move(peer));
   connections_->Attach(id, connection);

@@ -29,6 +29,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -41,8 +42,11 @@ namespace attention::server {
 class HttpServer {
  public:
   // Binds and starts serving. UNAVAILABLE when the address cannot be bound.
-  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options,
-                                                           HttpHandler* handler);
+  // With `tls`, every connection is TLS on that context (which must
+  // outlive the server).
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
+      const HttpServerOptions& options, HttpHandler* handler,
+      boost::asio::ssl::context* tls = nullptr);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -56,12 +60,14 @@ class HttpServer {
   int open_connections() const { return connections_->open(); }
 
  private:
-  HttpServer(const HttpServerOptions& options, HttpHandler* handler);
+  HttpServer(const HttpServerOptions& options, HttpHandler* handler,
+             boost::asio::ssl::context* tls);
   void Accept();
   void OnAccept(boost::asio::ip::tcp::socket socket);
 
   const HttpServerOptions options_;
   HttpHandler* const handler_;
+  boost::asio::ssl::context* const tls_;
   const std::shared_ptr<HttpConnections> connections_;
   boost::asio::io_context io_;
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;

@@ -11,55 +11,54 @@
 //   GET  /v2/health/live, /v2/health/ready, /v2
 //   GET  /v2/models/{m}[/versions/{v}] (metadata), .../ready, .../config,
 //        .../stats, and /v2/models/stats (every model)
-//   POST /v2/models/{m}[/versions/{v}]/infer, /v2/repository/index
+//   POST /v2/models/{m}[/versions/{v}]/infer, /v2/repository/index,
+//        /v2/repository/models/{m}/load and .../unload
 //
-// Served by cpp-httplib on a RestConnectionPool: up to `threads` threads,
-// started when first needed, each serving one connection at a time
-// (keep-alive connections hold theirs until idle for `keep_alive`).
-// Connections beyond it wait; while they do, each keep-alive connection is
-// closed after its current reply, so waiting ones get served. A handler waits
-// for its request's answer while the batcher computes it. Request bodies
-// are read up to `max_body_bytes` (after any Content-Encoding is undone),
-// chunked or not; beyond it, 413. An inference's token is checked before
-// its body is parsed. A POST with neither Content-Length nor
-// Transfer-Encoding has no body (RFC 9112); other methods than GET, HEAD and
-// POST (405), a GET with a body (400) and a Transfer-Encoding other than
-// chunked (501) are refused before any body is read; a body that is not
-// read whole closes its connection after the answer, so that its rest is
-// never read as a request. A response, JSON or binary, larger than
+// Served by HttpServer (Boost.Beast): a few I/O threads, every read bounded
+// in bytes and time (HttpServerOptions). Each request is judged by its head
+// before its body is read (OnHead): other methods than GET, HEAD and POST
+// (405), a GET with a body (400), a Content-Encoding (415), an unknown POST
+// (404) and a POST whose token fails (401/403) are refused unread; a body
+// is then charged to the receive budget (RestBodyBudget) by its declared
+// size, and read up to `max_body_bytes` (413). Inference and repository
+// control run asynchronously: the answer is encoded on the I/O thread and
+// keeps the request's in-flight admission until written. A client that
+// goes while its inference waits cancels it. A response larger than
 // `max_body_bytes` is RESOURCE_EXHAUSTED (429): JSON numbers take about
 // three times their binary size.
 //
 // Thread-safe. The protocol (and its request path) must outlive it; Stop()
-// (or the destructor) returns once no handler runs.
+// (or the destructor) returns once every connection is closed and every
+// request answered.
 #ifndef ATTENTION_SERVER_FRONTENDS_REST_REST_FRONTEND_H_
 #define ATTENTION_SERVER_FRONTENDS_REST_REST_FRONTEND_H_
 
 #include <memory>
 #include <string>
-#include <thread>
+
+#include <boost/asio/ssl/context.hpp>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/frontends/protocol/inference_protocol.h"
-#include "server/frontends/rest/rest_body_reader.h"
+#include "server/frontends/rest/http_handler.h"
+#include "server/frontends/rest/http_server.h"
+#include "server/frontends/rest/rest_body_budget.h"
+#include "server/frontends/rest/rest_http.h"
 #include "server/frontends/rest/rest_tls_identity.h"
 #include "server/requests/inflight_budget.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace attention::server {
 
 struct RestOptions {
   std::string host = "0.0.0.0";
-  int port = 8000;  // 0: a free port (see port()).
-  int threads = 256;
-  int64_t max_body_bytes = 64 << 20;  // Request bodies and responses.
-  absl::Duration keep_alive = absl::Seconds(5);
+  int port = 8000;                               // 0: a free port (see port()).
+  int io_threads = 2;                            // --http_io_threads.
+  int max_connections = 1024;                    // --http_max_connections; one more: 503.
+  int64_t max_body_bytes = 64 << 20;             // Request bodies and responses.
+  absl::Duration keep_alive = absl::Seconds(5);  // Idle keep-alive connections.
   // Bodies being read and parsed, before the in-flight budget admits what
-  // was parsed (see RestBodyReader); 0: no limit beyond max_body_bytes.
+  // was parsed (see RestBodyBudget); 0: no limit beyond max_body_bytes.
   int64_t receive_budget_bytes = 0;
   // TLS when both are set (the gRPC port's files); with a client CA, every
   // client must present a certificate it signed.
@@ -71,36 +70,44 @@ struct RestOptions {
   std::string tls_identity_file;
 };
 
-class RestFrontend {
+class RestFrontend : public HttpHandler {
  public:
   // Binds and starts serving. UNAVAILABLE when the port cannot be bound,
   // INVALID_ARGUMENT when the TLS files cannot be loaded.
   static absl::StatusOr<std::unique_ptr<RestFrontend>> Start(InferenceProtocol* protocol,
                                                              const RestOptions& options);
-  ~RestFrontend();
+  ~RestFrontend() override;
 
   RestFrontend(const RestFrontend&) = delete;
   RestFrontend& operator=(const RestFrontend&) = delete;
 
-  // Stops accepting, cuts off bodies still being read, and returns once every
-  // handler has returned.
-  void Stop();
-  int port() const { return port_; }
-  bool tls() const { return tls_; }
+  // Stops accepting; connections close after their answer, and after
+  // `grace` whatever they do (their requests cancelled). Returns once every
+  // request was answered.
+  void Stop(absl::Duration grace = absl::ZeroDuration());
+  int port() const { return server_ == nullptr ? 0 : server_->port(); }
+  bool tls() const { return tls_ != nullptr; }
+
+  HeadDecision OnHead(const HttpRequest& head) override;
+  void Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange) override;
 
  private:
   RestFrontend(InferenceProtocol* protocol, const RestOptions& options);
-  void Route();
+  absl::Status LoadTls();
+  // GET (and HEAD) routes, answered at once.
+  HttpResponse Get(const HttpRequest& request);
+  HttpResponse Index(const HttpRequest& request);
+  void Infer(HttpRequest request, const ModelPath& path, std::shared_ptr<HttpExchange> exchange);
+  void Control(const HttpRequest& request, const std::string& model, bool load,
+               std::shared_ptr<HttpExchange> exchange);
 
   InferenceProtocol* const protocol_;
   const RestOptions options_;
   std::unique_ptr<InflightBudget> receive_budget_;  // Null: no limit.
-  std::unique_ptr<RestBodyReader> body_reader_;
-  std::unique_ptr<RestTlsIdentity> identity_;  // Null unless tls_identity_file.
-  std::unique_ptr<httplib::Server> server_;
-  std::thread listener_;
-  int port_ = 0;
-  bool tls_ = false;
+  RestBodyBudget body_budget_;
+  std::unique_ptr<RestTlsIdentity> identity_;       // Null unless tls_identity_file.
+  std::unique_ptr<boost::asio::ssl::context> tls_;  // Null: plain HTTP.
+  std::unique_ptr<HttpServer> server_;
 };
 
 }  // namespace attention::server

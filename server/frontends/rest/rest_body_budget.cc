@@ -1,0 +1,63 @@
+// File: server/frontends/rest/rest_body_budget.cc
+#include "server/frontends/rest/rest_body_budget.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/frontends/rest/rest_http.h"
+
+namespace attention::server {
+namespace {
+
+absl::Status Busy(const InflightBudget& budget, int64_t asked) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "request body: REST bodies being read and parsed hold ", budget.used(), " of their ",
+      budget.limit(), " bytes (the receive quota, --grpc_receive_quota_bytes), and this one needs ",
+      asked, " (a JSON body counts ", RestBodyBudget::kJsonCharge, " times its size, a binary one ",
+      RestBodyBudget::kBinaryCharge, " times); retry later"));
+}
+
+}  // namespace
+
+HeadDecision RestBodyBudget::Admit(const HttpRequest& head) const {
+  HeadDecision decision;
+  if (budget_ == nullptr || !head.HasBody()) return decision;
+  // A binary body's first Inference-Header-Content-Length bytes are its JSON
+  // header, parsed as JSON: charged as JSON, the tensors after it as binary.
+  const auto header_length = head.Header("Inference-Header-Content-Length");
+  const uint64_t json_bytes =
+      header_length ? std::strtoull(std::string(*header_length).c_str(), nullptr, 10) : UINT64_MAX;
+  auto charge_of = [json_bytes](uint64_t bytes) {
+    const uint64_t json = std::min(bytes, json_bytes);
+    return static_cast<int64_t>(json) * kJsonCharge +
+           static_cast<int64_t>(bytes - json) * kBinaryCharge;
+  };
+  // Chunked: nothing declared, charged as it grows. (A Content-Length past
+  // the message limit never gets here: the connection refuses it first.)
+  const auto length = head.Header("Content-Length");
+  const uint64_t declared = head.Header("Transfer-Encoding").has_value() || !length
+                                ? 0
+                                : std::strtoull(std::string(*length).c_str(), nullptr, 10);
+  const int64_t asked = charge_of(declared);
+  absl::StatusOr<std::shared_ptr<Admission>> taken = budget_->Take(asked);
+  if (!taken.ok()) {
+    decision.refuse = ErrorResponse(Busy(*budget_, asked));
+    return decision;
+  }
+  std::shared_ptr<Admission> charge = *std::move(taken);
+  decision.charge = charge;
+  InflightBudget* budget = budget_;
+  decision.on_body_bytes = [charge, charge_of,
+                            budget](uint64_t bytes) -> std::optional<HttpResponse> {
+    const int64_t need = charge_of(bytes);
+    if (need <= charge->bytes() || charge->AtLeast(need).ok()) return std::nullopt;
+    return ErrorResponse(Busy(*budget, need));
+  };
+  return decision;
+}
+
+}  // namespace attention::server

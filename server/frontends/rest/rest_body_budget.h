@@ -1,0 +1,46 @@
+// File: server/frontends/rest/rest_body_budget.h
+//
+// RestBodyBudget: REST's counterpart of gRPC's resource quota. It bounds the
+// memory of request bodies read and being parsed, before the in-flight
+// budget admits what was parsed: a body is charged by its head, before a
+// byte of it is read (its Content-Length), and as it grows (a chunked one),
+// at kJsonCharge times its bytes for JSON (parsing takes about four times a
+// body's size) and kBinaryCharge for the binary tensors after a body's JSON
+// header (Inference-Header-Content-Length bytes, charged as JSON). A body
+// the budget cannot take is refused with 429, unread (HttpConnection closes
+// the connection after the answer, dropping what the client still sends).
+//
+// Thread-safe. The budget, when given, must outlive this and every charge it
+// hands out.
+#ifndef ATTENTION_SERVER_FRONTENDS_REST_REST_BODY_BUDGET_H_
+#define ATTENTION_SERVER_FRONTENDS_REST_REST_BODY_BUDGET_H_
+
+#include <cstdint>
+
+#include "server/frontends/rest/http_handler.h"
+#include "server/frontends/rest/http_message.h"
+#include "server/requests/inflight_budget.h"
+
+namespace attention::server {
+
+class RestBodyBudget {
+ public:
+  static constexpr int64_t kJsonCharge = 4;
+  static constexpr int64_t kBinaryCharge = 2;
+
+  // `budget` may be null: bodies are then only held to the message limit
+  // (HttpServerOptions::max_body_bytes).
+  explicit RestBodyBudget(InflightBudget* budget) : budget_(budget) {}
+
+  // The decision for a head that will be served: its body charged (a 429
+  // refusal when the budget cannot take its declared size), and grown as it
+  // is read.
+  HeadDecision Admit(const HttpRequest& head) const;
+
+ private:
+  InflightBudget* const budget_;
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_FRONTENDS_REST_REST_BODY_BUDGET_H_
