@@ -133,6 +133,10 @@ void HttpServer::Stop(absl::Duration grace) {
   io_.stop();
   for (auto& t : threads_) t.join();
   threads_.clear();
+  // The posted close may not have run before the stop: connections still in
+  // the listen queue are reset now, not left waiting on an open port.
+  beast::error_code ignored;
+  acceptor_.close(ignored);
 }
 
 }  // namespace attention::server

@@ -1,0 +1,151 @@
+// REST against hostile and slow clients (issue 35), on raw sockets: every
+// read bounded (an unended request line, too many header fields: 431),
+// RFC 9112 framing (a repeated or list-valued Content-Length is refused, so
+// no request is smuggled in a body), pipelined requests answered in order,
+// the open connections limited (503), and the drain cutting off a client that
+// trickles its head. Each failed on cpp-httplib (main before the Beast
+// server): see each test.
+#include <atomic>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/attention_server.h"
+#include "tests/fixture/raw_http_connection.h"
+#include "tests/fixture/small_server_options.h"
+#include "tests/fixture/test_server.h"
+
+namespace attention {
+namespace {
+
+using ::attention::server::ServerOptions;
+using ::attention::testing::HttpStatuses;
+using ::attention::testing::RawHttpConnection;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class RestHostileTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    options_ = new ServerOptions(testing::SmallServerOptions("rest_hostile"));
+    server_ = testing::StartServer(*options_).release();
+    ASSERT_NE(server_, nullptr);
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    std::filesystem::remove_all(options_->repository.path);
+    delete options_;
+  }
+  static int Port() { return server_->http_port(); }
+
+  static ServerOptions* options_;
+  static server::AttentionServer* server_;
+};
+ServerOptions* RestHostileTest::options_ = nullptr;
+server::AttentionServer* RestHostileTest::server_ = nullptr;
+
+// httplib framed the request by the first value and served the body's rest
+// as the next request (the smuggled one was answered).
+TEST_F(RestHostileTest, ARepeatedOrListValuedContentLengthIsRefusedAndNothingIsSmuggled) {
+  for (const std::string& framing : {std::string("Content-Length: 2\r\nContent-Length: 70\r\n"),
+                                     std::string("Content-Length: 2, 70\r\n"),
+                                     std::string("Content-Length: 2\r\nContent-Length: 2\r\n")}) {
+    RawHttpConnection c(Port());
+    ASSERT_TRUE(c.connected());
+    c.Send(absl::StrCat("POST /v2/repository/index HTTP/1.1\r\nHost: a\r\n", framing,
+                        "\r\n{}GET /v2/models/stats HTTP/1.1\r\nHost: a\r\n\r\n"));
+    const std::string stream = c.ReadToEnd();
+    EXPECT_THAT(HttpStatuses(stream), ElementsAre(400)) << framing << stream.substr(0, 300);
+    EXPECT_EQ(stream.find("model_stats"), std::string::npos) << "smuggled: " << framing;
+  }
+}
+
+// httplib read a request line until its newline, without bound, and then
+// closed the connection unanswered.
+TEST_F(RestHostileTest, ARequestLineWithoutEndIs431) {
+  RawHttpConnection c(Port());
+  ASSERT_TRUE(c.connected());
+  c.Send(absl::StrCat("GET /", std::string(size_t{1} << 20, 'a')));  // May fail: closed.
+  const std::string stream = c.ReadToEnd();
+  EXPECT_THAT(HttpStatuses(stream), ElementsAre(431)) << stream.substr(0, 300);
+}
+
+// httplib had no limit on the header count.
+TEST_F(RestHostileTest, MoreThanAHundredHeaderFieldsAre431) {
+  RawHttpConnection c(Port());
+  ASSERT_TRUE(c.connected());
+  std::string head = "GET /v2/health/live HTTP/1.1\r\nHost: a\r\n";
+  for (int i = 0; i < 200; ++i) absl::StrAppend(&head, "X-", i, ": y\r\n");
+  c.Send(head + "\r\n");
+  const std::string stream = c.ReadToEnd();
+  EXPECT_THAT(HttpStatuses(stream), ElementsAre(431)) << stream.substr(0, 300);
+}
+
+TEST_F(RestHostileTest, PipelinedRequestsAreAnsweredInOrder) {
+  RawHttpConnection c(Port());
+  ASSERT_TRUE(c.connected());
+  c.Send(absl::StrCat(
+      "GET /v2/models/small/ready HTTP/1.1\r\nHost: a\r\n\r\n",
+      "POST /v2/repository/index HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}",
+      "GET /v2/models/nothere HTTP/1.1\r\nHost: a\r\n\r\n", testing::kLastHttpRequest));
+  const std::string stream = c.ReadToEnd();
+  EXPECT_THAT(HttpStatuses(stream), ElementsAre(200, 200, 404, 200)) << stream.substr(0, 600);
+  EXPECT_THAT(stream, HasSubstr("\"READY\""));
+}
+
+// httplib queued connections past --http_threads without bound.
+TEST(RestConnectionLimitTest, AConnectionPastTheLimitIsAnswered503) {
+  ServerOptions o = testing::SmallServerOptions("rest_connection_limit");
+  o.http_max_connections = 1;
+  auto server = testing::StartServer(o);
+  ASSERT_NE(server, nullptr);
+  RawHttpConnection first(server->http_port());
+  ASSERT_TRUE(first.Send("GET /v2/health/live HTTP/1.1\r\nHost: a\r\n\r\n"));
+  ASSERT_THAT(HttpStatuses(first.ReadResponse()), ElementsAre(200));  // Open and counted.
+  RawHttpConnection second(server->http_port());
+  const std::string stream = second.ReadToEnd();
+  EXPECT_THAT(HttpStatuses(stream), ElementsAre(503)) << stream;
+  EXPECT_THAT(stream, HasSubstr("too many connections"));
+  EXPECT_TRUE(server->Drain());
+  std::filesystem::remove_all(o.repository.path);
+}
+
+// On httplib, the drain waited for a client trickling its head (each line
+// restarted the 5 s read timeout), past --drain_timeout_s.
+TEST(RestDrainTest, AHeadTrickledDuringTheDrainDoesNotHoldTheShutdown) {
+  ServerOptions o = testing::SmallServerOptions("rest_drain_head");
+  o.drain_timeout = absl::Seconds(1);
+  auto server = testing::StartServer(o);
+  ASSERT_NE(server, nullptr);
+  RawHttpConnection c(server->http_port());
+  // Served once (so the connection is open on the server), then the next
+  // head is trickled.
+  ASSERT_TRUE(c.Send("GET /v2/health/live HTTP/1.1\r\nHost: a\r\n\r\n"));
+  ASSERT_THAT(HttpStatuses(c.ReadResponse()), ElementsAre(200));
+  ASSERT_TRUE(c.Send("GET /v2/health/live HTTP/1.1\r\nHost: a\r\n"));
+  std::atomic<bool> drained{false};
+  std::thread drain([&] {
+    server->Drain();
+    drained = true;
+  });
+  // A header line every 50 ms (the client's pace, not a wait): 20 s in all.
+  constexpr int kLines = 400;
+  int sent = 0;
+  while (!drained.load() && sent < kLines && c.Send(absl::StrCat("X-", sent, ": y\r\n"))) {
+    ++sent;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  drain.join();
+  EXPECT_LT(sent, kLines) << "the drain waited for the trickled head";
+  EXPECT_TRUE(c.WaitClosed());
+  std::filesystem::remove_all(o.repository.path);
+}
+
+}  // namespace
+}  // namespace attention
