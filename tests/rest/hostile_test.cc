@@ -20,6 +20,7 @@
 #include "tests/fixture/raw_http_connection.h"
 #include "tests/fixture/small_server_options.h"
 #include "tests/fixture/test_server.h"
+#include "tests/fixture/test_util.h"
 
 namespace attention {
 namespace {
@@ -145,6 +146,43 @@ TEST(RestDrainTest, AHeadTrickledDuringTheDrainDoesNotHoldTheShutdown) {
   EXPECT_LT(sent, kLines) << "the drain waited for the trickled head";
   EXPECT_TRUE(c.WaitClosed());
   std::filesystem::remove_all(o.repository.path);
+}
+
+// On httplib, a request whose client had gone was computed and counted OK:
+// its thread waited for the answer without looking at the socket.
+TEST(RestCancelTest, AClientThatGoesBeforeItsAnswerCancelsItsQueuedRequest) {
+  testing::ModelFolder models("rest_cancel");
+  // Queued for up to 2 s for company: the client is gone before it runs.
+  models.Add("small", testing::SelfAttentionSpec(16, 2), 1,
+             "\"max_batch_size\": 16, \"max_queue_delay_us\": 2000000");
+  ServerOptions o = testing::TestServerOptions(models.path(), /*rest=*/true);
+  auto server = testing::StartServer(o);
+  ASSERT_NE(server, nullptr);
+  const server::ModelMetrics& m = *server->repository()->Find("small")->metrics;
+  const auto count = [&](absl::StatusCode code) {
+    return m.requests[static_cast<int>(server::Method::kRestModelInfer)][static_cast<int>(code)]
+        ->Value();
+  };
+  std::string data = "0";
+  for (int i = 1; i < 16; ++i) data += ",0";
+  const std::string body = absl::StrCat(
+      R"({"inputs":[{"name":"query","datatype":"FP32","shape":[1,1,16],"data":[)", data, "]}]}");
+  {
+    RawHttpConnection c(server->http_port());
+    ASSERT_TRUE(
+        c.Send(absl::StrCat("POST /v2/models/small/infer HTTP/1.1\r\nHost: a\r\n"
+                            "Content-Type: application/json\r\nContent-Length: ",
+                            body.size(), "\r\n\r\n", body)));
+  }  // Closed at once.
+  // Answered (cancelled) once the batcher wakes for it; bounded at 20 s.
+  for (int i = 0;
+       i < 2000 && count(absl::StatusCode::kCancelled) + count(absl::StatusCode::kOk) == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(count(absl::StatusCode::kCancelled), 1);
+  EXPECT_EQ(count(absl::StatusCode::kOk), 0) << "computed for a client that had gone";
+  EXPECT_TRUE(server->Drain());
+  std::filesystem::remove_all(models.path());
 }
 
 }  // namespace
