@@ -185,5 +185,43 @@ TEST(RestCancelTest, AClientThatGoesBeforeItsAnswerCancelsItsQueuedRequest) {
   std::filesystem::remove_all(models.path());
 }
 
+// On httplib, the admission was released when the handler returned, before
+// its response was written: responses a slow reader held were outside
+// --max_inflight_bytes (attention_inflight_bytes read 0).
+TEST(RestAdmissionTest, AResponseStaysAdmittedUntilWritten) {
+  testing::ModelFolder models("rest_admission");
+  models.Add("wide", testing::SelfAttentionSpec(512, 4), 1, "\"max_batch_tokens\": 8192");
+  ServerOptions o = testing::TestServerOptions(models.path(), /*rest=*/true);
+  auto server = testing::StartServer(o);
+  ASSERT_NE(server, nullptr);
+  // 4096 x 512 floats: 8 MiB in, about 25 MB of JSON out, more than the
+  // loopback's socket buffers hold while the client does not read.
+  constexpr int kBatch = 4096, kEmbed = 512;
+  const std::vector<float> query(size_t{kBatch} * kEmbed, 0.37f);
+  const std::string head = absl::StrCat(
+      R"({"inputs":[{"name":"query","datatype":"FP32","shape":[)", kBatch, ",1,", kEmbed,
+      R"(],"parameters":{"binary_data_size":)", query.size() * sizeof(float), "}}]}");
+  RawHttpConnection c(server->http_port());
+  ASSERT_TRUE(c.Send(absl::StrCat(
+      "POST /v2/models/wide/infer HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+      "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: ",
+      head.size(), "\r\nContent-Length: ", head.size() + query.size() * sizeof(float), "\r\n\r\n",
+      head,
+      std::string(reinterpret_cast<const char*>(query.data()), query.size() * sizeof(float)))));
+  const std::string response_head = c.ReadUntil("\r\n\r\n");  // The answer is being written.
+  ASSERT_THAT(HttpStatuses(response_head), ElementsAre(200)) << response_head;
+  EXPECT_GT(server->metrics().inflight_bytes().Value(), 0)
+      << "a response being written is not counted in flight";
+  const std::string rest = c.ReadToEnd();
+  EXPECT_GT(rest.size(), size_t{16} << 20);
+  // Released once written (bounded at 20 s).
+  for (int i = 0; i < 2000 && server->metrics().inflight_bytes().Value() != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(server->metrics().inflight_bytes().Value(), 0);
+  EXPECT_TRUE(server->Drain());
+  std::filesystem::remove_all(models.path());
+}
+
 }  // namespace
 }  // namespace attention
