@@ -130,6 +130,44 @@ TEST_F(RestSecurityTest, MutualTlsNeedsAClientCertificate) {
   EXPECT_FALSE(without.Get("/v2/health/live"));
 }
 
+// The client CA file is re-read while serving, as gRPC's provider re-reads
+// it: once it names another CA, clients that CA signed are let in and the
+// old CA's are not. (cpp-httplib read it once, at start.)
+TEST_F(RestSecurityTest, AChangedClientCaIsReReadOnTheRestPort) {
+  testing::TestCertificates certs(Dir() + "/cacerts");
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  const std::string ca_file = Dir() + "/rest-client-ca.pem";
+  std::ofstream(ca_file) << certs.Read("ca1.pem");
+  auto server = Start([&](ServerOptions& o) {
+    ServeServerPair(certs, "ca1", o);
+    o.tls.client_ca_file = ca_file;
+  });
+  ASSERT_NE(server, nullptr);
+  auto live = [&](const std::string& client) {
+    httplib::SSLClient c("localhost", server->http_port(), certs.Path(client + ".pem"),
+                         certs.Path(client + ".key"));
+    c.set_ca_cert_path(certs.Path("ca1.pem").c_str());
+    c.enable_server_certificate_verification(true);
+    auto res = c.Get("/v2/health/live");
+    return res && res->status == 200;
+  };
+  ASSERT_TRUE(live("client-ca1"));
+  ASSERT_FALSE(live("client-ca2"));
+  // Replaced in one step by ca2, with a later mtime.
+  std::ofstream(ca_file + ".next") << certs.Read("ca2.pem");
+  std::filesystem::rename(ca_file + ".next", ca_file);
+  std::filesystem::last_write_time(
+      ca_file, std::filesystem::last_write_time(ca_file) + std::chrono::seconds(2));
+  // Read at a handshake once a second has passed since the last check
+  // (bounded at 20 s).
+  bool in = false;
+  for (int i = 0; i < 100 && !(in = live("client-ca2")); ++i) {
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(in) << "the REST port still verifies against the old client CA";
+  EXPECT_FALSE(live("client-ca1"));
+}
+
 // A rotated certificate is served on the REST port too, without a restart
 // (the REST port re-reads the pair gRPC's watcher holds), and a key that does
 // not match the new certificate is not installed on either port.

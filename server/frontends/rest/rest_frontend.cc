@@ -95,9 +95,14 @@ absl::Status RestFrontend::LoadTls() {
   if (!ec) ctx->use_private_key_file(key, ssl::context::pem, ec);
   const std::string& ca = options_.tls_client_ca_file;
   if (!ec && !ca.empty()) {
-    ctx->load_verify_file(ca, ec);
-    ctx->set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
-    if (!ec) SSL_CTX_set_client_CA_list(ctx->native_handle(), SSL_load_client_CA_file(ca.c_str()));
+    // Re-read while serving, as gRPC's provider re-reads it.
+    absl::StatusOr<std::unique_ptr<RestClientCa>> client_ca = RestClientCa::Load(ca);
+    if (client_ca.ok()) {
+      client_ca_ = *std::move(client_ca);
+      client_ca_->Install(ctx->native_handle());
+    } else {
+      ec = boost::asio::error::invalid_argument;
+    }
   }
   if (ec) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -44,6 +44,7 @@
 #include "server/frontends/rest/http_handler.h"
 #include "server/frontends/rest/http_server.h"
 #include "server/frontends/rest/rest_body_budget.h"
+#include "server/frontends/rest/rest_client_ca.h"
 #include "server/frontends/rest/rest_http.h"
 #include "server/frontends/rest/rest_tls_identity.h"
 #include "server/requests/inflight_budget.h"
@@ -61,7 +62,8 @@ struct RestOptions {
   // was parsed (see RestBodyBudget); 0: no limit beyond max_body_bytes.
   int64_t receive_budget_bytes = 0;
   // TLS when both are set (the gRPC port's files); with a client CA, every
-  // client must present a certificate it signed.
+  // client must present a certificate it signed (the file re-read when it
+  // changes: RestClientCa).
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
@@ -106,6 +108,7 @@ class RestFrontend : public HttpHandler {
   std::unique_ptr<InflightBudget> receive_budget_;  // Null: no limit.
   RestBodyBudget body_budget_;
   std::unique_ptr<RestTlsIdentity> identity_;       // Null unless tls_identity_file.
+  std::unique_ptr<RestClientCa> client_ca_;         // Null unless tls_client_ca_file.
   std::unique_ptr<boost::asio::ssl::context> tls_;  // Null: plain HTTP.
   std::unique_ptr<HttpServer> server_;
 };
