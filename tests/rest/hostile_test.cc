@@ -185,6 +185,22 @@ TEST(RestCancelTest, AClientThatGoesBeforeItsAnswerCancelsItsQueuedRequest) {
   std::filesystem::remove_all(models.path());
 }
 
+// An inference of 4096 x 512 floats on "wide": 8 MiB in, about 25 MB of
+// JSON out, more than the loopback's socket buffers hold while the client
+// does not read.
+std::string WideInfer() {
+  constexpr int kBatch = 4096, kEmbed = 512;
+  const std::vector<float> query(size_t{kBatch} * kEmbed, 0.37f);
+  const std::string head = absl::StrCat(
+      R"({"inputs":[{"name":"query","datatype":"FP32","shape":[)", kBatch, ",1,", kEmbed,
+      R"(],"parameters":{"binary_data_size":)", query.size() * sizeof(float), "}}]}");
+  return absl::StrCat(
+      "POST /v2/models/wide/infer HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+      "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: ",
+      head.size(), "\r\nContent-Length: ", head.size() + query.size() * sizeof(float), "\r\n\r\n",
+      head, std::string(reinterpret_cast<const char*>(query.data()), query.size() * sizeof(float)));
+}
+
 // On httplib, the admission was released when the handler returned, before
 // its response was written: responses a slow reader held were outside
 // --max_inflight_bytes (attention_inflight_bytes read 0).
@@ -194,20 +210,8 @@ TEST(RestAdmissionTest, AResponseStaysAdmittedUntilWritten) {
   ServerOptions o = testing::TestServerOptions(models.path(), /*rest=*/true);
   auto server = testing::StartServer(o);
   ASSERT_NE(server, nullptr);
-  // 4096 x 512 floats: 8 MiB in, about 25 MB of JSON out, more than the
-  // loopback's socket buffers hold while the client does not read.
-  constexpr int kBatch = 4096, kEmbed = 512;
-  const std::vector<float> query(size_t{kBatch} * kEmbed, 0.37f);
-  const std::string head = absl::StrCat(
-      R"({"inputs":[{"name":"query","datatype":"FP32","shape":[)", kBatch, ",1,", kEmbed,
-      R"(],"parameters":{"binary_data_size":)", query.size() * sizeof(float), "}}]}");
   RawHttpConnection c(server->http_port());
-  ASSERT_TRUE(c.Send(absl::StrCat(
-      "POST /v2/models/wide/infer HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
-      "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: ",
-      head.size(), "\r\nContent-Length: ", head.size() + query.size() * sizeof(float), "\r\n\r\n",
-      head,
-      std::string(reinterpret_cast<const char*>(query.data()), query.size() * sizeof(float)))));
+  ASSERT_TRUE(c.Send(WideInfer()));
   const std::string response_head = c.ReadUntil("\r\n\r\n");  // The answer is being written.
   ASSERT_THAT(HttpStatuses(response_head), ElementsAre(200)) << response_head;
   EXPECT_GT(server->metrics().inflight_bytes().Value(), 0)
@@ -220,6 +224,39 @@ TEST(RestAdmissionTest, AResponseStaysAdmittedUntilWritten) {
   }
   EXPECT_EQ(server->metrics().inflight_bytes().Value(), 0);
   EXPECT_TRUE(server->Drain());
+  std::filesystem::remove_all(models.path());
+}
+
+// On httplib, the drain waited for a client reading its response slowly
+// (60 s at 256 KiB/s), past --drain_timeout_s.
+TEST(RestDrainTest, ASlowReaderDoesNotHoldTheShutdown) {
+  testing::ModelFolder models("rest_drain_reader");
+  models.Add("wide", testing::SelfAttentionSpec(512, 4), 1, "\"max_batch_tokens\": 8192");
+  ServerOptions o = testing::TestServerOptions(models.path(), /*rest=*/true);
+  o.drain_timeout = absl::Seconds(1);
+  auto server = testing::StartServer(o);
+  ASSERT_NE(server, nullptr);
+  RawHttpConnection c(server->http_port());
+  ASSERT_TRUE(c.Send(WideInfer()));
+  const std::string head = c.ReadUntil("\r\n\r\n");
+  ASSERT_THAT(HttpStatuses(head), ElementsAre(200)) << head;
+  const size_t length = std::stoul(head.substr(head.find("Content-Length: ") + 16));
+  std::atomic<bool> drained{false};
+  std::thread drain([&] {
+    server->Drain();
+    drained = true;
+  });
+  // 64 KiB every 50 ms (the client's pace, not a wait): 20 s for 25 MB.
+  size_t got = 0;
+  while (!drained.load()) {
+    const std::string part = c.ReadSome(64 << 10);
+    if (part.empty()) break;
+    got += part.size();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  drain.join();
+  EXPECT_LT(got, length) << "the drain waited for the slow reader";
+  EXPECT_TRUE(c.WaitClosed());
   std::filesystem::remove_all(models.path());
 }
 
