@@ -88,6 +88,26 @@ TEST_F(RestHostileTest, MoreThanAHundredHeaderFieldsAre431) {
   EXPECT_THAT(HttpStatuses(stream), ElementsAre(431)) << stream.substr(0, 300);
 }
 
+// A repository request's body (JSON read into a DOM, at tens of times its
+// size for nested arrays) is bounded at 64 KiB, declared or chunked; httplib
+// read and parsed up to --max_message_bytes.
+TEST_F(RestHostileTest, ARepositoryRequestsBodyIsBounded) {
+  const std::string nested = std::string(40000, '[') + std::string(40000, ']');
+  {
+    RawHttpConnection c(Port());
+    c.Send(absl::StrCat("POST /v2/repository/index HTTP/1.1\r\nHost: a\r\nContent-Length: ",
+                        nested.size(), "\r\n\r\n", nested));
+    const std::string stream = c.ReadToEnd();
+    EXPECT_THAT(HttpStatuses(stream), ElementsAre(413)) << stream.substr(0, 300);
+  }
+  RawHttpConnection c(Port());
+  c.Send(absl::StrCat(
+      "POST /v2/repository/index HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+      absl::Hex(nested.size()), "\r\n", nested, "\r\n0\r\n\r\n"));
+  const std::string stream = c.ReadToEnd();
+  EXPECT_THAT(HttpStatuses(stream), ElementsAre(413)) << stream.substr(0, 300);
+}
+
 TEST_F(RestHostileTest, PipelinedRequestsAreAnsweredInOrder) {
   RawHttpConnection c(Port());
   ASSERT_TRUE(c.connected());

@@ -41,7 +41,12 @@ struct HttpBody {
     void init(const boost::optional<std::uint64_t>& length, boost::beast::error_code& ec) {
       ec = {};
       // The parser's body_limit has bounded a declared length already.
-      if (length && (!body_.grow || body_.grow(*length))) body_.data.reserve(*length);
+      if (!length) return;
+      if (body_.grow && !body_.grow(*length)) {
+        ec = boost::asio::error::no_buffer_space;
+        return;
+      }
+      body_.data.reserve(*length);
     }
 
     template <class ConstBufferSequence>

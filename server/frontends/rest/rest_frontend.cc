@@ -2,6 +2,7 @@
 #include "server/frontends/rest/rest_frontend.h"
 
 #include <charconv>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -41,6 +42,10 @@ struct InferState : AdmissionHolder {
   inference::ModelInferResponse response;
   std::shared_ptr<Admission> admission;
 };
+
+// The largest body of a repository request (index, load, unload): JSON read
+// into a DOM, at tens of times its size for nested arrays.
+constexpr uint64_t kRepositoryBodyBytes = 64 << 10;
 
 // The repository control route's model, or none.
 std::optional<std::pair<std::string, bool>> ControlPath(const std::string& path) {
@@ -167,6 +172,36 @@ HeadDecision RestFrontend::OnHead(const HttpRequest& head) {
       protocol_->requests()->Answered(nullptr, *call, caller.status(), absl::Now());
     }
     return Refused(ErrorResponse(caller.status()));
+  }
+  if (!infer && head.HasBody()) {
+    // The repository's bodies are small JSON read whole into a DOM: bounded
+    // here, and a load's or unload's only after the caller's admin right
+    // (with no body, ControlModel checks it in its order).
+    if (const auto control = ControlPath(head.path)) {
+      if (absl::Status admin = protocol_->requests()->AuthorizeAdmin(*call, control->first);
+          !admin.ok()) {
+        return Refused(ErrorResponse(admin));
+      }
+    }
+    auto too_large = [] {
+      HttpResponse res = ErrorResponse(absl::InvalidArgumentError(
+          absl::StrCat("request body: larger than ", kRepositoryBodyBytes,
+                       " bytes (a repository request is {} or a few parameters)")));
+      res.status = 413;
+      return res;
+    };
+    if (const auto length = head.Header("Content-Length");
+        length && std::strtoull(std::string(*length).c_str(), nullptr, 10) > kRepositoryBodyBytes) {
+      return Refused(too_large());
+    }
+    HeadDecision decision = body_budget_.Admit(head);
+    if (decision.refuse.has_value()) return decision;
+    auto grow = std::move(decision.on_body_bytes);
+    decision.on_body_bytes = [grow, too_large](uint64_t bytes) -> std::optional<HttpResponse> {
+      if (bytes > kRepositoryBodyBytes) return too_large();  // Chunked.
+      return grow ? grow(bytes) : std::nullopt;
+    };
+    return decision;
   }
   return body_budget_.Admit(head);
 }
