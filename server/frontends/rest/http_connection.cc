@@ -94,6 +94,10 @@ void HttpConnection<Stream>::ReadHead() {
   if (closed_) return;
   if (close_after_) return DoClose();
   state_ = State::kReading;
+  // Until this head is parsed, a refusal of it is answered as to GET and
+  // closes the connection.
+  keep_alive_ = false;
+  head_method_ = false;
   head_.emplace();
   head_->header_limit(static_cast<std::uint32_t>(options_.header_limit_bytes));
   // A Content-Length past it is refused with the head (413), unread.

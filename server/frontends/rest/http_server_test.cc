@@ -122,6 +122,21 @@ TEST_F(HttpServerTest, AHeaderLongerThanTheHeadLimitIs431) {
   EXPECT_EQ(HttpStatuses(c.ReadToEnd()), std::vector<int>{431});
 }
 
+// A refusal of a head that follows a HEAD request has its body: it is not
+// answered as the HEAD was.
+TEST_F(HttpServerTest, ARefusalAfterAHeadRequestHasItsBody) {
+  options_.header_limit_bytes = 4096;
+  Serve();
+  RawHttpConnection c(server_->port());
+  ASSERT_TRUE(c.Send("HEAD /a HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const std::string head = c.ReadUntil("\r\n\r\n");
+  ASSERT_EQ(HttpStatuses(head), std::vector<int>{200});
+  ASSERT_TRUE(c.Send(absl::StrCat("GET /", std::string(8192, 'a'), " HTTP/1.1\r\n")));
+  const std::string answer = c.ReadToEnd();
+  EXPECT_EQ(HttpStatuses(answer), std::vector<int>{431});
+  EXPECT_NE(answer.find("request head: larger than 4096 bytes"), std::string::npos) << answer;
+}
+
 TEST_F(HttpServerTest, MoreHeaderFieldsThanTheLimitIs431) {
   options_.max_header_fields = 100;
   Serve();
