@@ -275,7 +275,9 @@ TEST(RestDrainTest, ASlowReaderDoesNotHoldTheShutdown) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   drain.join();
-  EXPECT_LT(got, length) << "the drain waited for the slow reader";
+  // The drain's 1 s is about 1.3 MB at this pace (and what the socket
+  // buffers held); cpp-httplib's drain waited about 20 s, nearly all of it.
+  EXPECT_LT(got, length / 2) << "the drain waited for the slow reader";
   EXPECT_TRUE(c.WaitClosed());
   std::filesystem::remove_all(models.path());
 }
