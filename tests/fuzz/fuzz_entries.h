@@ -56,6 +56,10 @@ absl::Status FuzzOneOipRequest(const uint8_t* data, size_t size);
 
 absl::Status FuzzOneRestRequest(const uint8_t* data, size_t size);
 
+// What a client sends on one REST connection, through the HTTP server
+// (tests/fuzz/http_request_fuzz.cc): the answers must be whole responses.
+absl::Status FuzzOneHttpRequest(const uint8_t* data, size_t size);
+
 // True for a verdict no input should produce (see above).
 inline bool IsFuzzBug(const absl::Status& status) {
   switch (status.code()) {

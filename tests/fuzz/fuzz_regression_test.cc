@@ -66,7 +66,8 @@ INSTANTIATE_TEST_SUITE_P(Targets, FuzzRegressionTest,
                                            Target{"npy_fuzzer", FuzzOneNpy},
                                            Target{"session_fuzzer", FuzzOneSession},
                                            Target{"oip_request_fuzzer", FuzzOneOipRequest},
-                                           Target{"rest_request_fuzzer", FuzzOneRestRequest}),
+                                           Target{"rest_request_fuzzer", FuzzOneRestRequest},
+                                           Target{"http_request_fuzzer", FuzzOneHttpRequest}),
                          [](const ::testing::TestParamInfo<Target>& info) {
                            return std::string(info.param.name);
                          });
