@@ -9,10 +9,9 @@
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "server/frontends/rest/http_head_check.h"
 
 namespace attention::server {
 namespace {
@@ -122,33 +121,6 @@ void HttpConnection<Stream>::ReadHeadNow() {
 }
 
 template <class Stream>
-std::optional<std::pair<int, std::string>> HttpConnection<Stream>::CheckHead() const {
-  const auto& head = head_->get();
-  const size_t fields = std::distance(head.begin(), head.end());
-  if (fields > static_cast<size_t>(options_.max_header_fields)) {
-    return std::make_pair(431, absl::StrCat("request head: ", fields, " header fields, more than ",
-                                            options_.max_header_fields));
-  }
-  // RFC 9112 6.3: one Content-Length, one number; Beast takes equal repeats.
-  const auto lengths = head.equal_range(http::field::content_length);
-  if (lengths.first != lengths.second) {
-    if (std::next(lengths.first) != lengths.second ||
-        lengths.first->value().find(',') != beast::string_view::npos) {
-      return std::make_pair(400, "Content-Length: expected one, got several");
-    }
-  }
-  const auto te = head.find(http::field::transfer_encoding);
-  if (te != head.end()) {
-    const std::string value(te->value());
-    if (!absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(value), "chunked")) {
-      return std::make_pair(501, absl::StrCat("Transfer-Encoding: expected chunked, got '",
-                                              value.substr(0, 64), "'"));
-    }
-  }
-  return std::nullopt;
-}
-
-template <class Stream>
 void HttpConnection<Stream>::OnHead(beast::error_code ec) {
   if (closed_) return;
   if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
@@ -175,7 +147,9 @@ void HttpConnection<Stream>::OnHead(beast::error_code ec) {
   request_.path = request_.target.substr(0, request_.target.find('?'));
   request_.headers = static_cast<const http::fields&>(head);
   request_.peer = peer_;
-  if (auto refused = CheckHead()) return Refuse(refused->first, refused->second);
+  if (auto refused = CheckHttpHead(head, options_.max_header_fields)) {
+    return Refuse(refused->first, refused->second);
+  }
   HeadDecision decision = handler_->OnHead(request_);
   if (decision.refuse.has_value()) {
     body_unread_ = !head_->is_done();

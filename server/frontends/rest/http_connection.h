@@ -81,8 +81,6 @@ class HttpConnection final : public HttpAnswerSink,
   void OnWritten(boost::beast::error_code ec);
   void Linger();
   void DoClose();
-  // Why the head cannot be served (status and message), or none.
-  std::optional<std::pair<int, std::string>> CheckHead() const;
 
   Stream stream_;
   const HttpServerOptions& options_;
