@@ -3,7 +3,6 @@
 // it waited until one of them stopped). Bodies beyond the receive budget are refused and dropped.
 // The drain stops the REST port without waiting for a body a client trickles.
 #include <arpa/inet.h>
-#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
+#include "tests/fixture/http_test_client.h"
 #include "tests/fixture/raw_http_connection.h"
 #include "tests/fixture/small_server_options.h"
 #include "tests/fixture/test_server.h"
@@ -48,9 +48,9 @@ TEST(RestConnectionsTest, AConnectionBeyondTheThreadsIsServedWhileOthersKeepSend
   std::vector<std::thread> busy;
   for (int i = 0; i < 2; ++i) {
     busy.emplace_back([&, i] {
-      httplib::Client client("127.0.0.1", port);
-      client.set_keep_alive(true);
-      client.set_read_timeout(30, 0);
+      testing::HttpTestClient client("127.0.0.1", port);
+      client.SetKeepAlive(true);
+      client.SetTimeout(absl::Seconds(30));
       bool counted = false;
       while (!third_answered.load()) {
         if (absl::Now() > bound) {
@@ -73,14 +73,14 @@ TEST(RestConnectionsTest, AConnectionBeyondTheThreadsIsServedWhileOthersKeepSend
   while (busy_ready.load() < 2 && absl::Now() < bound) absl::SleepFor(absl::Milliseconds(1));
 
   const int before = busy_ok[0] + busy_ok[1];
-  httplib::Client third("127.0.0.1", port);
-  third.set_read_timeout(30, 0);
+  testing::HttpTestClient third("127.0.0.1", port);
+  third.SetTimeout(absl::Seconds(30));
   auto res = third.Get("/v2/health/ready");
   third_answered = true;
   for (std::thread& t : busy) t.join();
 
   const int meanwhile = busy_ok[0] + busy_ok[1] - before;
-  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_TRUE(res) << res.error();
   EXPECT_EQ(res->status, 200);
   EXPECT_FALSE(bound_reached.load())
       << "the third connection was served only once the busy clients stopped";
@@ -107,8 +107,8 @@ TEST(RestConnectionsTest, BodiesBeyondTheReceiveBudgetAreRefusedAndDropped) {
   o.grpc_receive_quota_bytes = 1 << 20;  // REST's budget too: 256 KiB of JSON at 4x.
   auto server = testing::StartServer(o);
   ASSERT_NE(server, nullptr);
-  httplib::Client client("127.0.0.1", server->http_port());
-  client.set_read_timeout(30, 0);
+  testing::HttpTestClient client("127.0.0.1", server->http_port());
+  client.SetTimeout(absl::Seconds(30));
 
   auto body_of = [](int length) {
     std::string data;
@@ -131,30 +131,26 @@ TEST(RestConnectionsTest, BodiesBeyondTheReceiveBudgetAreRefusedAndDropped) {
   // kept), so the client, still sending it, reads the 429 and not a reset.
   for (int i = 0; i < 3; ++i) {
     auto refused = client.Post("/v2/models/small/infer", large, "application/json");
-    ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+    ASSERT_TRUE(refused) << refused.error();
     EXPECT_EQ(refused->status, 429) << refused->body;
     EXPECT_THAT(refused->body, ::testing::HasSubstr("--grpc_receive_quota_bytes"));
   }
 
   // Chunked: no length to charge up front, so the charge grows as it is read.
   size_t sent = 0;
-  auto chunked = client.Post(
+  auto chunked = client.PostChunked(
       "/v2/models/small/infer",
-      [&](size_t, httplib::DataSink& sink) {
+      [&](std::string* chunk) {
         const size_t n = std::min<size_t>(64 << 10, large.size() - sent);
-        if (n == 0) {
-          sink.done();
-        } else if (sink.write(large.data() + sent, n)) {
-          sent += n;
-        } else {
-          return false;
-        }
+        if (n == 0) return false;
+        *chunk = large.substr(sent, n);
+        sent += n;
         return true;
       },
       "application/json");
   // The rest of a refused body is read and dropped, so the client reads the
   // 429 (it was a reset when the server closed with the body unread).
-  ASSERT_TRUE(chunked) << httplib::to_string(chunked.error());
+  ASSERT_TRUE(chunked) << chunked.error();
   EXPECT_EQ(chunked->status, 429) << chunked->body;
   EXPECT_EQ(sent, large.size());
 

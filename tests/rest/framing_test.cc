@@ -7,9 +7,8 @@
 // refused and its connection closed (RFC 9112 6.1); a Range on a reply that
 // closes its connection reads nothing past the reply; the receive budget
 // charges a binary body's JSON header as JSON, and load/unload check the
-// token before reading a body. Raw sockets send what cpp-httplib's client
+// token before reading a body. Raw sockets send what an HTTP client
 // will not.
-#include <httplib.h>
 #include <sys/resource.h>
 #include <zlib.h>
 
@@ -21,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
+#include "tests/fixture/http_test_client.h"
 #include "tests/fixture/raw_http_connection.h"
 #include "tests/fixture/security_test_fixture.h"
 #include "tests/fixture/server_fixture.h"
@@ -37,9 +37,9 @@ using ::testing::HasSubstr;
 class RestBodyFramingTest : public ServerTest {
  protected:
   static int Port() { return server_->http_port(); }
-  static httplib::Client Client() {
-    httplib::Client client("127.0.0.1", Port());
-    client.set_read_timeout(30, 0);
+  static testing::HttpTestClient Client() {
+    testing::HttpTestClient client("127.0.0.1", Port());
+    client.SetTimeout(absl::Seconds(30));
     return client;
   }
 };
@@ -130,7 +130,7 @@ TEST_F(RestBodyFramingTest, ABodyCutOffAtTheLimitClosesTheConnection) {
                     "multipart/form-data; boundary=xyz");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 415) << res->body;
-  EXPECT_FALSE(res->has_header("EXCEPTION_WHAT")) << res->get_header_value("EXCEPTION_WHAT");
+  EXPECT_FALSE(res->HasHeader("EXCEPTION_WHAT")) << res->Header("EXCEPTION_WHAT");
 }
 
 TEST_F(RestBodyFramingTest, APostWithoutContentLengthHasAnEmptyBody) {
@@ -229,8 +229,8 @@ TEST_F(RestFramingTest, TransferEncodingWithContentLengthIsRefusedUnreadAndClose
 // (infer and the index check it first): an unauthenticated caller's bodies
 // were charged to the receive budget (refused 429 past it) instead of 401.
 TEST_F(RestFramingTest, LoadAndUnloadCheckTheTokenBeforeReadingTheBody) {
-  httplib::Client client("127.0.0.1", Port());
-  client.set_read_timeout(30, 0);
+  testing::HttpTestClient client("127.0.0.1", Port());
+  client.SetTimeout(absl::Seconds(30));
   // 320 KiB of JSON: 1.25 MiB at 4x, beyond the 1 MiB budget.
   const std::string body =
       absl::StrCat(R"({"parameters":{"pad":")", std::string(320 << 10, 'a'), R"("}})");
@@ -240,7 +240,7 @@ TEST_F(RestFramingTest, LoadAndUnloadCheckTheTokenBeforeReadingTheBody) {
         client.Post(absl::StrCat("/v2/repository/models/small/", action), body, "application/json");
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 401) << res->body;
-    EXPECT_EQ(res->get_header_value("WWW-Authenticate"), "Bearer");
+    EXPECT_EQ(res->Header("WWW-Authenticate"), "Bearer");
   }
   // Authenticated, the model stays served (the small body: an empty one).
   auto ready = client.Get("/v2/models/small/ready", {{"Authorization", "Bearer alice-secret"}});

@@ -1,13 +1,11 @@
-// The KServe v2 REST front-end end to end over loopback (cpp-httplib's
-// client): JSON and binary-extension inference equal to the engine's solo
+// The KServe v2 REST front-end end to end over loopback (the tests'
+// HttpTestClient): JSON and binary-extension inference equal to the engine's solo
 // result and to the same request over gRPC, on every model variant of the
 // shared fixture (kdim/vdim != E, bias_kv, zero_attn); sequences in request
 // parameters (server_rest_protocol_test: metadata, configuration, statistics,
 // the repository index, sequences and counters); bad requests answered with
 // the right HTTP status and a message naming the field; bodies past the
 // limit refused.
-#include <httplib.h>
-
 #include <random>
 #include <string>
 #include <vector>
@@ -15,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/fixture/http_test_client.h"
 #include "tests/fixture/rest_test_fixture.h"
 
 namespace attention {
@@ -42,9 +41,9 @@ TEST_F(RestInferTest, JsonInferEqualsGrpcAndTheEngineOnACrossModel) {
                        Input("key_padding_mask", "BOOL", kpm.shape(), BoolsJson(kpm)),
                        Input("attn_mask", "FP32", mask.shape(), FloatsJson(mask))}}};
   const auto res = PostJson("/v2/models/cross/infer", body);
-  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_TRUE(res) << res.error();
   ASSERT_EQ(res->status, 200) << res->body;
-  EXPECT_EQ(res->get_header_value("Content-Type"), "application/json");
+  EXPECT_EQ(res->Header("Content-Type"), "application/json");
   const json response = json::parse(res->body);
   EXPECT_EQ(response["model_name"], "cross");
   EXPECT_EQ(response["model_version"], "1");
@@ -113,13 +112,14 @@ TEST_F(RestInferTest, BinaryExtensionInAndOutEqualsJson) {
   const std::string head = header.dump();
   const std::string body =
       head + std::string(static_cast<const char*>(query.data()), query.num_bytes());
-  httplib::Headers headers = {{"Inference-Header-Content-Length", std::to_string(head.size())}};
+  testing::HttpTestHeaders headers = {
+      {"Inference-Header-Content-Length", std::to_string(head.size())}};
   const auto res =
       Client().Post("/v2/models/small/infer", headers, body, "application/octet-stream");
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
-  ASSERT_TRUE(res->has_header("Inference-Header-Content-Length"));
-  const size_t json_length = std::stoul(res->get_header_value("Inference-Header-Content-Length"));
+  ASSERT_TRUE(res->HasHeader("Inference-Header-Content-Length"));
+  const size_t json_length = std::stoul(res->Header("Inference-Header-Content-Length"));
   const json response = json::parse(res->body.substr(0, json_length));
   ASSERT_EQ(response["outputs"][0]["parameters"]["binary_data_size"], 6 * 32 * 4);
   EXPECT_FALSE(response["outputs"][0].contains("data"));
@@ -146,7 +146,7 @@ TEST_F(RestInferTest, BinaryExtensionInAndOutEqualsJson) {
       Client().Post("/v2/models/small/infer", headers, bf_head + bf16, "application/octet-stream");
   ASSERT_TRUE(bf_res);
   ASSERT_EQ(bf_res->status, 200) << bf_res->body;
-  const size_t bf_json = std::stoul(bf_res->get_header_value("Inference-Header-Content-Length"));
+  const size_t bf_json = std::stoul(bf_res->Header("Inference-Header-Content-Length"));
   const json bf_response = json::parse(bf_res->body.substr(0, bf_json));
   const std::string dtype = bf_response["outputs"][0]["datatype"];
   const size_t size = dtype == "FP32" ? 4 : 2;
@@ -240,18 +240,15 @@ TEST_F(RestInferTest, OversizedBodiesAre413ChunkedOrNot) {
   EXPECT_EQ(res->status, 413);
   EXPECT_THAT(res->body, HasSubstr("--max_message_bytes"));
   // Chunked: no Content-Length to refuse by, cut off while read.
-  httplib::Client client = Client();
+  testing::HttpTestClient client = Client();
   size_t sent = 0;
-  res = client.Post(
+  res = client.PostChunked(
       "/v2/models/small/infer",
-      [&](size_t, httplib::DataSink& sink) {
-        if (sent >= (size_t{4} << 20)) {
-          sink.done();
-          return true;
-        }
-        const std::string chunk(1 << 16, ' ');
-        sent += chunk.size();
-        return sink.write(chunk.data(), chunk.size());
+      [&](std::string* chunk) {
+        if (sent >= (size_t{4} << 20)) return false;
+        *chunk = std::string(1 << 16, ' ');
+        sent += chunk->size();
+        return true;
       },
       "application/json");
   if (res) {

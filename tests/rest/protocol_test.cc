@@ -5,8 +5,6 @@
 // parameters decoded token by token as over gRPC, and a sequence started
 // over gRPC continued over REST; requests counted with the http protocol
 // label.
-#include <httplib.h>
-
 #include <cmath>
 #include <random>
 #include <string>
@@ -16,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
+#include "tests/fixture/http_test_client.h"
 #include "tests/fixture/oip_request.h"
 #include "tests/fixture/raw_http_connection.h"
 #include "tests/fixture/rest_test_fixture.h"
@@ -235,7 +234,7 @@ TEST_F(RestProtocolTest, RequestsAreCountedWithTheHttpProtocolLabel) {
                {{"inputs", {Input("query", "FP32", {1, 1, 32}, std::vector<float>(32, 1.f))}}});
   ASSERT_EQ(res->status, 200);
   EXPECT_EQ(count(), before + 1);
-  httplib::Client metrics("127.0.0.1", metrics_port_);
+  testing::HttpTestClient metrics("127.0.0.1", metrics_port_);
   const auto text = metrics.Get("/metrics");
   ASSERT_TRUE(text);
   EXPECT_THAT(text->body, HasSubstr("protocol=\"http\""));

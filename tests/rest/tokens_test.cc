@@ -2,8 +2,6 @@
 // (a server of its own): the token is checked before a body is parsed, and a
 // sequence is its caller's on either transport. The REST port's tokens and
 // TLS as such: tests/security/rest_test.cc.
-#include <httplib.h>
-
 #include <string>
 #include <vector>
 
@@ -11,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "server/attention_server.h"
+#include "tests/fixture/http_test_client.h"
 #include "tests/fixture/oip_request.h"
 #include "tests/fixture/rest_test_fixture.h"
 #include "tests/fixture/security_test_fixture.h"
@@ -35,7 +34,7 @@ TEST(RestTokensTest, TheTokenComesBeforeTheBodyAndSequencesStayTheCallers) {
   o.auth_tokens_file = models.path() + ".tokens";
   auto server = testing::StartServer(o);
   ASSERT_NE(server, nullptr);
-  httplib::Client client("127.0.0.1", server->http_port());
+  testing::HttpTestClient client("127.0.0.1", server->http_port());
   auto res = client.Post("/v2/models/small/infer", "{not json", "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 401) << res->body;
