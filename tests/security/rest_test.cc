@@ -2,8 +2,6 @@
 // the same bearer tokens as gRPC (401 with WWW-Authenticate, 403 for another
 // caller's model, probes open without --auth_probes) and the gRPC port's
 // certificate files.
-#include <httplib.h>
-
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "server/attention_server.h"
+#include "tests/fixture/http_test_client.h"
 #include "tests/fixture/security_test_fixture.h"
 #include "tests/fixture/test_certificates.h"
 #include "tests/fixture/test_server.h"
@@ -70,15 +69,15 @@ TEST_F(RestSecurityTest, BearerTokensAsOverGrpc) {
   }
   auto server = Start([&](ServerOptions& o) { o.auth_tokens_file = tokens; });
   ASSERT_NE(server, nullptr);
-  httplib::Client client("127.0.0.1", server->http_port());
+  testing::HttpTestClient client("127.0.0.1", server->http_port());
   auto res = client.Post("/v2/models/small/infer", Body(), "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 401);
-  EXPECT_EQ(res->get_header_value("WWW-Authenticate"), "Bearer");
+  EXPECT_EQ(res->Header("WWW-Authenticate"), "Bearer");
   EXPECT_THAT(res->body, ::testing::HasSubstr("error"));
-  httplib::Headers bad = {{"Authorization", "Bearer wrong"}};
+  testing::HttpTestHeaders bad = {{"Authorization", "Bearer wrong"}};
   EXPECT_EQ(client.Post("/v2/models/small/infer", bad, Body(), "application/json")->status, 401);
-  httplib::Headers alice = {{"Authorization", "Bearer alice-secret"}};
+  testing::HttpTestHeaders alice = {{"Authorization", "Bearer alice-secret"}};
   res = client.Post("/v2/models/small/infer", alice, Body(), "application/json");
   EXPECT_EQ(res->status, 200) << res->body;
   EXPECT_EQ(client.Post("/v2/models/other/infer", alice, Body(), "application/json")->status, 403);
@@ -96,17 +95,15 @@ TEST_F(RestSecurityTest, TlsOnTheRestPortWithTheGrpcPortsCertificate) {
   ASSERT_TRUE(certs.ok()) << certs.error();
   auto server = Start([&](ServerOptions& o) { ServeServerPair(certs, "ca1", o); });
   ASSERT_NE(server, nullptr);
-  httplib::SSLClient trusting("localhost", server->http_port());
-  trusting.set_ca_cert_path(certs.Path("ca1.pem").c_str());
-  trusting.enable_server_certificate_verification(true);
+  testing::HttpTestClient trusting("localhost", server->http_port(),
+                                   testing::HttpTestTls{certs.Path("ca1.pem")});
   auto res = trusting.Post("/v2/models/small/infer", Body(), "application/json");
-  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_TRUE(res) << res.error();
   EXPECT_EQ(res->status, 200) << res->body;
-  httplib::SSLClient other_ca("localhost", server->http_port());
-  other_ca.set_ca_cert_path(certs.Path("ca2.pem").c_str());
-  other_ca.enable_server_certificate_verification(true);
+  testing::HttpTestClient other_ca("localhost", server->http_port(),
+                                   testing::HttpTestTls{certs.Path("ca2.pem")});
   EXPECT_FALSE(other_ca.Get("/v2/health/live"));
-  httplib::Client plain("127.0.0.1", server->http_port());
+  testing::HttpTestClient plain("127.0.0.1", server->http_port());
   const auto plain_res = plain.Get("/v2/health/live");
   EXPECT_TRUE(!plain_res || plain_res->status != 200);
 }
@@ -119,14 +116,15 @@ TEST_F(RestSecurityTest, MutualTlsNeedsAClientCertificate) {
     o.tls.client_ca_file = certs.Path("ca1.pem");
   });
   ASSERT_NE(server, nullptr);
-  httplib::SSLClient with_cert("localhost", server->http_port(), certs.Path("client-ca1.pem"),
-                               certs.Path("client-ca1.key"));
-  with_cert.set_ca_cert_path(certs.Path("ca1.pem").c_str());
+  testing::HttpTestClient with_cert(
+      "localhost", server->http_port(),
+      testing::HttpTestTls{certs.Path("ca1.pem"), certs.Path("client-ca1.pem"),
+                           certs.Path("client-ca1.key")});
   auto res = with_cert.Post("/v2/models/small/infer", Body(), "application/json");
-  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  ASSERT_TRUE(res) << res.error();
   EXPECT_EQ(res->status, 200);
-  httplib::SSLClient without("localhost", server->http_port());
-  without.set_ca_cert_path(certs.Path("ca1.pem").c_str());
+  testing::HttpTestClient without("localhost", server->http_port(),
+                                  testing::HttpTestTls{certs.Path("ca1.pem")});
   EXPECT_FALSE(without.Get("/v2/health/live"));
 }
 
@@ -144,10 +142,10 @@ TEST_F(RestSecurityTest, AChangedClientCaIsReReadOnTheRestPort) {
   });
   ASSERT_NE(server, nullptr);
   auto live = [&](const std::string& client) {
-    httplib::SSLClient c("localhost", server->http_port(), certs.Path(client + ".pem"),
-                         certs.Path(client + ".key"));
-    c.set_ca_cert_path(certs.Path("ca1.pem").c_str());
-    c.enable_server_certificate_verification(true);
+    testing::HttpTestClient c(
+        "localhost", server->http_port(),
+        testing::HttpTestTls{certs.Path("ca1.pem"), certs.Path(client + ".pem"),
+                             certs.Path(client + ".key")});
     auto res = c.Get("/v2/health/live");
     return res && res->status == 200;
   };
@@ -179,9 +177,8 @@ TEST_F(RestSecurityTest, ARotatedCertificateIsServedOnTheRestPortWithoutRestart)
   auto server = Start([&](ServerOptions& o) { pair.ServeOn(o); });
   ASSERT_NE(server, nullptr);
   auto live_with_ca = [&](const std::string& ca) {
-    httplib::SSLClient client("localhost", server->http_port());
-    client.set_ca_cert_path(certs.Path(ca).c_str());
-    client.enable_server_certificate_verification(true);
+    testing::HttpTestClient client("localhost", server->http_port(),
+                                   testing::HttpTestTls{certs.Path(ca)});
     auto res = client.Get("/v2/health/live");
     return res && res->status == 200;
   };
@@ -226,13 +223,13 @@ TEST_F(RestSecurityTest, ConcurrentMutualTlsHandshakesWhileThePairRotates) {
   ASSERT_NE(server, nullptr);
   const int port = server->http_port();
   auto live = [&](const std::string& ca, bool with_cert) {
-    auto client = with_cert ? std::make_unique<httplib::SSLClient>("localhost", port,
-                                                                   certs.Path("client-ca1.pem"),
-                                                                   certs.Path("client-ca1.key"))
-                            : std::make_unique<httplib::SSLClient>("localhost", port);
-    client->set_ca_cert_path(ca.c_str());
-    client->enable_server_certificate_verification(true);
-    client->set_keep_alive(false);  // A handshake for every request.
+    testing::HttpTestTls tls{ca};
+    if (with_cert) {
+      tls.cert_file = certs.Path("client-ca1.pem");
+      tls.key_file = certs.Path("client-ca1.key");
+    }
+    auto client = std::make_unique<testing::HttpTestClient>("localhost", port, tls);
+    client->SetKeepAlive(false);  // A handshake for every request.
     auto res = client->Get("/v2/health/live");
     return res && res->status == 200;
   };
