@@ -4,8 +4,6 @@
 // reload (unary, stream, sequence and REST), and readiness while every
 // configured model has a ready version.
 #include <grpcpp/grpcpp.h>
-#include <httplib.h>
-
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "tests/fixture/http_test_client.h"
 #include "tests/fixture/model_versions_fixture.h"
 #include "tests/fixture/token_files.h"
 
@@ -80,10 +79,10 @@ TEST(ModelVersionsTest, LoadAndUnloadNeedTheAdminPermissionOnBothProtocols) {
     return response.models_size() == 1 && response.models(0).state() == "READY";
   };
   // REST: Triton's /v2/repository/models/{m}/load and /unload.
-  httplib::Client rest("127.0.0.1", server->http_port());
+  testing::HttpTestClient rest("127.0.0.1", server->http_port());
   auto post = [&](const std::string& what, const std::string& token) {
-    httplib::Headers headers;
-    if (!token.empty()) headers.emplace("Authorization", "Bearer " + token);
+    testing::HttpTestHeaders headers;
+    if (!token.empty()) headers.emplace_back("Authorization", "Bearer " + token);
     auto res =
         rest.Post(("/v2/repository/models/m/" + what).c_str(), headers, "{}", "application/json");
     return res ? res->status : -1;
@@ -285,7 +284,7 @@ TEST(ModelVersionsTest, SessionsAndSequencesReportTheirVersionAcrossAReload) {
   EXPECT_EQ(step.model_version(), "2");
   ExpectRows(on2, 0, rows_of(step, 3), "restarted sequence");
   // REST responses say which version computed them.
-  httplib::Client rest("127.0.0.1", server->http_port());
+  testing::HttpTestClient rest("127.0.0.1", server->http_port());
   const std::string body = R"({"inputs": [{"name": "query", "datatype": "FP32", "shape": [1, 1, )" +
                            std::to_string(kE) + R"(], "data": [)" +
                            absl::StrJoin(std::vector<float>(kE, 0.5f), ",") + "]}]}";

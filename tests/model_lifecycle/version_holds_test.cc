@@ -8,8 +8,6 @@
 // session state, a stream's unread response holds no version, and a late
 // ForgetModel of a reused address spares the newer version's state.
 #include <grpcpp/grpcpp.h>
-#include <httplib.h>
-
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -20,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "server/requests/call_leases.h"
+#include "tests/fixture/http_test_client.h"
 #include "tests/fixture/model_versions_fixture.h"
 
 namespace attention {
@@ -208,7 +207,7 @@ TEST(VersionHoldsTest, PerModelGaugesAddUpEveryVersion) {
 TEST(VersionHoldsTest, RestLogNamesTheModelAskedFor) {
   const std::string repo = NewModelRepo("rest_log", 51);
   auto server = Start(repo, ModelControl::kExplicit, [](ServerOptions& o) { o.http_port = 0; });
-  httplib::Client rest("127.0.0.1", server->http_port());
+  testing::HttpTestClient rest("127.0.0.1", server->http_port());
   ::testing::internal::CaptureStderr();
   const nlohmann::json body = {{"inputs",
                                 {{{"name", "query"},

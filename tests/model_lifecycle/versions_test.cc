@@ -4,7 +4,6 @@
 // swaps, unload draining and memory across repeated swaps (explicit control,
 // sessions and readiness: server_model_lifecycle_test).
 #include <grpcpp/grpcpp.h>
-#include <httplib.h>
 
 #include <atomic>
 #include <filesystem>

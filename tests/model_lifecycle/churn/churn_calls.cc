@@ -1,7 +1,5 @@
 #include "tests/model_lifecycle/churn/churn_calls.h"
 
-#include <httplib.h>
-
 #include <chrono>
 #include <cmath>
 #include <utility>
@@ -10,10 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/model_lifecycle/churn/churn_wire.h"
+#include "tests/fixture/http_test_client.h"
 #include "tests/fixture/model_versions_fixture.h"
 #include "tests/fixture/server_test_util.h"
 #include "tests/fixture/test_util.h"
+#include "tests/model_lifecycle/churn/churn_wire.h"
 
 namespace attention::churn_test {
 
@@ -232,8 +231,8 @@ grpc::StatusCode ChurnCalls::Rest(std::mt19937& rng) {
          {"shape", query.shape()},
          {"data",
           std::vector<float>(query.as<float>(), query.as<float>() + query.num_elements())}}}}};
-  httplib::Client client("127.0.0.1", http_port_);
-  client.set_read_timeout(60, 0);
+  testing::HttpTestClient client("127.0.0.1", http_port_);
+  client.SetTimeout(absl::Seconds(60));
   auto result = client.Post("/v2/models/m/infer", body.dump(), "application/json");
   if (!result) return grpc::StatusCode::UNAVAILABLE;  // Refused: the server has stopped.
   switch (result->status) {
