@@ -11,7 +11,6 @@
 // Client and server share the machine's cores, for every protocol alike; the
 // numbers are for comparing the protocols in one run, not absolute.
 #include <grpcpp/grpcpp.h>
-#include <httplib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -34,6 +33,7 @@
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "server/attention_server.h"
+#include "tests/fixture/http_test_client.h"
 #include "tests/fixture/test_util.h"
 
 ABSL_FLAG(std::string, shape, "1,128,768", "Query shape N,L,E.");
@@ -174,11 +174,13 @@ int Main() {
     } else if (protocol == "rest_binary" || protocol == "rest_json") {
       const bool binary = protocol == "rest_binary";
       make = [&, binary]() -> Call {
-        auto client = std::make_shared<httplib::Client>("127.0.0.1", http_port);
-        client->set_keep_alive(true);
-        client->set_read_timeout(60, 0);
-        httplib::Headers headers;
-        if (binary) headers.emplace("Inference-Header-Content-Length", std::to_string(head.size()));
+        auto client = std::make_shared<testing::HttpTestClient>("127.0.0.1", http_port);
+        client->SetKeepAlive(true);
+        client->SetTimeout(absl::Seconds(60));
+        testing::HttpTestHeaders headers;
+        if (binary) {
+          headers.emplace_back("Inference-Header-Content-Length", std::to_string(head.size()));
+        }
         return [&, client, headers, binary] {
           auto res =
               client->Post("/v2/models/bench/infer", headers, binary ? binary_body : json_body,
