@@ -41,10 +41,9 @@ build_pkgs=(
   prometheus-cpp-dev
   nlohmann-json3-dev
   # The REST front-end: Boost.Beast on Asio (HTTP/1.1 server, header-only; libboost1.81-dev,
-  # whose parser bounds every read), simdjson (request JSON), cpp-httplib (the REST tests'
-  # HTTP client only; the server does not link it).
-  libboost1.81-dev libcpp-httplib-dev libsimdjson-dev
-  # rest_framing_test gzips request bodies (also a dependency of cpp-httplib).
+  # whose parser bounds every read; the tests' HTTP client too), simdjson (request JSON).
+  libboost1.81-dev libsimdjson-dev
+  # rest_framing_test gzips request bodies.
   zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   ca-certificates
