@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "server/attention_server.h"
-#include "tests/fixture/oip_request.h"
+#include "tests/fixture/oip_requests.h"
 #include "tests/fixture/rest_test_fixture.h"
 #include "tests/fixture/security_test_fixture.h"
 #include "tests/fixture/test_server.h"
