@@ -10,10 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/model_lifecycle/churn/churn_wire.h"
 #include "tests/fixture/model_versions_fixture.h"
 #include "tests/fixture/server_test_util.h"
 #include "tests/fixture/test_util.h"
+#include "tests/model_lifecycle/churn/churn_wire.h"
 
 namespace attention::churn_test {
 
