@@ -56,6 +56,7 @@ std::unique_ptr<AttentionServer> StartServer(void (*tweak)(ServerOptions&) = nul
   testing::ModelFolder models("reflection_test_models");
   models.Add("small", testing::SelfAttentionSpec(16, 2), 1);
   ServerOptions options = testing::TestServerOptions(models.path());
+  options.drain_grace = absl::Milliseconds(500);  // The library's default.
   options.repository.default_model = "small";
   if (tweak != nullptr) tweak(options);
   return testing::StartServer(options);

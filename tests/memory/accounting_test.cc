@@ -65,6 +65,7 @@ class MemoryAccountingTest : public ::testing::Test {
     models.Add("bf16", bf16, 3, "\"max_session_tokens\": 4096");
     server::ServerOptions options =
         testing::TestServerOptions(models.path(), /*rest=*/false, /*compute_threads=*/2);
+    options.drain_grace = absl::Milliseconds(500);  // The library's default.
     options.repository.default_model = "self";
     options.sessions.memory_bytes = int64_t{256} << 20;
     server_ = testing::StartServer(options).release();

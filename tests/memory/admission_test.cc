@@ -37,6 +37,7 @@ class ServerAdmissionTest : public ::testing::Test {
                            "\"max_queue_delay_us\": 1000000");
     server::ServerOptions options =
         testing::TestServerOptions(models.path(), /*rest=*/false, /*compute_threads=*/2);
+    options.drain_grace = absl::Milliseconds(500);  // The library's default.
     options.repository.default_model = "demo";
     options.repository.batching.max_batch_tokens = 16384;  // attention-server's default.
     server_ = testing::StartServer(options).release();

@@ -62,6 +62,7 @@ server::ServerOptions Options(const std::string& name, const std::string& host =
   server::ServerOptions options = testing::TestServerOptions(models.path());
   options.host = host;
   options.port = port;
+  options.drain_grace = absl::Milliseconds(500);  // The library's default.
   options.repository.default_model = "small";
   options.sessions.memory_bytes = 1 << 20;
   return options;

@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "tests/fixture/http_test_client.h"
-#include "tests/fixture/oip_request.h"
+#include "tests/fixture/oip_requests.h"
 #include "tests/fixture/raw_http_connection.h"
 #include "tests/fixture/rest_test_fixture.h"
 

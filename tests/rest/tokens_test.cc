@@ -10,7 +10,7 @@
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "server/attention_server.h"
 #include "tests/fixture/http_test_client.h"
-#include "tests/fixture/oip_request.h"
+#include "tests/fixture/oip_requests.h"
 #include "tests/fixture/rest_test_fixture.h"
 #include "tests/fixture/security_test_fixture.h"
 #include "tests/fixture/test_server.h"

@@ -28,7 +28,7 @@
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "proto/codec/routing_key.h"
 #include "proto/codec/tensor_codec.h"
-#include "tests/fixture/oip_request.h"
+#include "tests/fixture/oip_requests.h"
 #include "tests/fixture/server_test_util.h"
 #include "tests/scale_out/gateway_process.h"
 #include "tests/scale_out/gateway_test_util.h"

@@ -17,8 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "core/mha_engine.h"
-#include "tests/scale_out/gateway_process.h"
 #include "tests/fixture/server_test_util.h"
+#include "tests/scale_out/gateway_process.h"
 
 namespace attention::gateway_test {
 

@@ -25,7 +25,7 @@
 #include "core/tensor.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "proto/codec/routing_key.h"
-#include "tests/fixture/oip_request.h"
+#include "tests/fixture/oip_requests.h"
 #include "tests/scale_out/gateway_test_util.h"
 
 namespace attention::gateway_test {

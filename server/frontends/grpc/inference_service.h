@@ -21,9 +21,9 @@
 #include <string>
 
 #include "inference/grpc_predict_v2.grpc.pb.h"
+#include "server/frontends/grpc/stream_reactor.h"
 #include "server/frontends/protocol/inference_protocol.h"
 #include "server/frontends/protocol/oip_codec.h"
-#include "server/frontends/grpc/stream_reactor.h"
 #include "server/requests/call_context.h"
 #include "server/requests/identifiers.h"
 #include "server/requests/request_path.h"

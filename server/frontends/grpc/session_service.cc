@@ -9,8 +9,8 @@
 #include "proto/codec/tensor_codec.h"
 #include "server/frontends/grpc/admitted_reactor.h"
 #include "server/frontends/grpc/grpc_call.h"
-#include "server/frontends/protocol/message_limit.h"
 #include "server/frontends/grpc/stream_reactor.h"
+#include "server/frontends/protocol/message_limit.h"
 #include "server/requests/identifiers.h"
 
 namespace attention::server {

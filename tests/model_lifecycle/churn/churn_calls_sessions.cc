@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/fixture/server_test_util.h"
 #include "tests/model_lifecycle/churn/churn_calls.h"
 #include "tests/model_lifecycle/churn/churn_wire.h"
-#include "tests/fixture/server_test_util.h"
 
 namespace attention::churn_test {
 

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/model_lifecycle/churn/churn_calls.h"
 #include "tests/fixture/model_versions_fixture.h"
+#include "tests/model_lifecycle/churn/churn_calls.h"
 
 namespace attention::churn_test {
 namespace {
