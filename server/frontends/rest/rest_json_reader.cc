@@ -19,16 +19,22 @@ using json_scan::ScanString;
 using json_scan::ScanToken;
 using json_scan::TokenEnd;
 
-absl::Status JsonReader::Validate(absl::string_view s, int max_depth) {
+absl::Status JsonReader::Validate(absl::string_view s, int max_depth, bool non_finite) {
   std::string open;  // '{' or '[' for each container open.
   size_t pos = 0;
   const char* error = nullptr;
   const auto space = [&] {
     while (pos < s.size() && IsSpace(s[pos])) ++pos;
   };
+  // NaN, Infinity or -Infinity at pos, when they are refused.
+  const auto refused = [&] {
+    return !non_finite && pos < s.size() &&
+           (s[pos] == 'N' || s[pos] == 'I' || s.substr(pos, 2) == "-I");
+  };
   // After '{' or ',' in an object: a key and its colon.
   const auto key = [&]() -> const char* {
     space();
+    if (refused()) return "NaN or Infinity (not JSON)";
     if (const char* e = ScanKey(s, &pos)) return e;
     space();
     if (pos == s.size() || s[pos] != ':') return "a key without ':'";
@@ -63,7 +69,7 @@ absl::Status JsonReader::Validate(absl::string_view s, int max_depth) {
       } else if (c == '"') {
         error = ScanString(s, &pos, nullptr);
       } else {
-        error = ScanToken(s, &pos);
+        error = refused() ? "NaN or Infinity (not JSON)" : ScanToken(s, &pos);
       }
       continue;
     }

@@ -42,8 +42,10 @@ class JsonReader {
   static constexpr int kMaxDepth = 1024;
 
   // OK when `json` is one JSON value (whitespace around it) nested at most
-  // `max_depth` deep; else INVALID_ARGUMENT "<what> at byte <n>".
-  static absl::Status Validate(absl::string_view json, int max_depth = kMaxDepth);
+  // `max_depth` deep (and without NaN, Infinity or -Infinity unless
+  // `non_finite`); else INVALID_ARGUMENT "<what> at byte <n>".
+  static absl::Status Validate(absl::string_view json, int max_depth = kMaxDepth,
+                               bool non_finite = true);
 
   // A reader at the start of `json`, which must have passed Validate().
   explicit JsonReader(absl::string_view json) : json_(json) {}
