@@ -7,18 +7,6 @@
 namespace attention::server::json_scan {
 namespace {
 
-// The bytes a number or literal is made of (a token ends at any other).
-struct TokenBytes {
-  bool in[256] = {};
-  constexpr TokenBytes() {
-    for (int c = 0; c < 256; ++c) {
-      in[c] = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-              c == '-' || c == '+' || c == '.';
-    }
-  }
-};
-constexpr TokenBytes kTokenBytes;
-
 int Hex(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -89,19 +77,6 @@ bool IsNonFinite(absl::string_view token) {
 }
 
 }  // namespace
-
-bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-// Where a number or literal ends: whitespace, a delimiter or the end.
-bool EndsToken(absl::string_view s, size_t pos) {
-  return pos == s.size() || IsSpace(s[pos]) || s[pos] == ',' || s[pos] == ']' || s[pos] == '}';
-}
-
-// The end of the token at s[pos].
-size_t TokenEnd(absl::string_view s, size_t pos) {
-  while (pos < s.size() && kTokenBytes.in[static_cast<unsigned char>(s[pos])]) ++pos;
-  return pos;
-}
 
 // Reads the string whose opening quote is at s[*pos], past its closing
 // quote, unescaped into `out` when given. nullptr, or what is wrong.

@@ -18,14 +18,31 @@
 namespace attention::server::json_scan {
 
 // JSON's whitespace.
-bool IsSpace(char c);
+inline bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 // Whether a number or literal ending at s[pos] ends there: whitespace, a
 // delimiter or the end follows.
-bool EndsToken(absl::string_view s, size_t pos);
+inline bool EndsToken(absl::string_view s, size_t pos) {
+  return pos == s.size() || IsSpace(s[pos]) || s[pos] == ',' || s[pos] == ']' || s[pos] == '}';
+}
+
+// The bytes a number or literal is made of (a token ends at any other).
+struct TokenBytes {
+  bool in[256] = {};
+  constexpr TokenBytes() {
+    for (int c = 0; c < 256; ++c) {
+      in[c] = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              c == '-' || c == '+' || c == '.';
+    }
+  }
+};
+inline constexpr TokenBytes kTokenBytes;
 
 // The end of the number or literal at s[pos] (unchecked).
-size_t TokenEnd(absl::string_view s, size_t pos);
+inline size_t TokenEnd(absl::string_view s, size_t pos) {
+  while (pos < s.size() && kTokenBytes.in[static_cast<unsigned char>(s[pos])]) ++pos;
+  return pos;
+}
 
 // The string whose opening quote is at s[*pos]: escapes, control
 // characters and UTF-8 checked; unescaped into `out` when given.
