@@ -140,14 +140,16 @@ bool JsonReader::NumberAsDouble(double* d) {
   if (pos_ == json_.size()) return false;
   const char c = json_[pos_];
   if (c != '-' && (c < '0' || c > '9')) return false;
-  const size_t end = TokenEnd(json_, pos_);
+  // The token's end, and whether it is a float, in one pass.
   const char* first = json_.data() + pos_;
-  const char* last = json_.data() + end;
+  const char* const stop = json_.data() + json_.size();
+  const char* last = first;
   bool is_float = false;
-  for (const char* p = first; p < last; ++p) {
-    if (*p == 'I') return false;  // -Infinity
-    is_float |= *p == '.' || *p == 'e' || *p == 'E';
+  for (; last < stop && json_scan::kTokenBytes.in[static_cast<unsigned char>(*last)]; ++last) {
+    is_float |= *last == '.' || *last == 'e' || *last == 'E';
   }
+  if (last - first > 1 && first[1] == 'I') return false;  // -Infinity
+  const size_t end = pos_ + static_cast<size_t>(last - first);
   if (is_float) {
     if (std::from_chars(first, last, *d).ec == std::errc::result_out_of_range) {
       *d = c == '-' ? -0.0 : 0.0;  // Validate let through only what underflows.
@@ -218,7 +220,7 @@ void JsonReader::Skip() {
   } else if (json_[pos_] == '"') {
     ScanString(json_, &pos_, nullptr);
   } else {
-    Token();
+    pos_ = TokenEnd(json_, pos_);
   }
 }
 

@@ -154,7 +154,10 @@ const char* ScanString(absl::string_view s, size_t* pos, std::string* out) {
 // what is wrong.
 const char* ScanToken(absl::string_view s, size_t* pos) {
   size_t i = *pos;
-  if (i < s.size() && (s[i] < '0' || s[i] > '9')) {
+  // A literal starts with a letter (-Infinity with "-I").
+  const bool literal_start =
+      i < s.size() && (s[i] == '-' ? s.substr(i, 2) == "-I" : s[i] < '0' || s[i] > '9');
+  if (literal_start) {
     for (absl::string_view literal : {"true", "false", "null", "NaN", "Infinity", "-Infinity"}) {
       if (s.substr(i, literal.size()) == literal && EndsToken(s, i + literal.size())) {
         *pos = i + literal.size();
