@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
       "\"with_body_per_body_byte\":%.2f,\"cpu_mb_per_s\":%.0f,\"outcome\":\"%s\"}\n",
       decoder.c_str(), absl::GetFlag(FLAGS_values).c_str(), body.size(), tensor, before,
       peak - before, double(peak - before) / body.size(),
-      double(peak - before + body.size()) / body.size(), body.size() * double(absl::GetFlag(FLAGS_repeat)) / seconds / 1e6,
-      outcome.c_str());
+      double(peak - before + body.size()) / body.size(),
+      body.size() * double(absl::GetFlag(FLAGS_repeat)) / seconds / 1e6, outcome.c_str());
   return 0;
 }
