@@ -1,9 +1,6 @@
 #include "server/frontends/rest/rest_codec.h"
 
-#include <simdjson.h>
-
-#include <charconv>
-#include <cmath>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -11,46 +8,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/dtype.h"
-#include "nlohmann/json.hpp"
+#include "server/frontends/rest/rest_json_reader.h"
 #include "server/requests/identifiers.h"
 
 namespace attention::server {
 namespace {
 
-using simdjson::dom::element;
-using simdjson::dom::element_type;
-
-// simdjson's strings as Abseil's (a distinct type in Debian's Abseil).
-absl::string_view A(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+using Kind = JsonReader::Kind;
 
 absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
-const char* TypeName(element_type t) {
-  switch (t) {
-    case element_type::ARRAY:
-      return "an array";
-    case element_type::OBJECT:
-      return "an object";
-    case element_type::INT64:
-    case element_type::UINT64:
-      return "an integer";
-    case element_type::DOUBLE:
-      return "a number";
-    case element_type::STRING:
-      return "a string";
-    case element_type::BOOL:
-      return "a boolean";
-    case element_type::NULL_VALUE:
-      return "null";
-  }
-  return "a value";
-}
-
-absl::Status Expected(absl::string_view field, absl::string_view expected, element e) {
-  return Invalid(field, absl::StrCat("expected ", expected, ", got ", TypeName(e.type())));
+absl::Status Expected(absl::string_view field, absl::string_view expected, Kind got) {
+  return Invalid(field, absl::StrCat("expected ", expected, ", got ", JsonReader::KindName(got)));
 }
 
 // Bytes per element of a datatype the server takes, or 0.
@@ -61,84 +32,51 @@ size_t ElementBytes(absl::string_view datatype) {
   return 0;
 }
 
-// A JSON parameter value as the protocol's typed parameter.
-absl::Status ToParameter(absl::string_view field, element value, inference::InferParameter* p) {
-  switch (value.type()) {
-    case element_type::BOOL:
-      p->set_bool_param(value.get_bool().value_unsafe());
+// The JSON parameter value at `r` as the protocol's typed parameter.
+absl::Status ToParameter(absl::string_view field, JsonReader& r, inference::InferParameter* p) {
+  switch (const Kind kind = r.Peek()) {
+    case Kind::kBool:
+      p->set_bool_param(r.Bool());
       return absl::OkStatus();
-    case element_type::INT64:
-      p->set_int64_param(value.get_int64().value_unsafe());
+    case Kind::kInteger:
+      p->set_int64_param(r.Integer());
       return absl::OkStatus();
-    case element_type::UINT64:
-      p->set_uint64_param(value.get_uint64().value_unsafe());
+    case Kind::kUnsigned:
+      p->set_uint64_param(r.Unsigned());
       return absl::OkStatus();
-    case element_type::DOUBLE:
-      p->set_double_param(value.get_double().value_unsafe());
+    case Kind::kDouble:
+      p->set_double_param(r.Double());
       return absl::OkStatus();
-    case element_type::STRING:
-      p->set_string_param(std::string(value.get_string().value_unsafe()));
+    case Kind::kString:
+      p->set_string_param(r.String());
       return absl::OkStatus();
     default:
-      return Expected(field, "a boolean, number or string", value);
+      return Expected(field, "a boolean, number or string", kind);
   }
 }
 
-// Counts the leaves of `data` (nested arrays), at most `limit` + 1.
-absl::StatusOr<int64_t> CountLeaves(element data, const std::string& field, int depth,
-                                    int64_t limit) {
-  if (data.type() != element_type::ARRAY) return int64_t{1};
-  if (depth > 32) return Invalid(field, "arrays nested more than 32 deep");
-  int64_t n = 0;
-  simdjson::dom::array array;
-  if (data.get_array().get(array)) return Invalid(field, "expected an array");
-  for (element e : array) {
-    absl::StatusOr<int64_t> k = CountLeaves(e, field, depth + 1, limit);
-    if (!k.ok()) return k.status();
-    n += *k;
-    if (n > limit) return n;
+// Counts the leaves of the data at `r` (nested arrays; a value that is not
+// an array is one leaf), stopping once past `limit`.
+absl::Status CountLeaves(JsonReader& r, const std::string& field, int depth, int64_t limit,
+                         int64_t* n) {
+  if (!r.AtArray()) {
+    r.Skip();
+    ++*n;
+    return absl::OkStatus();
   }
-  return n;
+  if (depth > 32) return Invalid(field, "arrays nested more than 32 deep");
+  r.Enter();
+  while (r.NextElement()) {
+    absl::Status s = CountLeaves(r, field, depth + 1, limit, n);
+    if (!s.ok() || *n > limit) return s;
+  }
+  return absl::OkStatus();
 }
 
 // JavaScript's NaN, Infinity and -Infinity (as Python's json and Triton's
-// parser write them, and as responses carry them) are not JSON: the body is
-// parsed as is first, and only when that fails, again with those tokens
-// outside strings quoted, so that data leaves read them as strings.
-std::optional<std::string> QuoteNonFinite(absl::string_view json) {
-  std::string out;
-  bool in_string = false, changed = false;
-  for (size_t i = 0; i < json.size(); ++i) {
-    const char c = json[i];
-    if (in_string) {
-      out.push_back(c);
-      if (c == '\\' && i + 1 < json.size()) {
-        out.push_back(json[++i]);
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') in_string = true;
-    bool replaced = false;
-    for (absl::string_view token : {"-Infinity", "Infinity", "NaN"}) {
-      if (json.substr(i, token.size()) == token) {
-        absl::StrAppend(&out, "\"", token, "\"");
-        i += token.size() - 1;
-        replaced = changed = true;
-        break;
-      }
-    }
-    if (!replaced) out.push_back(c);
-  }
-  if (!changed) return std::nullopt;
-  return out;
-}
-
-// A quoted non-finite token, as QuoteNonFinite writes it.
-bool NonFinite(element e, double* d) {
-  std::string_view s;
-  if (e.get_string().get(s)) return false;
+// parser write them, and as responses carry them; the reader reads them, and
+// quoted ones, as strings).
+bool NonFinite(const std::string& s, double* d) {
   if (s == "NaN") {
     *d = std::numeric_limits<double>::quiet_NaN();
   } else if (s == "Infinity") {
@@ -151,42 +89,40 @@ bool NonFinite(element e, double* d) {
   return true;
 }
 
-// Writes the leaves of `data` as `datatype` into `out`, from *i on.
-absl::Status WriteLeaves(element data, const std::string& field, bool is_bool, char* out,
+// Writes the leaves at `r` (CountLeaves counted them) into `out` from *i on:
+// FP32 (4 bytes each) or BOOL (`is_bool`, 1 byte each).
+absl::Status WriteLeaves(JsonReader& r, const std::string& field, bool is_bool, char* out,
                          int64_t* i) {
-  if (data.type() == element_type::ARRAY) {
-    simdjson::dom::array array;
-    if (data.get_array().get(array)) return Invalid(field, "expected an array");
-    for (element e : array) {
-      absl::Status s = WriteLeaves(e, field, is_bool, out, i);
+  double d = 0;
+  if (!is_bool && r.NumberAsDouble(&d)) {  // The common case first.
+    const float f = static_cast<float>(d);
+    std::memcpy(out + *i * 4, &f, 4);
+    ++*i;
+    return absl::OkStatus();
+  }
+  const Kind kind = r.Peek();
+  if (kind == Kind::kArray) {
+    r.Enter();
+    while (r.NextElement()) {
+      absl::Status s = WriteLeaves(r, field, is_bool, out, i);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
   }
-  const std::string at = absl::StrCat(field, "[", *i, "]");
   if (is_bool) {
-    bool b = false;
-    if (data.type() == element_type::BOOL) {
-      b = data.get_bool().value_unsafe();
-    } else if (data.type() == element_type::INT64 &&
-               (data.get_int64().value_unsafe() == 0 || data.get_int64().value_unsafe() == 1)) {
-      b = data.get_int64().value_unsafe() == 1;
-    } else {
-      return Expected(at, "true or false (BOOL)", data);
+    int64_t v = -1;
+    if (kind == Kind::kBool) {
+      v = r.Bool() ? 1 : 0;
+    } else if (kind == Kind::kInteger) {
+      v = r.Integer();
     }
-    out[*i] = b ? 1 : 0;
+    if (v != 0 && v != 1) {
+      return Expected(absl::StrCat(field, "[", *i, "]"), "true or false (BOOL)", kind);
+    }
+    out[*i] = static_cast<char>(v);
   } else {
-    double d = 0;
-    if (data.type() == element_type::DOUBLE) {
-      d = data.get_double().value_unsafe();
-    } else if (data.type() == element_type::INT64) {
-      d = static_cast<double>(data.get_int64().value_unsafe());
-    } else if (data.type() == element_type::UINT64) {
-      d = static_cast<double>(data.get_uint64().value_unsafe());
-    } else if (data.type() == element_type::STRING && NonFinite(data, &d)) {
-      // NaN, Infinity or -Infinity, quoted by QuoteNonFinite.
-    } else {
-      return Expected(at, "a number (FP32)", data);
+    if (kind != Kind::kString || !NonFinite(r.String(), &d)) {
+      return Expected(absl::StrCat(field, "[", *i, "]"), "a number (FP32)", kind);
     }
     const float f = static_cast<float>(d);
     std::memcpy(out + *i * 4, &f, 4);
@@ -195,58 +131,79 @@ absl::Status WriteLeaves(element data, const std::string& field, bool is_bool, c
   return absl::OkStatus();
 }
 
-// Decodes input `i` into the request, taking binary data from *binary.
-absl::Status DecodeInput(element input, int i, absl::string_view* binary,
+// The first value of each of `keys` in the object at `r` (consumed), as
+// readers at those values (unset when absent): a member may come in any
+// order ("data" before "shape"), and the first of a repeated key counts.
+template <size_t N>
+void FindMembers(JsonReader& r, const std::array<absl::string_view, N>& keys,
+                 std::array<std::optional<JsonReader>, N>* found) {
+  r.Enter();
+  std::string key;
+  while (r.NextKey(&key)) {
+    for (size_t k = 0; k < N; ++k) {
+      if (key == keys[k] && !(*found)[k]) {
+        r.Peek();
+        (*found)[k] = r;
+        break;
+      }
+    }
+    r.Skip();
+  }
+}
+
+// Decodes input `i` (at `r`) into the request, taking binary data from
+// *binary.
+absl::Status DecodeInput(JsonReader& r, int i, absl::string_view* binary,
                          inference::ModelInferRequest* request) {
   std::string field = absl::StrCat("inputs[", i, "]");
-  simdjson::dom::object object;
-  if (input.get_object().get(object)) return Expected(field, "an object", input);
-  std::string_view name, datatype;
-  if (object["name"].get_string().get(name)) {
+  if (const Kind kind = r.Peek(); kind != Kind::kObject) {
+    return Expected(field, "an object", kind);
+  }
+  enum { kName, kDatatype, kShape, kData, kParameters };
+  std::array<std::optional<JsonReader>, 5> at;
+  FindMembers<5>(r, {"name", "datatype", "shape", "data", "parameters"}, &at);
+  if (!at[kName] || at[kName]->Peek() != Kind::kString) {
     return Invalid(absl::StrCat(field, ".name"), "expected a string");
   }
-  field = absl::StrCat(field, " ('", Shown(A(name)), "')");
-  if (object["datatype"].get_string().get(datatype)) {
+  const std::string name = at[kName]->String();
+  field = absl::StrCat(field, " ('", Shown(name), "')");
+  if (!at[kDatatype] || at[kDatatype]->Peek() != Kind::kString) {
     return Invalid(absl::StrCat(field, ".datatype"), "expected a string");
   }
-  const size_t bytes_per = ElementBytes(A(datatype));
+  const std::string datatype = at[kDatatype]->String();
+  const size_t bytes_per = ElementBytes(datatype);
   if (bytes_per == 0) {
-    return Invalid(
-        absl::StrCat(field, ".datatype"),
-        absl::StrCat("expected FP32, FP16, BF16 or BOOL, got '", Shown(A(datatype)), "'"));
+    return Invalid(absl::StrCat(field, ".datatype"),
+                   absl::StrCat("expected FP32, FP16, BF16 or BOOL, got '", Shown(datatype), "'"));
   }
-  simdjson::dom::array shape;
-  if (object["shape"].get_array().get(shape)) {
+  if (!at[kShape] || at[kShape]->Peek() != Kind::kArray) {
     return Invalid(absl::StrCat(field, ".shape"), "expected an array of integers");
   }
   auto* in = request->add_inputs();
-  in->set_name(std::string(name));
-  in->set_datatype(std::string(datatype));
+  in->set_name(name);
+  in->set_datatype(datatype);
   // Elements the shape holds, capped well below any overflow.
   constexpr int64_t kCap = int64_t{1} << 40;
   int64_t elements = 1;
-  for (element d : shape) {
-    int64_t v = 0;
-    if (d.get_int64().get(v) || v < 0) {
-      return Invalid(absl::StrCat(field, ".shape"), "expected non-negative integers");
-    }
+  JsonReader& shape = *at[kShape];
+  shape.Enter();
+  while (shape.NextElement()) {
+    const int64_t v = shape.Peek() == Kind::kInteger ? shape.Integer() : -1;
+    if (v < 0) return Invalid(absl::StrCat(field, ".shape"), "expected non-negative integers");
     in->add_shape(v);
     elements = (v != 0 && elements > kCap / v) ? kCap + 1 : elements * v;
   }
   const int64_t want_bytes = elements > kCap ? -1 : elements * static_cast<int64_t>(bytes_per);
   std::string* contents = request->add_raw_input_contents();
-  element data;
-  const bool has_data = !object["data"].get(data);
+  const bool has_data = at[kData].has_value();
   int64_t binary_size = -1;
-  element parameters;
-  if (!object["parameters"].get(parameters)) {
-    simdjson::dom::object p;
-    if (parameters.get_object().get(p)) {
-      return Expected(absl::StrCat(field, ".parameters"), "an object", parameters);
+  if (at[kParameters]) {
+    if (const Kind kind = at[kParameters]->Peek(); kind != Kind::kObject) {
+      return Expected(absl::StrCat(field, ".parameters"), "an object", kind);
     }
-    element size;
-    if (!p["binary_data_size"].get(size) &&
-        (size.get_int64().get(binary_size) || binary_size < 0)) {
+    std::array<std::optional<JsonReader>, 1> size;
+    FindMembers<1>(*at[kParameters], {"binary_data_size"}, &size);
+    if (size[0] && (size[0]->Peek() != Kind::kInteger || (binary_size = size[0]->Integer()) < 0)) {
       return Invalid(absl::StrCat(field, ".parameters.binary_data_size"),
                      "expected a non-negative integer");
     }
@@ -258,7 +215,7 @@ absl::Status DecodeInput(element input, int i, absl::string_view* binary,
     if (binary_size != want_bytes) {
       return Invalid(
           absl::StrCat(field, ".parameters.binary_data_size"),
-          absl::StrCat("shape [", absl::StrJoin(in->shape(), ","), "] of ", A(datatype), " needs ",
+          absl::StrCat("shape [", absl::StrJoin(in->shape(), ","), "] of ", datatype, " needs ",
                        want_bytes < 0 ? std::string("too many") : absl::StrCat(want_bytes),
                        " bytes, got ", binary_size));
     }
@@ -276,89 +233,108 @@ absl::Status DecodeInput(element input, int i, absl::string_view* binary,
   }
   if (bytes_per == 2) {
     return Invalid(absl::StrCat(field, ".data"),
-                   absl::StrCat(A(datatype),
+                   absl::StrCat(datatype,
                                 " has no JSON form here; send it as binary data "
                                 "(parameters.binary_data_size), or send FP32"));
   }
   const std::string data_field = absl::StrCat(field, ".data");
   // Counted before anything is allocated: a shape claiming more than the
-  // JSON holds is refused here.
-  absl::StatusOr<int64_t> count = CountLeaves(data, data_field, 0, elements);
-  if (!count.ok()) return count.status();
-  if (*count != elements) {
+  // JSON holds is refused here. Then read again, into the tensor.
+  JsonReader count_at = *at[kData];
+  int64_t count = 0;
+  if (absl::Status s = CountLeaves(count_at, data_field, 0, elements, &count); !s.ok()) return s;
+  if (count != elements) {
     return Invalid(
         data_field,
         absl::StrCat("shape [", absl::StrJoin(in->shape(), ","), "] holds ",
                      elements > kCap ? std::string("too many") : absl::StrCat(elements),
-                     " elements, got ", *count > elements ? "more" : absl::StrCat(*count)));
+                     " elements, got ", count > elements ? "more" : absl::StrCat(count)));
   }
   contents->resize(static_cast<size_t>(want_bytes));
   int64_t written = 0;
-  return WriteLeaves(data, data_field, bytes_per == 1, contents->data(), &written);
+  return WriteLeaves(*at[kData], data_field, bytes_per == 1, contents->data(), &written);
 }
 
-absl::Status DecodeRequest(element root, absl::string_view binary, RestInferRequest* out) {
-  simdjson::dom::object object;
-  if (root.get_object().get(object)) return Expected("request body", "a JSON object", root);
+// Decodes output `i` (at `r`).
+absl::Status DecodeOutput(JsonReader& r, int i, RestInferRequest* out) {
+  const std::string field = absl::StrCat("outputs[", i, "]");
+  std::array<std::optional<JsonReader>, 2> at;
+  if (r.Peek() == Kind::kObject) {
+    FindMembers<2>(r, {"name", "parameters"}, &at);
+  } else {
+    r.Skip();
+  }
+  if (!at[0] || at[0]->Peek() != Kind::kString) {
+    return Invalid(absl::StrCat(field, ".name"), "expected a string");
+  }
+  const std::string name = at[0]->String();
+  out->request.add_outputs()->set_name(name);
+  if (!at[1]) return absl::OkStatus();
+  JsonReader& params = *at[1];
+  if (const Kind kind = params.Peek(); kind != Kind::kObject) {
+    return Expected(absl::StrCat(field, ".parameters"), "an object", kind);
+  }
+  params.Enter();
+  std::string pname;
+  while (params.NextKey(&pname)) {
+    if (pname == "binary_data") {
+      if (const Kind kind = params.Peek(); kind != Kind::kBool) {
+        return Expected(absl::StrCat(field, ".parameters.binary_data"), "a boolean", kind);
+      }
+      if (params.Bool()) out->binary_outputs.push_back(name);
+      continue;
+    }
+    if (pname == "classification") {
+      return absl::UnimplementedError(
+          absl::StrCat(field, ".parameters.classification: this model's outputs are not classes"));
+    }
+    params.Skip();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeRequest(JsonReader& r, absl::string_view binary, RestInferRequest* out) {
+  if (const Kind kind = r.Peek(); kind != Kind::kObject) {
+    return Expected("request body", "a JSON object", kind);
+  }
   inference::ModelInferRequest& request = out->request;
-  for (auto [key, value] : object) {
+  r.Enter();
+  std::string key;
+  while (r.NextKey(&key)) {
+    const Kind kind = r.Peek();
     if (key == "id") {
-      std::string_view id;
-      if (value.get_string().get(id)) return Expected("id", "a string", value);
-      request.set_id(std::string(id));
+      if (kind != Kind::kString) return Expected("id", "a string", kind);
+      request.set_id(r.String());
     } else if (key == "parameters") {
-      simdjson::dom::object p;
-      if (value.get_object().get(p)) return Expected("parameters", "an object", value);
-      for (auto [name, v] : p) {
+      if (kind != Kind::kObject) return Expected("parameters", "an object", kind);
+      r.Enter();
+      std::string name;
+      while (r.NextKey(&name)) {
         if (name == "binary_data_output") {
-          if (v.get_bool().get(out->all_binary)) {
-            return Expected("parameters.binary_data_output", "a boolean", v);
+          if (const Kind k = r.Peek(); k != Kind::kBool) {
+            return Expected("parameters.binary_data_output", "a boolean", k);
           }
+          out->all_binary = r.Bool();
           continue;
         }
-        const std::string field = absl::StrCat("parameters['", Shown(A(name)), "']");
-        auto& parameter = (*request.mutable_parameters())[std::string(name)];
-        absl::Status s = ToParameter(field, v, &parameter);
-        if (!s.ok()) return s;
+        const std::string field = absl::StrCat("parameters['", Shown(name), "']");
+        auto& parameter = (*request.mutable_parameters())[name];
+        if (absl::Status s = ToParameter(field, r, &parameter); !s.ok()) return s;
       }
     } else if (key == "inputs") {
-      simdjson::dom::array inputs;
-      if (value.get_array().get(inputs)) return Expected("inputs", "an array", value);
-      int i = 0;
-      for (element input : inputs) {
-        absl::Status s = DecodeInput(input, i++, &binary, &request);
-        if (!s.ok()) return s;
+      if (kind != Kind::kArray) return Expected("inputs", "an array", kind);
+      r.Enter();
+      for (int i = 0; r.NextElement(); ++i) {
+        if (absl::Status s = DecodeInput(r, i, &binary, &request); !s.ok()) return s;
       }
     } else if (key == "outputs") {
-      simdjson::dom::array outputs;
-      if (value.get_array().get(outputs)) return Expected("outputs", "an array", value);
-      int i = 0;
-      for (element output : outputs) {
-        const std::string field = absl::StrCat("outputs[", i++, "]");
-        std::string_view name;
-        if (output["name"].get_string().get(name)) {
-          return Invalid(absl::StrCat(field, ".name"), "expected a string");
-        }
-        request.add_outputs()->set_name(std::string(name));
-        element p;
-        if (output["parameters"].get(p)) continue;
-        simdjson::dom::object params;
-        if (p.get_object().get(params)) {
-          return Expected(absl::StrCat(field, ".parameters"), "an object", p);
-        }
-        for (auto [pname, v] : params) {
-          if (pname == "binary_data") {
-            bool binary_out = false;
-            if (v.get_bool().get(binary_out)) {
-              return Expected(absl::StrCat(field, ".parameters.binary_data"), "a boolean", v);
-            }
-            if (binary_out) out->binary_outputs.emplace_back(name);
-          } else if (pname == "classification") {
-            return absl::UnimplementedError(absl::StrCat(
-                field, ".parameters.classification: this model's outputs are not classes"));
-          }
-        }
+      if (kind != Kind::kArray) return Expected("outputs", "an array", kind);
+      r.Enter();
+      for (int i = 0; r.NextElement(); ++i) {
+        if (absl::Status s = DecodeOutput(r, i, out); !s.ok()) return s;
       }
+    } else {
+      r.Skip();
     }
   }
   if (!binary.empty()) {
@@ -382,20 +358,17 @@ absl::StatusOr<RestInferRequest> DecodeRestInfer(absl::string_view body,
         "Inference-Header-Content-Length",
         absl::StrCat("expected at most the body's ", body.size(), " bytes, got ", json_length));
   }
-  simdjson::dom::parser parser;
-  element root;
-  auto error = parser.parse(body.data(), json_length, true).get(root);
-  std::optional<std::string> quoted;
-  if (error) quoted = QuoteNonFinite(body.substr(0, json_length));
-  if (quoted) error = parser.parse(quoted->data(), quoted->size(), true).get(root);
-  if (error) {
-    return Invalid("request body",
-                   absl::StrCat("not valid JSON (", simdjson::error_message(error), ")"));
+  const absl::string_view json = body.substr(0, json_length);
+  // The whole text is checked first: a syntax error is reported as such,
+  // before any field's error.
+  if (absl::Status valid = JsonReader::Validate(json); !valid.ok()) {
+    return Invalid("request body", absl::StrCat("not valid JSON (", valid.message(), ")"));
   }
   RestInferRequest out;
   out.request.set_model_name(model);
   out.request.set_model_version(version);
-  absl::Status s = DecodeRequest(root, body.substr(json_length), &out);
+  JsonReader r(json);
+  absl::Status s = DecodeRequest(r, body.substr(json_length), &out);
   if (!s.ok()) return s;
   return out;
 }

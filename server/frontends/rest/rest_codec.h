@@ -11,7 +11,9 @@
 // input carries either `data` (JSON numbers or booleans, flat or nested, in
 // row-major order; FP32 and BOOL) or `parameters.binary_data_size` (its
 // bytes follow the JSON, in input order; any datatype). Every input's size
-// is checked against its shape before anything is allocated for it.
+// is checked against its shape before anything is allocated for it. The
+// JSON is read in place (rest_json_reader.h), no tree built: decoding costs
+// the tensors it returns and O(nesting) more, and `body` needs no padding.
 // Parameters are typed as JSON gives them: bool, integer (int64, or uint64
 // above it), number (double), string.
 //

@@ -33,15 +33,43 @@ void AppendFloat(float value, std::string* out) {
   }
 }
 
-void AppendData(const std::string& datatype, const std::string& bytes, std::string* out) {
-  out->push_back('[');
+// The most bytes AppendFloat writes: "-1.17549435e-38" (9 significant
+// digits, the most a float's shortest form needs, with a two-digit exponent).
+constexpr size_t kMaxFloatBytes = 15;
+
+// Writes the JSON into a string.
+struct Writer {
+  std::string* out;
+  void Add(absl::string_view s) { out->append(s.data(), s.size()); }
+  void Float(float f) { AppendFloat(f, out); }
+};
+
+// Counts what Writer would write: exactly, or with every float at its
+// longest (`bound`).
+struct Counter {
+  bool bound = false;
+  size_t bytes = 0;
+  void Add(absl::string_view s) { bytes += s.size(); }
+  void Float(float f) {
+    if (bound) {
+      bytes += kMaxFloatBytes;
+      return;
+    }
+    std::string s;
+    AppendFloat(f, &s);  // Short: within std::string's inline buffer.
+    bytes += s.size();
+  }
+};
+
+template <typename Out>
+void WriteData(const std::string& datatype, const std::string& bytes, Out& out) {
+  out.Add("[");
   const size_t size = ElementBytes(datatype);
   const size_t n = size == 0 ? 0 : bytes.size() / size;
-  out->reserve(out->size() + n * 12);
   for (size_t i = 0; i < n; ++i) {
-    if (i > 0) out->push_back(',');
+    if (i > 0) out.Add(",");
     if (datatype == "BOOL") {
-      out->append(bytes[i] != 0 ? "true" : "false");
+      out.Add(bytes[i] != 0 ? "true" : "false");
       continue;
     }
     float f = 0;
@@ -52,9 +80,9 @@ void AppendData(const std::string& datatype, const std::string& bytes, std::stri
       std::memcpy(&h, bytes.data() + 2 * i, 2);
       f = datatype == "FP16" ? HalfToFloat(h) : BFloat16ToFloat(h);
     }
-    AppendFloat(f, out);
+    out.Float(f);
   }
-  out->push_back(']');
+  out.Add("]");
 }
 
 std::string Quoted(const std::string& s) {
@@ -78,51 +106,97 @@ std::string ParameterJson(const inference::InferParameter& p) {
   }
 }
 
-}  // namespace
+bool AsBinary(const inference::ModelInferResponse::InferOutputTensor& o,
+              const RestInferRequest& asked) {
+  bool as_binary = asked.all_binary;
+  for (const std::string& name : asked.binary_outputs) as_binary |= name == o.name();
+  return as_binary;
+}
 
-RestBody EncodeRestInfer(inference::ModelInferResponse& response, const RestInferRequest& asked) {
-  RestBody body;
-  std::string& json = body.bytes;
-  std::string binary;
-  bool any_binary = false;
-  absl::StrAppend(&json, "{\"model_name\":", Quoted(response.model_name()),
-                  ",\"model_version\":", Quoted(response.model_version()));
-  if (!response.id().empty()) absl::StrAppend(&json, ",\"id\":", Quoted(response.id()));
+// What follows the JSON part: binary outputs' bytes.
+struct Binary {
+  bool any = false;
+  size_t bytes = 0;
+};
+
+// Writes the response's JSON part (binary outputs' bytes go after it).
+template <typename Out>
+Binary WriteJson(const inference::ModelInferResponse& response, const RestInferRequest& asked,
+                 Out& out) {
+  Binary binary;
+  out.Add(absl::StrCat("{\"model_name\":", Quoted(response.model_name()),
+                       ",\"model_version\":", Quoted(response.model_version())));
+  if (!response.id().empty()) out.Add(absl::StrCat(",\"id\":", Quoted(response.id())));
   if (!response.parameters().empty()) {
-    json.append(",\"parameters\":{");
+    out.Add(",\"parameters\":{");
     bool first = true;
     for (const auto& [name, p] : response.parameters()) {
-      absl::StrAppend(&json, first ? "" : ",", Quoted(name), ":", ParameterJson(p));
+      out.Add(absl::StrCat(first ? "" : ",", Quoted(name), ":", ParameterJson(p)));
       first = false;
     }
-    json.push_back('}');
+    out.Add("}");
   }
-  json.append(",\"outputs\":[");
+  out.Add(",\"outputs\":[");
   for (int i = 0; i < response.outputs_size(); ++i) {
     const auto& o = response.outputs(i);
-    std::string& bytes = *response.mutable_raw_output_contents(i);
-    absl::StrAppend(&json, i > 0 ? "," : "", "{\"name\":", Quoted(o.name()),
-                    ",\"datatype\":", Quoted(o.datatype()), ",\"shape\":[",
-                    absl::StrJoin(o.shape(), ","), "]");
-    bool as_binary = asked.all_binary;
-    for (const std::string& name : asked.binary_outputs) as_binary |= name == o.name();
-    if (as_binary) {
-      absl::StrAppend(&json, ",\"parameters\":{\"binary_data_size\":", bytes.size(), "}}");
-      binary.append(bytes);
-      any_binary = true;
+    const std::string& bytes = response.raw_output_contents(i);
+    out.Add(absl::StrCat(i > 0 ? "," : "", "{\"name\":", Quoted(o.name()), ",\"datatype\":",
+                         Quoted(o.datatype()), ",\"shape\":[", absl::StrJoin(o.shape(), ","), "]"));
+    if (AsBinary(o, asked)) {
+      out.Add(absl::StrCat(",\"parameters\":{\"binary_data_size\":", bytes.size(), "}}"));
+      binary.any = true;
+      binary.bytes += bytes.size();
     } else {
-      json.append(",\"data\":");
-      AppendData(o.datatype(), bytes, &json);
-      json.push_back('}');
+      out.Add(",\"data\":");
+      WriteData(o.datatype(), bytes, out);
+      out.Add("}");
     }
+  }
+  out.Add("]}");
+  return binary;
+}
+
+}  // namespace
+
+size_t RestInferEncodedSize(const inference::ModelInferResponse& response,
+                            const RestInferRequest& asked, bool bound) {
+  Counter counter{bound};
+  const size_t binary = WriteJson(response, asked, counter).bytes;
+  return counter.bytes + binary;
+}
+
+RestBody EncodeRestInfer(inference::ModelInferResponse& response, const RestInferRequest& asked,
+                         size_t size) {
+  RestBody body;
+  std::string& json = body.bytes;
+  json.reserve(size != 0 ? size : RestInferEncodedSize(response, asked, /*bound=*/true));
+  Writer writer{&json};
+  // The outputs' bytes are released as they are written.
+  if (WriteJson(response, asked, writer).any) body.header_length = json.size();
+  for (int i = 0; i < response.outputs_size(); ++i) {
+    std::string& bytes = *response.mutable_raw_output_contents(i);
+    if (AsBinary(response.outputs(i), asked)) json.append(bytes);
     std::string().swap(bytes);
   }
-  json.append("]}");
-  if (any_binary) {
-    body.header_length = json.size();
-    json.append(binary);
-  }
   return body;
+}
+
+absl::StatusOr<RestBody> EncodeRestInferWithin(inference::ModelInferResponse& response,
+                                               const RestInferRequest& asked, size_t max_bytes) {
+  size_t size = 0;  // Unknown, but within max_bytes.
+  if (RestInferEncodedSize(response, asked, /*bound=*/true) > max_bytes) {
+    size = RestInferEncodedSize(response, asked, /*bound=*/false);
+    if (size > max_bytes) {
+      bool any_binary = false;
+      for (const auto& o : response.outputs()) any_binary |= AsBinary(o, asked);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("response: ", size, " bytes", any_binary ? "" : " as JSON",
+                       ", larger than the server's limit of ", max_bytes,
+                       " bytes (--max_message_bytes); ask for binary outputs "
+                       "(parameters.binary_data_output)"));
+    }
+  }
+  return EncodeRestInfer(response, asked, size);
 }
 
 }  // namespace attention::server

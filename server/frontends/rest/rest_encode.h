@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "inference/grpc_predict_v2.pb.h"
 #include "server/frontends/rest/rest_codec.h"
 
@@ -28,8 +29,22 @@ struct RestBody {
 };
 
 // Encodes `response` (its outputs' bytes in raw_output_contents), consuming
-// its raw contents.
-RestBody EncodeRestInfer(inference::ModelInferResponse& response, const RestInferRequest& asked);
+// its raw contents (each released once written). `size`: the encoded size
+// when known (RestInferEncodedSize), else 0; the body is allocated once.
+RestBody EncodeRestInfer(inference::ModelInferResponse& response, const RestInferRequest& asked,
+                         size_t size = 0);
+
+// The bytes EncodeRestInfer would write, computed without writing them:
+// exactly, or (`bound`) at most that, counting every float at its longest
+// (15 bytes), which costs no formatting.
+size_t RestInferEncodedSize(const inference::ModelInferResponse& response,
+                            const RestInferRequest& asked, bool bound);
+
+// EncodeRestInfer, unless the encoding would be larger than `max_bytes`:
+// then RESOURCE_EXHAUSTED naming its exact size, with nothing built (a JSON
+// response is ~3x its tensors' binary size). The front-end's one call.
+absl::StatusOr<RestBody> EncodeRestInferWithin(inference::ModelInferResponse& response,
+                                               const RestInferRequest& asked, size_t max_bytes);
 
 }  // namespace attention::server
 

@@ -1,8 +1,13 @@
 #include "server/frontends/rest/rest_json.h"
 
+#include <optional>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
 #include "proto/codec/status_codes.h"
+#include "server/frontends/rest/rest_json_reader.h"
 
 namespace attention::server {
 namespace {
@@ -112,13 +117,59 @@ int HttpStatusOf(absl::StatusCode code) {
   }
 }
 
-absl::StatusOr<int> RepositoryControlParameters(const std::string& body) {
-  const nlohmann::json json =
-      body.empty() ? nlohmann::json::object() : nlohmann::json::parse(body, nullptr, false);
-  if (!json.is_object() || (json.contains("parameters") && !json["parameters"].is_object())) {
-    return absl::InvalidArgumentError("request body: expected {} or {\"parameters\": {...}}");
+namespace {
+
+// The last value of `key` in the JSON object `body` (unset when absent);
+// `error` for a body that is not a JSON object within the depth limit.
+absl::StatusOr<std::optional<JsonReader>> LastMember(const std::string& body, absl::string_view key,
+                                                     absl::string_view error) {
+  if (body.empty()) return std::optional<JsonReader>();
+  const absl::Status valid =
+      JsonReader::Validate(body, kRepositoryBodyMaxDepth, /*non_finite=*/false);
+  if (!valid.ok())
+    return absl::InvalidArgumentError(absl::StrCat(error, " (", valid.message(), ")"));
+  JsonReader r(body);
+  if (r.Peek() != JsonReader::Kind::kObject) return absl::InvalidArgumentError(error);
+  std::optional<JsonReader> last;
+  r.Enter();
+  std::string name;
+  while (r.NextKey(&name)) {
+    if (name == key) {
+      r.Peek();
+      last = r;
+    }
+    r.Skip();
   }
-  return json.contains("parameters") ? static_cast<int>(json["parameters"].size()) : 0;
+  return last;
+}
+
+}  // namespace
+
+absl::StatusOr<int> RepositoryControlParameters(const std::string& body) {
+  constexpr absl::string_view kError = "request body: expected {} or {\"parameters\": {...}}";
+  absl::StatusOr<std::optional<JsonReader>> parameters = LastMember(body, "parameters", kError);
+  if (!parameters.ok()) return parameters.status();
+  if (!*parameters) return 0;
+  JsonReader& r = **parameters;
+  if (r.Peek() != JsonReader::Kind::kObject) return absl::InvalidArgumentError(kError);
+  // Distinct names, as an object holds them.
+  absl::flat_hash_set<std::string> names;
+  r.Enter();
+  std::string name;
+  while (r.NextKey(&name)) {
+    names.insert(name);
+    r.Skip();
+  }
+  return static_cast<int>(names.size());
+}
+
+absl::StatusOr<bool> RepositoryIndexReady(const std::string& body) {
+  constexpr absl::string_view kError = "request body: expected {} or {\"ready\": true|false}";
+  absl::StatusOr<std::optional<JsonReader>> ready = LastMember(body, "ready", kError);
+  if (!ready.ok()) return ready.status();
+  if (!*ready) return false;
+  if ((*ready)->Peek() != JsonReader::Kind::kBool) return absl::InvalidArgumentError(kError);
+  return (*ready)->Bool();
 }
 
 }  // namespace attention::server

@@ -39,9 +39,23 @@ std::string ErrorBody(const absl::Status& status);
 // flight or on a message's size: the client may retry, later or smaller).
 int HttpStatusOf(absl::StatusCode code);
 
+// Repository request bodies (load, unload, index) are small JSON objects,
+// read in place (rest_json_reader.h: no tree, O(depth) memory) and nested
+// at most this deep: a body of `[[[...` is refused at its 17th byte. Their
+// size is bounded where they are read (RestBodyReader).
+inline constexpr int kRepositoryBodyMaxDepth = 16;
+
 // How many `parameters` a repository load or unload body has: {} (or empty)
-// or {"parameters": {...}}; INVALID_ARGUMENT for anything else.
+// or {"parameters": {...}}; INVALID_ARGUMENT for anything else. As
+// nlohmann::json read it: strict JSON, and a repeated key's last value.
+// Costs about the body's bytes: call it after the caller's admin rights are
+// checked, all the same.
 absl::StatusOr<int> RepositoryControlParameters(const std::string& body);
+
+// Whether a repository index body asks for ready models only: {} (or
+// empty) or {"ready": true|false}; INVALID_ARGUMENT for anything else. As
+// RepositoryControlParameters reads.
+absl::StatusOr<bool> RepositoryIndexReady(const std::string& body);
 
 }  // namespace attention::server
 
