@@ -269,12 +269,12 @@ TEST_F(RestFramingTest, LoadAndUnloadCheckTheAdminRightBeforeReadingTheBody) {
 
 // A body with Inference-Header-Content-Length was charged at the binary
 // rate (2x) whole, though its JSON header (all of it, when the header
-// length is the body's) is parsed as JSON (4x): 320 KiB of JSON, beyond the
-// 1 MiB budget at 4x, was taken at 2x. Headers alone: refused unread.
+// length is the body's) is read as JSON (3x): 400 KiB of JSON, beyond the
+// 1 MiB budget at 3x, was taken at 2x. Headers alone: refused unread.
 TEST_F(RestFramingTest, ABinaryBodysJsonHeaderIsChargedAsJson) {
   testing::RawHttpConnection c(Port());
   ASSERT_TRUE(c.connected());
-  const int json = 320 << 10;
+  const int json = 400 << 10;
   c.Send(absl::StrCat(
       "POST /v2/models/small/infer HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer alice-secret\r\n"
       "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: ",

@@ -4,11 +4,11 @@
 // memory of request bodies read and being parsed, before the in-flight
 // budget admits what was parsed: a body is charged by its head, before a
 // byte of it is read (its Content-Length), and as it grows (a chunked one),
-// at kJsonCharge times its bytes for JSON (parsing takes about four times a
-// body's size) and kBinaryCharge for the binary tensors after a body's JSON
-// header (Inference-Header-Content-Length bytes, charged as JSON). A body
-// the budget cannot take is refused with 429, unread (HttpConnection closes
-// the connection after the answer, dropping what the client still sends).
+// at kJsonCharge times its bytes for JSON (the body and the tensor read in
+// place from it: at most 3 times the body, for `[0,0,...]`) and kBinaryCharge for the binary
+// tensors after a body's JSON header (Inference-Header-Content-Length bytes, charged as JSON). A
+// body the budget cannot take is refused with 429, unread (HttpConnection closes the connection
+// after the answer, dropping what the client still sends).
 //
 // Thread-safe. The budget, when given, must outlive this and every charge it
 // hands out.
@@ -25,7 +25,7 @@ namespace attention::server {
 
 class RestBodyBudget {
  public:
-  static constexpr int64_t kJsonCharge = 4;
+  static constexpr int64_t kJsonCharge = 3;
   static constexpr int64_t kBinaryCharge = 2;
 
   // `budget` may be null: bodies are then only held to the message limit

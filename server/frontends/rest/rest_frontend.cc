@@ -43,8 +43,8 @@ struct InferState : AdmissionHolder {
   std::shared_ptr<Admission> admission;
 };
 
-// The largest body of a repository request (index, load, unload): JSON read
-// into a DOM, at tens of times its size for nested arrays.
+// The largest body of a repository request (index, load, unload): a few
+// parameters at most.
 constexpr uint64_t kRepositoryBodyBytes = 64 << 10;
 
 // The repository control route's model, or none.
@@ -162,8 +162,7 @@ HeadDecision RestFrontend::OnHead(const HttpRequest& head) {
     return Refused(ErrorResponse(
         absl::NotFoundError(absl::StrCat("no endpoint POST ", head.path.substr(0, 200)))));
   }
-  // The token before a byte of the body is read (parsing one costs about 4
-  // times its size).
+  // The token before a byte of the body is read.
   const CallRef call = CallOfRequest(head, infer ? Method::kRestModelInfer : Method::kModelInfer);
   if (const auto caller = protocol_->requests()->Authenticate(*call); !caller.ok()) {
     if (infer) {  // Counted and logged as the protocol counts a refusal.
@@ -174,9 +173,9 @@ HeadDecision RestFrontend::OnHead(const HttpRequest& head) {
     return Refused(ErrorResponse(caller.status()));
   }
   if (!infer && head.HasBody()) {
-    // The repository's bodies are small JSON read whole into a DOM: bounded
-    // here, and a load's or unload's only after the caller's admin right
-    // (with no body, ControlModel checks it in its order).
+    // The repository's bodies are a few parameters: bounded here, and a
+    // load's or unload's read only after the caller's admin right (with no
+    // body, ControlModel checks it in its order).
     if (const auto control = ControlPath(head.path)) {
       if (absl::Status admin = protocol_->requests()->AuthorizeAdmin(*call, control->first);
           !admin.ok()) {
@@ -274,15 +273,10 @@ HttpResponse RestFrontend::Get(const HttpRequest& req) {
 }
 
 HttpResponse RestFrontend::Index(const HttpRequest& req) {
+  const absl::StatusOr<bool> ready = RepositoryIndexReady(req.body);
+  if (!ready.ok()) return ErrorResponse(ready.status());
   inference::RepositoryIndexRequest request;
-  if (!req.body.empty()) {
-    const nlohmann::json json = nlohmann::json::parse(req.body, nullptr, false);
-    if (!json.is_object() || (json.contains("ready") && !json["ready"].is_boolean())) {
-      return ErrorResponse(
-          absl::InvalidArgumentError("request body: expected {} or {\"ready\": true|false}"));
-    }
-    request.set_ready(json.value("ready", false));
-  }
+  request.set_ready(*ready);
   inference::RepositoryIndexResponse response;
   const absl::Status status =
       protocol_->RepositoryIndex(*CallOfRequest(req, Method::kModelInfer), request, &response);
@@ -345,27 +339,24 @@ void RestFrontend::Infer(HttpRequest req, const ModelPath& path,
   p->Infer(call, state->decoded.request, &state->response, state.get(),
            [state, exchange, max_body](const absl::Status& status) {
              if (!status.ok()) return exchange->Reply(ErrorResponse(status));
-             // Encoded on the connection's I/O thread, not the batcher's.
-             exchange->ReplyWith([state, max_body] {
-               RestBody out = EncodeRestInfer(state->response, state->decoded);
-               if (out.bytes.size() > static_cast<size_t>(max_body)) {  // JSON: ~3x the binary.
-                 return ErrorResponse(absl::ResourceExhaustedError(absl::StrCat(
-                     "response: ", out.bytes.size(), " bytes", out.header_length ? "" : " as JSON",
-                     ", larger than the server's limit of ", max_body,
-                     " bytes (--max_message_bytes); ask for binary outputs "
-                     "(parameters.binary_data_output)")));
-               }
-               HttpResponse res;
-               res.body = std::move(out.bytes);
-               if (out.header_length) {
-                 res.SetHeader("Content-Type", "application/octet-stream");
-                 res.SetHeader("Inference-Header-Content-Length", absl::StrCat(*out.header_length));
-               } else {
-                 res.SetHeader("Content-Type", "application/json");
-               }
-               res.hold = state;  // Admitted until written.
-               return res;
-             });
+             if (exchange->cancelled()) return;  // Nobody to read it.
+             // Encoded here, on the thread that finished the request (as
+             // EncodeModelInfer just did), not on one of the few I/O threads
+             // every connection shares; sized first, so a response over the
+             // limit (JSON: ~3x the binary) is refused unbuilt.
+             absl::StatusOr<RestBody> out = EncodeRestInferWithin(state->response, state->decoded,
+                                                                  static_cast<size_t>(max_body));
+             if (!out.ok()) return exchange->Reply(ErrorResponse(out.status()));
+             HttpResponse res;
+             res.body = std::move(out->bytes);
+             if (out->header_length) {
+               res.SetHeader("Content-Type", "application/octet-stream");
+               res.SetHeader("Inference-Header-Content-Length", absl::StrCat(*out->header_length));
+             } else {
+               res.SetHeader("Content-Type", "application/json");
+             }
+             res.hold = state;  // Admitted until written.
+             exchange->Reply(std::move(res));
            });
 }
 
