@@ -41,7 +41,8 @@ build_pkgs=(
   prometheus-cpp-dev
   nlohmann-json3-dev
   # The REST front-end: Boost.Beast on Asio (HTTP/1.1 server, header-only; libboost1.81-dev,
-  # whose parser bounds every read; the tests' HTTP client too), simdjson (request JSON).
+  # whose parser bounds every read; the tests' HTTP client too); simdjson only for attention-rest-json-memory's comparison
+  # (the server reads JSON with its own in-place reader).
   libboost1.81-dev libsimdjson-dev
   # rest_framing_test gzips request bodies.
   zlib1g-dev
@@ -67,7 +68,6 @@ bench_pkgs=(python3-matplotlib python3-onnx)
 runtime_pkgs=(
   libdnnl2 ocl-icd-libopencl1 libgomp1 libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
   libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libc-ares2 libre2-9 libssl3
-  libsimdjson14
 )
 
 case $profile in
