@@ -149,19 +149,21 @@ asan_tests=(core_test wire_codec_test client_cli_unit_test fuzz_regression_test
             process_shutdown_test attention_api_async_infer_test
             attention_api_async_infer_queue_test memory_async_infer_memory_test
             model_lifecycle_version_holds_test model_lifecycle_churn_test
-            model_lifecycle_rollout_test)
+            model_lifecycle_rollout_test rest_hostile_test rest_connections_test)
 fuzzers=(model_dir_fuzzer infer_request_fuzzer npy_fuzzer session_fuzzer oip_request_fuzzer
-         rest_request_fuzzer)
+         rest_request_fuzzer http_request_fuzzer)
 # TSan: our own cross-thread code, driven directly from many threads: the
 # engine, the dynamic batcher (enqueue, batch, answer, stop, cancel) and the
 # in-flight budget. Not through gRPC: Debian's gRPC is uninstrumented, and
 # its callback API hands call state (op sets, callback tags, the in-process
 # transport's message bytes) between its threads through lock-free queues
 # TSan cannot see, so every end-to-end binary was reported racing inside
-# gRPC's own objects (on a clean Debian 12 container, 3 runs of 3).
+# gRPC's own objects (on a clean Debian 12 container, 3 runs of 3). REST's
+# HTTP server is ours and Asio is header-only, so it is instrumented whole:
+# HttpServerTest drives it from raw sockets.
 tsan_runs=(
   "core_engine_tsan_test --gtest_filter=MhaEngineTest.ConcurrentCalls*"
-  "server_unit_test --gtest_filter=DynamicBatcherTest.*:InflightBudgetTest.*"
+  "server_unit_test --gtest_filter=DynamicBatcherTest.*:InflightBudgetTest.*:HttpServerTest.*"
 )
 tsan_targets=(core_engine_tsan_test server_unit_test)
 
