@@ -55,7 +55,8 @@ HttpConnection<Stream>::HttpConnection(Stream stream, const HttpServerOptions& o
       connections_(std::move(connections)),
       id_(id),
       peer_(std::move(peer)),
-      buffer_(static_cast<size_t>(options.header_limit_bytes) + kReadChunk) {}
+      buffer_(static_cast<size_t>(options.header_limit_bytes) + kReadChunk),
+      body_timer_(stream_.get_executor()) {}
 
 template <class Stream>
 HttpConnection<Stream>::~HttpConnection() {
@@ -184,7 +185,15 @@ void HttpConnection<Stream>::ReadBody() {
       return !body_refusal_.has_value();
     };
   }
-  beast::get_lowest_layer(stream_).expires_after(Chrono(options_.body_timeout));
+  beast::get_lowest_layer(stream_).expires_never();
+  body_timed_out_ = false;
+  body_timer_.expires_after(Chrono(options_.body_timeout));
+  body_timer_.async_wait([self = this->shared_from_this()](beast::error_code ec) {
+    if (ec || self->closed_ || !self->body_.has_value()) return;  // Read in time.
+    self->body_timed_out_ = true;
+    beast::error_code ignored;
+    beast::get_lowest_layer(self->stream_).socket().cancel(ignored);  // OnBody answers 408.
+  });
   http::async_read(
       stream_, buffer_, *body_,
       [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
@@ -193,6 +202,7 @@ void HttpConnection<Stream>::ReadBody() {
 template <class Stream>
 void HttpConnection<Stream>::OnBody(beast::error_code ec) {
   on_body_bytes_ = nullptr;
+  body_timer_.cancel();
   if (closed_) return;
   if (ec) {
     charge_.reset();
@@ -203,7 +213,7 @@ void HttpConnection<Stream>::OnBody(beast::error_code ec) {
       return Write(std::move(refusal));
     }
     if (ec == http::error::body_limit) return TooLarge();
-    if (ec == beast::error::timeout) {
+    if (body_timed_out_) {
       return Refuse(408, absl::StrCat("request body: not received within ",
                                       absl::FormatDuration(options_.body_timeout)));
     }
@@ -367,6 +377,7 @@ void HttpConnection<Stream>::DoClose() {
   beast::error_code ignored;
   beast::get_lowest_layer(stream_).socket().shutdown(net::socket_base::shutdown_both, ignored);
   beast::get_lowest_layer(stream_).close();
+  body_timer_.cancel();
   charge_.reset();
   if (auto exchange = std::move(exchange_)) exchange->Cancel();
 }

@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
@@ -114,6 +115,10 @@ class HttpConnection final : public HttpAnswerSink,
   std::unique_ptr<boost::beast::http::response<boost::beast::http::empty_body>> continue_;
   std::vector<char> discard_;
   int64_t discarded_ = 0;
+  // The body's total deadline: a timer of its own, not the stream's (whose
+  // expiry closes the socket), so the client is answered 408.
+  boost::asio::steady_timer body_timer_;
+  bool body_timed_out_ = false;
 };
 
 }  // namespace attention::server

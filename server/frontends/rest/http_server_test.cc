@@ -44,7 +44,13 @@ class TestHandler : public HttpHandler {
       return;
     }
     HttpResponse response;
-    response.body = absl::StrCat(request.method, " ", request.path, " ", request.body.size());
+    if (request.path == "/big") {
+      // 32 MiB, its release (written or dropped) notified.
+      response.body.assign(32 << 20, 'x');
+      response.hold = std::shared_ptr<void>(nullptr, [this](void*) { big_released_.Notify(); });
+    } else {
+      response.body = absl::StrCat(request.method, " ", request.path, " ", request.body.size());
+    }
     exchange->Reply(std::move(response));
   }
   std::shared_ptr<HttpExchange> TakeHeld() {
@@ -54,6 +60,7 @@ class TestHandler : public HttpHandler {
 
   absl::Notification got_hold_;
   absl::Notification cancelled_;
+  absl::Notification big_released_;
 
  private:
   absl::Mutex mu_;
@@ -102,6 +109,38 @@ TEST_F(HttpServerTest, AHeadTrickledPastItsDeadlineIsClosedUnanswered) {
   }
   EXPECT_TRUE(c.WaitClosed());
   EXPECT_EQ(c.ReadToEnd(), "");
+}
+
+// R-U-Dead-Yet: a body sent a byte at a time keeps the socket busy; the
+// body's deadline is total.
+TEST_F(HttpServerTest, ABodyTrickledPastItsDeadlineIs408) {
+  options_.body_timeout = absl::Milliseconds(300);
+  Serve();
+  RawHttpConnection c(server_->port());
+  ASSERT_TRUE(c.Send("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"));
+  bool answered = false;
+  for (int i = 0; i < 100000 && !answered; ++i) {
+    if (!c.Send("y")) break;
+    answered = c.Readable(20);
+  }
+  EXPECT_TRUE(answered);
+  const std::string stream = c.ReadToEnd();
+  EXPECT_EQ(HttpStatuses(stream), std::vector<int>{408}) << stream.substr(0, 200);
+  EXPECT_EQ(stream.find("POST /a"), std::string::npos);
+}
+
+// A client that never reads its answer holds it (and its admission) only
+// until the write deadline: then the connection is closed and the
+// response released, most of it unwritten.
+TEST_F(HttpServerTest, AReaderThatDoesNotReadIsCutOffAtTheWriteDeadline) {
+  options_.write_timeout = absl::Milliseconds(300);
+  Serve();
+  RawHttpConnection c(server_->port());
+  ASSERT_TRUE(c.Send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n"));
+  ASSERT_TRUE(handler_.big_released_.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  const std::string stream = c.ReadToEnd();
+  EXPECT_LT(stream.size(), size_t{32} << 20);  // The socket's buffers held the rest.
+  EXPECT_EQ(HttpStatuses(stream), std::vector<int>{200});
 }
 
 TEST_F(HttpServerTest, ARequestLineLongerThanTheHeadLimitIs431) {
