@@ -171,6 +171,7 @@ HeadDecision RestFrontend::OnHead(const HttpRequest& head) {
   // The token before a byte of the body is read.
   const CallRef call = CallOfRequest(head, infer ? Method::kRestModelInfer : Method::kModelInfer);
   absl::Status refused = protocol_->requests()->Authenticate(*call).status();
+  if (refused.ok() && infer) refused = RequestDeadline(head).status();
   if (!refused.ok()) {
     if (!infer) return Refused(ErrorResponse(refused));
     call->leases->Asked(model->name);
@@ -337,6 +338,12 @@ void RestFrontend::Infer(HttpRequest req, const ModelPath& path,
   InferenceProtocol* p = protocol_;
   auto call = std::make_shared<CallContext>(*CallOfRequest(req, Method::kRestModelInfer));
   call->leases->Asked(path.name);  // For the log line of a request refused before its lookup.
+  // The client's deadline (grpc-timeout; OnHead refused a malformed one), as
+  // gRPC's: a request still queued when it passes is answered
+  // DEADLINE_EXCEEDED, uncomputed.
+  if (const auto deadline = RequestDeadline(req); deadline.ok() && deadline->has_value()) {
+    call->deadline = **deadline;
+  }
   // A client that goes while its request waits cancels it (the batcher drops it).
   call->is_cancelled = [weak = std::weak_ptr<HttpExchange>(exchange)] {
     const auto e = weak.lock();

@@ -26,8 +26,10 @@
 // and repository control run asynchronously: the answer is encoded (and
 // compressed, for a client that accepts gzip or deflate) on the thread
 // that finished it, and keeps the request's in-flight admission until
-// written. A client that goes while its inference waits cancels it. A
-// response larger than
+// written. A client that goes while its inference waits cancels it, and
+// one that sends `grpc-timeout` gives it gRPC's deadline (RequestDeadline):
+// still queued when it passes, it is answered DEADLINE_EXCEEDED (504)
+// uncomputed (a malformed one is 400, unread). A response larger than
 // `max_body_bytes` is RESOURCE_EXHAUSTED (429): JSON numbers take about three
 // times their binary size.
 //
