@@ -44,7 +44,7 @@ build_pkgs=(
   # whose parser bounds every read; the tests' HTTP client too); simdjson only for attention-rest-json-memory's comparison
   # (the server reads JSON with its own in-place reader).
   libboost1.81-dev libsimdjson-dev
-  # rest_framing_test gzips request bodies.
+  # zlib: REST's gzip and deflate bodies and responses (rest_compression), and the tests'.
   zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   ca-certificates
@@ -68,6 +68,7 @@ bench_pkgs=(python3-matplotlib python3-onnx)
 runtime_pkgs=(
   libdnnl2 ocl-icd-libopencl1 libgomp1 libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
   libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libc-ares2 libre2-9 libssl3
+  zlib1g
 )
 
 case $profile in

@@ -148,6 +148,7 @@ void HttpConnection<Stream>::OnHead(beast::error_code ec) {
   request_.path = request_.target.substr(0, request_.target.find('?'));
   request_.headers = static_cast<const http::fields&>(head);
   request_.peer = peer_;
+  request_.received = absl::Now();
   if (auto refused = CheckHttpHead(head, options_.max_header_fields)) {
     return Refuse(refused->first, refused->second);
   }

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 #include <boost/beast/http/fields.hpp>
 
@@ -30,6 +31,7 @@ struct HttpRequest {
   boost::beast::http::fields headers;
   std::string body;  // Decoded from its framing (Content-Length or chunked).
   std::string peer;  // "address:port".
+  absl::Time received = absl::InfinitePast();  // When its head was read.
   // OnHead's charge for the body (HeadDecision::charge): the handler drops
   // it once what it parsed from the body is admitted elsewhere.
   std::shared_ptr<void> charge;

@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/frontends/rest/rest_http.h"
 
@@ -21,21 +23,34 @@ absl::Status Busy(const InflightBudget& budget, int64_t asked) {
       RestBodyBudget::kBinaryCharge, " times); retry later"));
 }
 
+// What `bytes` of `head`'s decoded body cost: a binary body's first
+// Inference-Header-Content-Length bytes are its JSON header, parsed as JSON:
+// charged as JSON, the tensors after it as binary.
+std::function<int64_t(uint64_t)> DecodedChargeOf(const HttpRequest& head) {
+  const auto header_length = head.Header("Inference-Header-Content-Length");
+  const uint64_t json_bytes =
+      header_length ? std::strtoull(std::string(*header_length).c_str(), nullptr, 10) : UINT64_MAX;
+  return [json_bytes](uint64_t bytes) {
+    const uint64_t json = std::min(bytes, json_bytes);
+    return static_cast<int64_t>(json) * RestBodyBudget::kJsonCharge +
+           static_cast<int64_t>(bytes - json) * RestBodyBudget::kBinaryCharge;
+  };
+}
+
 }  // namespace
 
 HeadDecision RestBodyBudget::Admit(const HttpRequest& head) const {
   HeadDecision decision;
   if (budget_ == nullptr || !head.HasBody()) return decision;
-  // A binary body's first Inference-Header-Content-Length bytes are its JSON
-  // header, parsed as JSON: charged as JSON, the tensors after it as binary.
-  const auto header_length = head.Header("Inference-Header-Content-Length");
-  const uint64_t json_bytes =
-      header_length ? std::strtoull(std::string(*header_length).c_str(), nullptr, 10) : UINT64_MAX;
-  auto charge_of = [json_bytes](uint64_t bytes) {
-    const uint64_t json = std::min(bytes, json_bytes);
-    return static_cast<int64_t>(json) * kJsonCharge +
-           static_cast<int64_t>(bytes - json) * kBinaryCharge;
-  };
+  // A body with a Content-Encoding is only held until it is decoded (which
+  // ChargeDecoded charges): its bytes once.
+  const auto encoding = head.Header("Content-Encoding");
+  const bool encoded =
+      encoding.has_value() && !encoding->empty() && !absl::EqualsIgnoreCase(*encoding, "identity");
+  std::function<int64_t(uint64_t)> charge_of =
+      encoded ? std::function<int64_t(uint64_t)>(
+                    [](uint64_t bytes) { return static_cast<int64_t>(bytes) * kEncodedCharge; })
+              : DecodedChargeOf(head);
   // Chunked: nothing declared, charged as it grows. (A Content-Length past
   // the message limit never gets here: the connection refuses it first.)
   const auto length = head.Header("Content-Length");
@@ -58,6 +73,15 @@ HeadDecision RestBodyBudget::Admit(const HttpRequest& head) const {
     return ErrorResponse(Busy(*budget, need));
   };
   return decision;
+}
+
+absl::StatusOr<std::shared_ptr<void>> RestBodyBudget::ChargeDecoded(const HttpRequest& request,
+                                                                    uint64_t bytes) const {
+  if (budget_ == nullptr) return nullptr;
+  const int64_t asked = DecodedChargeOf(request)(bytes);
+  absl::StatusOr<std::shared_ptr<Admission>> taken = budget_->Take(asked);
+  if (!taken.ok()) return Busy(*budget_, asked);
+  return std::shared_ptr<void>(*std::move(taken));
 }
 
 }  // namespace attention::server

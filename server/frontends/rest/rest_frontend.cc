@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "server/frontends/rest/rest_codec.h"
+#include "server/frontends/rest/rest_compression.h"
 #include "server/frontends/rest/rest_encode.h"
 #include "server/frontends/rest/rest_json.h"
 
@@ -24,6 +25,15 @@ CallRef CallOfRequest(const HttpRequest& req, Method method) {
     call->authorization = std::string(*authorization);
   call->peer = absl::StrCat("http:", req.peer);
   return call;
+}
+
+// The answer to an inference refused before the protocol saw it, counted
+// and logged as the protocol counts a refusal.
+HttpResponse CountedRefusal(InferenceProtocol* protocol, const CallContext& call,
+                            const absl::Status& status) {
+  protocol->requests()->Received();
+  protocol->requests()->Answered(nullptr, call, status, absl::Now());
+  return ErrorResponse(status);
 }
 
 // A refusal of a request's head: its body is not read, and the connection
@@ -141,12 +151,8 @@ HeadDecision RestFrontend::OnHead(const HttpRequest& head) {
     return Refused(
         ErrorResponse(absl::InvalidArgumentError(absl::StrCat(method, ": a body is not read"))));
   }
-  if (const auto encoding = head.Header("Content-Encoding");
-      encoding && !absl::EqualsIgnoreCase(*encoding, "identity")) {
-    HttpResponse res = ErrorResponse(absl::InvalidArgumentError(
-        absl::StrCat("Content-Encoding: expected none, got '", encoding->substr(0, 32), "'")));
-    res.status = 415;
-    return Refused(std::move(res));
+  if (const absl::StatusOr<ContentCoding> coding = BodyCoding(head); !coding.ok()) {
+    return Refused(UnsupportedCoding(coding.status()));
   }
   if (const auto type = head.Header("Content-Type");
       type && absl::StartsWithIgnoreCase(*type, "multipart/form-data")) {
@@ -164,13 +170,12 @@ HeadDecision RestFrontend::OnHead(const HttpRequest& head) {
   }
   // The token before a byte of the body is read.
   const CallRef call = CallOfRequest(head, infer ? Method::kRestModelInfer : Method::kModelInfer);
-  if (const auto caller = protocol_->requests()->Authenticate(*call); !caller.ok()) {
-    if (infer) {  // Counted and logged as the protocol counts a refusal.
-      call->leases->Asked(model->name);
-      protocol_->requests()->Received();
-      protocol_->requests()->Answered(nullptr, *call, caller.status(), absl::Now());
-    }
-    return Refused(ErrorResponse(caller.status()));
+  absl::Status refused = protocol_->requests()->Authenticate(*call).status();
+  if (refused.ok() && infer) refused = RequestDeadline(head).status();
+  if (!refused.ok()) {
+    if (!infer) return Refused(ErrorResponse(refused));
+    call->leases->Asked(model->name);
+    return Refused(CountedRefusal(protocol_, *call, refused));
   }
   if (!infer && head.HasBody()) {
     // The repository's bodies are a few parameters: bounded here, and a
@@ -206,13 +211,39 @@ HeadDecision RestFrontend::OnHead(const HttpRequest& head) {
 }
 
 void RestFrontend::Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange) {
-  if (request.method != "POST") return exchange->Reply(Get(request));
+  if (request.method != "POST") {
+    HttpResponse res = Get(request);
+    if (res.status == 200) CompressResponse(res, PreferredCoding(request));  // A few KiB at most.
+    return exchange->Reply(std::move(res));
+  }
+  if (!ParseModelPath(request.path).has_value()) {  // Repository requests: a few parameters.
+    if (absl::Status inflated = Inflate(request, kRepositoryBodyBytes,
+                                        "a repository request is {} or a few parameters");
+        !inflated.ok()) {
+      return exchange->Reply(InflateRefusal(inflated));
+    }
+  }
   if (request.path == "/v2/repository/index") return exchange->Reply(Index(request));
   if (const auto control = ControlPath(request.path)) {
     return Control(request, control->first, control->second, std::move(exchange));
   }
   const ModelPath path = *ParseModelPath(request.path);  // OnHead let only these through.
   Infer(std::move(request), path, std::move(exchange));
+}
+
+absl::Status RestFrontend::Inflate(HttpRequest& req, uint64_t limit,
+                                   absl::string_view limit_flag) const {
+  ASSIGN_OR_RETURN(const ContentCoding coding, BodyCoding(req));
+  if (coding == ContentCoding::kIdentity) return absl::OkStatus();
+  const RestBodyBudget* budget = &body_budget_;
+  ASSIGN_OR_RETURN(InflatedBody inflated,
+                   InflateBody(req.body, coding, limit, limit_flag, [budget, &req](uint64_t bytes) {
+                     return budget->ChargeDecoded(req, bytes);
+                   }));
+  // The compressed body and its charge go; the decoded one and its own stay.
+  req.body = std::move(inflated.bytes);
+  req.charge = std::move(inflated.charge);
+  return absl::OkStatus();
 }
 
 HttpResponse RestFrontend::Get(const HttpRequest& req) {
@@ -307,11 +338,24 @@ void RestFrontend::Infer(HttpRequest req, const ModelPath& path,
   InferenceProtocol* p = protocol_;
   auto call = std::make_shared<CallContext>(*CallOfRequest(req, Method::kRestModelInfer));
   call->leases->Asked(path.name);  // For the log line of a request refused before its lookup.
+  // The client's deadline (grpc-timeout; OnHead refused a malformed one), as
+  // gRPC's: a request still queued when it passes is answered
+  // DEADLINE_EXCEEDED, uncomputed.
+  if (const auto deadline = RequestDeadline(req); deadline.ok() && deadline->has_value()) {
+    call->deadline = **deadline;
+  }
   // A client that goes while its request waits cancels it (the batcher drops it).
   call->is_cancelled = [weak = std::weak_ptr<HttpExchange>(exchange)] {
     const auto e = weak.lock();
     return e != nullptr && e->cancelled();
   };
+  // A compressed body inflated here, on this I/O thread, as its JSON is
+  // read below: bounded by the message limit and charged before it grows.
+  if (absl::Status inflated = Inflate(req, options_.max_body_bytes, "--max_message_bytes");
+      !inflated.ok()) {
+    CountedRefusal(p, *call, inflated);
+    return exchange->Reply(InflateRefusal(inflated));
+  }
   std::optional<size_t> header_length;
   if (const auto v = req.Header("Inference-Header-Content-Length")) {
     size_t n = 0;
@@ -327,17 +371,13 @@ void RestFrontend::Infer(HttpRequest req, const ModelPath& path,
       DecodeRestInfer(req.body, header_length, path.name, path.version);
   std::string().swap(req.body);
   req.charge.reset();  // What was parsed is now the request, which the in-flight budget admits.
-  if (!decoded.ok()) {
-    // Counted and logged as the protocol counts a refusal.
-    p->requests()->Received();
-    p->requests()->Answered(nullptr, *call, decoded.status(), absl::Now());
-    return exchange->Reply(ErrorResponse(decoded.status()));
-  }
+  if (!decoded.ok()) return exchange->Reply(CountedRefusal(p, *call, decoded.status()));
   auto state = std::make_shared<InferState>();
   state->decoded = *std::move(decoded);
   const int64_t max_body = options_.max_body_bytes;
+  const ContentCoding coding = PreferredCoding(req);
   p->Infer(call, state->decoded.request, &state->response, state.get(),
-           [state, exchange, max_body](const absl::Status& status) {
+           [state, exchange, max_body, coding](const absl::Status& status) {
              if (!status.ok()) return exchange->Reply(ErrorResponse(status));
              if (exchange->cancelled()) return;  // Nobody to read it.
              // Encoded here, on the thread that finished the request (as
@@ -355,7 +395,8 @@ void RestFrontend::Infer(HttpRequest req, const ModelPath& path,
              } else {
                res.SetHeader("Content-Type", "application/json");
              }
-             res.hold = state;  // Admitted until written.
+             CompressResponse(res, coding);  // Here too, not on an I/O thread.
+             res.hold = state;               // Admitted until written.
              exchange->Reply(std::move(res));
            });
 }

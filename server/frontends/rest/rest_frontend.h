@@ -17,15 +17,21 @@
 // Served by HttpServer (Boost.Beast): a few I/O threads, every read bounded
 // in bytes and time (HttpServerOptions). Each request is judged by its head
 // before its body is read (OnHead): other methods than GET, HEAD and POST
-// (405), a GET with a body (400), a Content-Encoding (415), an unknown POST
-// (404) and a POST whose token fails (401/403) are refused unread; a body
-// is then charged to the receive budget (RestBodyBudget) by its declared
-// size, and read up to `max_body_bytes` (413). Inference and repository
-// control run asynchronously: the answer is encoded on the I/O thread and
-// keeps the request's in-flight admission until written. A client that
-// goes while its inference waits cancels it. A response larger than
-// `max_body_bytes` is RESOURCE_EXHAUSTED (429): JSON numbers take about
-// three times their binary size.
+// (405), a GET with a body (400), a Content-Encoding other than gzip or
+// deflate (415), an unknown POST (404) and a POST whose token fails
+// (401/403) are refused unread; a body is then charged to the receive
+// budget (RestBodyBudget) by its declared size, and read up to
+// `max_body_bytes` (413); a gzip or deflate body is inflated within the
+// same limit, its decoded size charged first (rest_compression). Inference
+// and repository control run asynchronously: the answer is encoded (and
+// compressed, for a client that accepts gzip or deflate) on the thread
+// that finished it, and keeps the request's in-flight admission until
+// written. A client that goes while its inference waits cancels it, and
+// one that sends `grpc-timeout` gives it gRPC's deadline (RequestDeadline):
+// still queued when it passes, it is answered DEADLINE_EXCEEDED (504)
+// uncomputed (a malformed one is 400, unread). A response larger than
+// `max_body_bytes` is RESOURCE_EXHAUSTED (429): JSON numbers take about three
+// times their binary size.
 //
 // Thread-safe. The protocol (and its request path) must outlive it; Stop()
 // (or the destructor) returns once every connection is closed and every
@@ -99,6 +105,11 @@ class RestFrontend : public HttpHandler {
   // GET (and HEAD) routes, answered at once.
   HttpResponse Get(const HttpRequest& request);
   HttpResponse Index(const HttpRequest& request);
+  // Decodes a body sent with a Content-Encoding in place (rest_compression),
+  // up to `limit` bytes, charged to the receive budget in place of the
+  // compressed body's charge. OUT_OF_RANGE past the limit (named by
+  // `limit_flag`), INVALID_ARGUMENT for a corrupt body, RESOURCE_EXHAUSTED.
+  absl::Status Inflate(HttpRequest& request, uint64_t limit, absl::string_view limit_flag) const;
   void Infer(HttpRequest request, const ModelPath& path, std::shared_ptr<HttpExchange> exchange);
   void Control(const HttpRequest& request, const std::string& model, bool load,
                std::shared_ptr<HttpExchange> exchange);

@@ -4,7 +4,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/frontends/rest/rest_json.h"
 
@@ -39,6 +41,49 @@ HttpResponse ErrorResponse(const absl::Status& status) {
   HttpResponse res;
   ReplyError(res, status);
   return res;
+}
+
+absl::StatusOr<std::optional<absl::Time>> RequestDeadline(const HttpRequest& request) {
+  const auto header = request.Header("grpc-timeout");
+  if (!header.has_value()) return std::optional<absl::Time>();
+  const absl::string_view v = *header;
+  const auto malformed = [&v] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grpc-timeout: expected 1 to 8 digits and a unit (H, M, S, m, u or n), e.g. 500m, got '",
+        v.substr(0, 32), "'"));
+  };
+  if (v.size() < 2 || v.size() > 9) return malformed();
+  int64_t n = 0;
+  for (const char c : v.substr(0, v.size() - 1)) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return malformed();
+    n = n * 10 + (c - '0');
+  }
+  absl::Duration unit;
+  switch (v.back()) {
+    case 'H':
+      unit = absl::Hours(1);
+      break;
+    case 'M':
+      unit = absl::Minutes(1);
+      break;
+    case 'S':
+      unit = absl::Seconds(1);
+      break;
+    case 'm':
+      unit = absl::Milliseconds(1);
+      break;
+    case 'u':
+      unit = absl::Microseconds(1);
+      break;
+    case 'n':
+      unit = absl::Nanoseconds(1);
+      break;
+    default:
+      return malformed();
+  }
+  // A request made by no connection (a test's) counts from now.
+  const absl::Time from = request.received == absl::InfinitePast() ? absl::Now() : request.received;
+  return std::optional<absl::Time>(from + n * unit);
 }
 
 std::optional<ModelPath> ParseModelPath(const std::string& path) {

@@ -2,7 +2,7 @@
 //
 // The REST front-end's helpers on HttpResponse and request paths: JSON and
 // error replies (status from HttpStatusOf), probes, and the model path
-// (/v2/models/{m}[/versions/{v}][/{action}]). Free functions, stateless and
+// (/v2/models/{m}[/versions/{v}][/{action}]), the client's deadline. Free functions, stateless and
 // thread-safe; they act on the values they are given.
 #ifndef ATTENTION_SERVER_FRONTENDS_REST_REST_HTTP_H_
 #define ATTENTION_SERVER_FRONTENDS_REST_REST_HTTP_H_
@@ -11,6 +11,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/frontends/rest/http_message.h"
 
 namespace attention::server {
@@ -23,6 +25,12 @@ void ReplyError(HttpResponse& res, const absl::Status& status);
 void ReplyProbe(HttpResponse& res, const absl::Status& allowed, bool up);
 // A response with `status`'s code and error body.
 HttpResponse ErrorResponse(const absl::Status& status);
+
+// The client's deadline for the request, as gRPC sends it: `grpc-timeout`,
+// 1 to 8 digits and a unit (H, M, S, m, u or n: hours down to nanoseconds),
+// counted from when the head was read. None without the header;
+// INVALID_ARGUMENT naming the header and its form when malformed.
+absl::StatusOr<std::optional<absl::Time>> RequestDeadline(const HttpRequest& request);
 
 // /v2/models/{name}[/versions/{version}][/{action}], its parts; none when
 // the path is not of that form (a name or version may not be empty or hold
