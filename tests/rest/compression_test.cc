@@ -22,6 +22,7 @@
 #include "server/attention_server.h"
 #include "tests/fixture/http_test_client.h"
 #include "tests/fixture/raw_http_connection.h"
+#include "tests/fixture/small_server_options.h"
 #include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
 
@@ -29,7 +30,11 @@ namespace attention {
 namespace {
 
 using json = nlohmann::json;
+using ::attention::server::ServerOptions;
+using ::attention::testing::HttpStatuses;
 using ::attention::testing::HttpTestHeaders;
+using ::attention::testing::RawHttpConnection;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr int64_t kLimit = 4 << 20;  // --max_message_bytes.
@@ -273,6 +278,45 @@ TEST(RestCompressionBudgetTest, TheDecodedBodyIsChargedBeforeItIsInflated) {
   ASSERT_TRUE(taken) << taken.error();
   EXPECT_EQ(taken->status, 200) << taken->body;
   EXPECT_TRUE(server->Drain());
+}
+
+// A large or compressed body is inflated and decoded off the I/O threads:
+// with one I/O thread, a health probe sent after 50 KiB of gzip holding
+// 48 MiB of JSON (a second or so to inflate and read) is answered before
+// that body's own answer. Decoded on the I/O thread, the probe, sent once
+// the server has read the body, was read only once the decode was done,
+// after the body's answer (a refusal, as the tensor is too large).
+TEST(RestDecodeTest, AProbeIsNotHeldBehindALargeBodysDecode) {
+  ServerOptions o = testing::SmallServerOptions("rest_decode");
+  o.http_io_threads = 1;
+  o.grpc_receive_quota_bytes = int64_t{1} << 30;
+  o.max_message_bytes = 64 << 20;
+  auto server = testing::StartServer(o);
+  ASSERT_NE(server, nullptr);
+  // [1, 1572864, 16] zeros: decoded whole, then refused (too many tokens).
+  const int tokens = 1572864;
+  std::string values;
+  values.reserve(size_t{32} * tokens);
+  for (int i = 0; i < 16 * tokens; ++i) values += "0,";
+  values.back() = ']';
+  const std::string body =
+      absl::StrCat(R"({"inputs":[{"name":"query","datatype":"FP32","shape":[1,)", tokens,
+                   R"(,16],"data":[)", values, "}]}");
+  const std::string gzip = Compress(body, /*gzip=*/true);
+  RawHttpConnection large(server->http_port());
+  RawHttpConnection probe(server->http_port());
+  ASSERT_TRUE(large.Send(absl::StrCat(
+      "POST /v2/models/small/infer HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+      "Content-Encoding: gzip\r\nContent-Length: ",
+      gzip.size(), "\r\n\r\n", gzip)));
+  ASSERT_TRUE(large.WaitReadByServer());  // Its decode begins now.
+  ASSERT_TRUE(probe.Send("GET /v2/health/live HTTP/1.1\r\nHost: a\r\n\r\n"));
+  EXPECT_THAT(HttpStatuses(probe.ReadResponse()), ElementsAre(200));
+  EXPECT_FALSE(large.Readable(0)) << "the large body was answered before the probe";
+  const std::string answer = large.ReadResponse();
+  EXPECT_THAT(HttpStatuses(answer), ElementsAre(::testing::Ge(400))) << answer.substr(0, 300);
+  EXPECT_TRUE(server->Drain());
+  std::filesystem::remove_all(o.repository.path);
 }
 
 }  // namespace

@@ -43,6 +43,7 @@
 #include <string>
 
 #include <boost/asio/ssl/context.hpp>
+#include <boost/asio/thread_pool.hpp>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -110,7 +111,11 @@ class RestFrontend : public HttpHandler {
   // compressed body's charge. OUT_OF_RANGE past the limit (named by
   // `limit_flag`), INVALID_ARGUMENT for a corrupt body, RESOURCE_EXHAUSTED.
   absl::Status Inflate(HttpRequest& request, uint64_t limit, absl::string_view limit_flag) const;
+  // Decodes and submits an inference: inline for a small body, on decoder_
+  // for a large or compressed one.
   void Infer(HttpRequest request, const ModelPath& path, std::shared_ptr<HttpExchange> exchange);
+  void DecodeAndSubmit(HttpRequest request, const ModelPath& path,
+                       std::shared_ptr<HttpExchange> exchange);
   void Control(const HttpRequest& request, const std::string& model, bool load,
                std::shared_ptr<HttpExchange> exchange);
 
@@ -122,6 +127,12 @@ class RestFrontend : public HttpHandler {
   std::unique_ptr<RestClientCa> client_ca_;         // Null unless tls_client_ca_file.
   std::unique_ptr<boost::asio::ssl::context> tls_;  // Null: plain HTTP.
   std::unique_ptr<HttpServer> server_;
+  // One thread decoding the bodies too large to decode on an I/O thread
+  // (over kInlineDecodeBytes, or compressed): a large JSON body takes
+  // hundreds of milliseconds, which would stall every connection the I/O
+  // thread serves (health probes included). Large bodies wait for each
+  // other here, as many as the receive budget admits.
+  std::unique_ptr<boost::asio::thread_pool> decoder_;
 };
 
 }  // namespace attention::server
