@@ -223,9 +223,13 @@ void HttpConnection<Stream>::Dispatch() {
   body_unread_ = false;
   request_.charge = std::move(charge_);
   on_body_bytes_ = nullptr;
-  exchange_ = std::make_shared<HttpExchange>(this->shared_from_this(), connections_->outstanding());
+  // Held by the handler alone (here: weakly, to cancel it): one it drops
+  // unanswered answers 500 from its destructor.
+  auto exchange =
+      std::make_shared<HttpExchange>(this->shared_from_this(), connections_->outstanding());
+  exchange_ = exchange;
   handling_.store(std::this_thread::get_id(), std::memory_order_release);
-  handler_->Handle(std::move(request_), exchange_);
+  handler_->Handle(std::move(request_), std::move(exchange));
   handling_.store(std::thread::id(), std::memory_order_release);
   if (state_ == State::kComputing && !pending_.has_value()) Watch();
 }
@@ -368,7 +372,8 @@ void HttpConnection<Stream>::DoClose() {
   beast::get_lowest_layer(stream_).socket().shutdown(net::socket_base::shutdown_both, ignored);
   beast::get_lowest_layer(stream_).close();
   charge_.reset();
-  if (auto exchange = std::move(exchange_)) exchange->Cancel();
+  if (auto exchange = exchange_.lock()) exchange->Cancel();
+  exchange_.reset();
 }
 
 template class HttpConnection<boost::beast::tcp_stream>;

@@ -106,7 +106,9 @@ class HttpConnection final : public HttpAnswerSink,
   std::optional<HttpResponse> body_refusal_;  // What on_body_bytes_ answered.
   HttpRequest request_;
   std::shared_ptr<void> charge_;
-  std::shared_ptr<HttpExchange> exchange_;
+  // The request being computed's, to cancel it; weak: the exchange holds
+  // this connection, and one its handler drops must go (answering 500).
+  std::weak_ptr<HttpExchange> exchange_;
   std::optional<HttpResponse> pending_;
   std::unique_ptr<boost::beast::http::response<boost::beast::http::string_body>> out_;
   std::shared_ptr<void> out_hold_;
