@@ -96,6 +96,7 @@ void HttpConnection<Stream>::ReadHead() {
   // Until this head is parsed, a refusal of it is answered as to GET and
   // closes the connection.
   keep_alive_ = false;
+  http10_ = false;
   head_method_ = false;
   head_.emplace();
   head_->header_limit(static_cast<std::uint32_t>(options_.header_limit_bytes));
@@ -140,6 +141,7 @@ void HttpConnection<Stream>::OnHead(beast::error_code ec) {
   if (ec) return DoClose();  // Closed, reset, or too slow (slowloris): unanswered.
   const auto& head = head_->get();
   keep_alive_ = head.keep_alive();
+  http10_ = head.version() < 11;
   head_method_ = head.method() == http::verb::head;
   request_ = HttpRequest();
   request_.method = std::string(head.method_string());
@@ -314,6 +316,8 @@ void HttpConnection<Stream>::Write(HttpResponse response) {
   const size_t size = response.body.size();
   out_->body() = std::move(response.body);
   out_->keep_alive(keep_alive_ && !response.close && !close_after_);
+  // An HTTP/1.0 client keeps the connection only when told (RFC 9112 C.2.2).
+  if (http10_ && out_->keep_alive()) out_->set(http::field::connection, "keep-alive");
   if (head_method_) {
     out_->body().clear();
     out_->content_length(size);

@@ -97,6 +97,7 @@ class HttpConnection final : public HttpAnswerSink,
   bool closed_ = false;
   bool watching_ = false;
   bool keep_alive_ = true;  // The current request's.
+  bool http10_ = false;     // The current request is HTTP/1.0.
   bool head_method_ = false;
   bool body_unread_ = false;  // The current request's body was not read.
   boost::beast::flat_buffer buffer_;
