@@ -47,13 +47,18 @@ using ::testing::HasSubstr;
 // a component destroys uncalled); anything else: 200 with the body's size.
 class ReviewHandler : public HttpHandler {
  public:
-  HeadDecision OnHead(const HttpRequest&) override { return {}; }
+  HeadDecision OnHead(const HttpRequest& head) override {
+    if (head.path == "/upload") upload_head_.Notify();
+    return {};
+  }
   void Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange) override {
     if (request.path == "/drop") return;
     HttpResponse response;
     response.body = absl::StrCat(request.method, " ", request.path, " ", request.body.size());
     exchange->Reply(std::move(response));
   }
+
+  absl::Notification upload_head_;  // /upload's head was read.
 };
 
 class HttpServerReviewTest : public ::testing::Test {
@@ -107,6 +112,28 @@ TEST_F(HttpServerReviewTest, AnHttp10KeepAliveAnswerSaysKeepAlive) {
   ASSERT_TRUE(d.Send("GET /c HTTP/1.0\r\n\r\n"));
   const std::string closed = d.ReadToEnd();
   EXPECT_THAT(HttpStatuses(closed), ElementsAre(200)) << closed;
+}
+
+// The drain closes each connection after its current answer; a request whose
+// head was read and whose body was arriving was cut at once instead (the
+// connection was "reading"), resetting an upload the server had admitted: the
+// client could not tell it from a crash. Its answer (here the handler's; on
+// the server, UNAVAILABLE while draining) is now written before the close.
+TEST_F(HttpServerReviewTest, TheDrainAnswersARequestWhoseBodyIsArriving) {
+  Serve();
+  RawHttpConnection c(server_->port());
+  ASSERT_TRUE(c.Send("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n01234"));
+  ASSERT_TRUE(handler_.upload_head_.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  std::thread stop([&] { server_->Stop(absl::Seconds(20)); });
+  // The drain has reached the connection (closed at once, before the fix).
+  for (int i = 0; i < 10 && !c.Readable(50); ++i) {
+  }
+  c.Send("56789");
+  const std::string answer = c.ReadToEnd();
+  stop.join();
+  EXPECT_THAT(HttpStatuses(answer), ElementsAre(200)) << answer;
+  EXPECT_THAT(answer, HasSubstr("POST /upload 10"));
+  EXPECT_THAT(absl::AsciiStrToLower(answer), HasSubstr("connection: close"));
 }
 
 // An inference of 4096 x 512 floats on "wide": about 25 MB of JSON out, more
