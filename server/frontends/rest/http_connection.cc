@@ -82,8 +82,10 @@ template <class Stream>
 void HttpConnection<Stream>::Close(bool now) {
   net::post(stream_.get_executor(), [self = this->shared_from_this(), now] {
     if (self->closed_) return;
-    // Not past its head (reading or idle): nothing of it is answered.
-    if (now || self->state_ == State::kReading) return self->DoClose();
+    // Not past its head (reading it, or idle): nothing of it is answered. A
+    // request whose body is arriving is answered, then the connection closed.
+    const bool past_head = self->body_.has_value() || self->continue_ != nullptr;
+    if (now || (self->state_ == State::kReading && !past_head)) return self->DoClose();
     self->close_after_ = true;
   });
 }
