@@ -136,6 +136,48 @@ TEST_F(HttpServerReviewTest, TheDrainAnswersARequestWhoseBodyIsArriving) {
   EXPECT_THAT(absl::AsciiStrToLower(answer), HasSubstr("connection: close"));
 }
 
+// DISABLED: a design point, not a slip (see the review's report). A body is
+// charged to REST's receive budget by its declared Content-Length when its
+// head is read, and the charge is held while the body "arrives", for up to
+// the body deadline (60 s), whether or not a byte comes: one client that
+// declares a large body and sends nothing holds the whole budget, and every
+// other client's infer body is refused 429 meanwhile (with tokens off, no
+// credential is needed; a thousand connections declaring the message limit
+// each need only their heads). gRPC's quota is charged by bytes received.
+// Proposed: check the declared size against what the budget has free at the
+// head (refusing early as now), but take the charge as the bytes arrive
+// (on_body_bytes already grows it for chunked bodies); or hold the body to a
+// minimum rate rather than one 60 s deadline.
+TEST(RestBudgetReviewTest, DISABLED_ADeclaredBodyThatNeverArrivesDoesNotHoldTheReceiveBudget) {
+  testing::ModelFolder models("rest_review_budget");
+  models.Add("small", testing::SelfAttentionSpec(16, 2), 1);
+  server::ServerOptions o = testing::TestServerOptions(models.path(), /*rest=*/true);
+  o.grpc_receive_quota_bytes = 64 << 20;  // REST's receive budget is the same size.
+  o.drain_timeout = absl::Seconds(1);     // The idle body holds the drain to its end.
+  auto server = testing::StartServer(o);
+  ASSERT_NE(server, nullptr);
+  // Declares 22 MB of JSON (charged 3 times: all but 64 bytes of the
+  // budget), sends none of it.
+  RawHttpConnection idle(server->http_port());
+  ASSERT_TRUE(idle.Send(
+      "POST /v2/models/small/infer HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+      "Content-Length: 22369600\r\n\r\n"));
+  ASSERT_FALSE(idle.Readable(200));  // Admitted: the server waits for the body.
+  std::string data = "0";
+  for (int i = 1; i < 16; ++i) data += ",0";
+  const std::string body = absl::StrCat(
+      R"({"inputs":[{"name":"query","datatype":"FP32","shape":[1,1,16],"data":[)", data, "]}]}");
+  RawHttpConnection c(server->http_port());
+  ASSERT_TRUE(
+      c.Send(absl::StrCat("POST /v2/models/small/infer HTTP/1.1\r\nHost: a\r\n"
+                          "Content-Type: application/json\r\nContent-Length: ",
+                          body.size(), "\r\n\r\n", body)));
+  const std::string answer = c.ReadResponse();
+  EXPECT_THAT(HttpStatuses(answer), ElementsAre(200)) << answer;
+  EXPECT_TRUE(server->Drain());
+  std::filesystem::remove_all(models.path());
+}
+
 // An inference of 4096 x 512 floats on "wide": about 25 MB of JSON out, more
 // than the loopback's socket buffers hold while the client does not read.
 std::string WideInfer() {
