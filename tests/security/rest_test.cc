@@ -268,6 +268,46 @@ TEST_F(RestSecurityTest, AResumedTlsSessionIsServedUnderMutualTlsUntilTheClientC
   SSL_SESSION_free(first);
 }
 
+// RFC 8446 6.1: each side sends close_notify before it closes. The REST port
+// closed the socket under TLS without it: a client that reads its
+// "Connection: close" answer to the end got an error (OpenSSL 3: "unexpected
+// eof while reading"; Python's ssl: SSLEOFError) instead of the end, and
+// OpenSSL dropped its session (no resumption on the next connection).
+TEST_F(RestSecurityTest, TheRestPortEndsATlsConnectionWithCloseNotify) {
+  testing::TestCertificates certs(Dir() + "/notify");
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  auto server = Start([&](ServerOptions& o) { ServeServerPair(certs, "ca1", o); });
+  ASSERT_NE(server, nullptr);
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL_CTX_load_verify_locations(ctx, certs.Path("ca1.pem").c_str(), nullptr);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server->http_port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, fd);
+  SSL_set_tlsext_host_name(ssl, "localhost");
+  ASSERT_EQ(SSL_connect(ssl), 1);
+  const std::string request =
+      "GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  SSL_write(ssl, request.data(), static_cast<int>(request.size()));
+  std::string answer;
+  char buffer[4096];
+  int n;
+  while ((n = SSL_read(ssl, buffer, sizeof(buffer))) > 0) answer.append(buffer, n);
+  const int error = SSL_get_error(ssl, n);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer;
+  EXPECT_EQ(error, SSL_ERROR_ZERO_RETURN) << "the connection ended without close_notify";
+  SSL_free(ssl);
+  close(fd);
+  SSL_CTX_free(ctx);
+}
+
 // A rotated certificate is served on the REST port too, without a restart
 // (the REST port re-reads the pair gRPC's watcher holds), and a key that does
 // not match the new certificate is not installed on either port.
