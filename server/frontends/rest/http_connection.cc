@@ -342,9 +342,22 @@ void HttpConnection<Stream>::OnWritten(beast::error_code ec) {
   if (closed_) return;
   if (ec) return DoClose();
   if (linger_after_write_) return Linger();
-  if (!keep) return DoClose();
+  if (!keep) return CloseAfterAnswer();
   first_ = false;
   ReadHead();
+}
+
+template <class Stream>
+void HttpConnection<Stream>::CloseAfterAnswer() {
+  if constexpr (std::is_same_v<Stream, beast::ssl_stream<beast::tcp_stream>>) {
+    // TLS: close_notify first (RFC 8446 6.1), so that a client reading to
+    // the end sees the end, not a truncation; bounded by linger_timeout.
+    state_ = State::kClosing;
+    beast::get_lowest_layer(stream_).expires_after(Chrono(options_.linger_timeout));
+    return stream_.async_shutdown(
+        [self = this->shared_from_this()](beast::error_code) { self->DoClose(); });
+  }
+  DoClose();
 }
 
 template <class Stream>

@@ -79,6 +79,8 @@ class HttpConnection final : public HttpAnswerSink,
   void TooLarge();  // 413.
   void Write(HttpResponse response);
   void OnWritten(boost::beast::error_code ec);
+  // After an answer with Connection: close (TLS: close_notify first).
+  void CloseAfterAnswer();
   void Linger();
   void DoClose();
 
