@@ -178,6 +178,39 @@ TEST(RestBudgetReviewTest, DISABLED_ADeclaredBodyThatNeverArrivesDoesNotHoldTheR
   std::filesystem::remove_all(models.path());
 }
 
+// Model names are folder names, spaces and '+' included; clients put them in
+// the URL percent-encoded (Triton's Python client quotes the name). The
+// path's segments were taken as sent, so "my%20model" was not found
+// (cpp-httplib decoded the path).
+TEST(RestPathReviewTest, APercentEncodedModelNameIsDecoded) {
+  testing::ModelFolder models("rest_review_path");
+  models.Add("my model+1", testing::SelfAttentionSpec(16, 2), 1);
+  server::ServerOptions o = testing::TestServerOptions(models.path(), /*rest=*/true);
+  auto server = testing::StartServer(o);
+  ASSERT_NE(server, nullptr);
+  for (const std::string path : {"/v2/models/my%20model%2B1", "/v2/models/my%20model%2b1/ready",
+                                 "/v2/models/my%20model%2B1/versions/1/config"}) {
+    RawHttpConnection c(server->http_port());
+    ASSERT_TRUE(c.Send(absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: a\r\n\r\n")));
+    const std::string answer = c.ReadResponse();
+    EXPECT_THAT(HttpStatuses(answer), ElementsAre(200)) << path << "\n" << answer;
+  }
+  std::string data = "0";
+  for (int i = 1; i < 16; ++i) data += ",0";
+  const std::string body = absl::StrCat(
+      R"({"inputs":[{"name":"query","datatype":"FP32","shape":[1,1,16],"data":[)", data, "]}]}");
+  RawHttpConnection c(server->http_port());
+  ASSERT_TRUE(
+      c.Send(absl::StrCat("POST /v2/models/my%20model%2B1/infer HTTP/1.1\r\nHost: a\r\n"
+                          "Content-Type: application/json\r\nContent-Length: ",
+                          body.size(), "\r\n\r\n", body)));
+  const std::string answer = c.ReadResponse();
+  EXPECT_THAT(HttpStatuses(answer), ElementsAre(200)) << answer;
+  EXPECT_THAT(answer, HasSubstr(R"("model_name":"my model+1")"));
+  EXPECT_TRUE(server->Drain());
+  std::filesystem::remove_all(models.path());
+}
+
 // An inference of 4096 x 512 floats on "wide": about 25 MB of JSON out, more
 // than the loopback's socket buffers hold while the client does not read.
 std::string WideInfer() {
