@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "server/frontends/rest/http_message.h"
 
 namespace attention::server {
@@ -33,6 +34,11 @@ struct ModelPath {
   std::string action;  // "", "ready", "config", "stats", "infer".
 };
 std::optional<ModelPath> ParseModelPath(const std::string& path);
+
+// `segment` of a URL path with its %XX escapes decoded (RFC 3986 2.1; an
+// invalid escape is kept as sent, '+' is itself): model names are folder
+// names, which clients percent-encode.
+std::string PercentDecoded(absl::string_view segment);
 
 }  // namespace attention::server
 
