@@ -114,6 +114,19 @@ TEST_F(HttpServerReviewTest, AnHttp10KeepAliveAnswerSaysKeepAlive) {
   EXPECT_THAT(HttpStatuses(closed), ElementsAre(200)) << closed;
 }
 
+// RFC 9112 3.2.2: "a server MUST accept the absolute-form in requests". The
+// path was taken from the target as sent ("http://a/b"), so every route
+// answered 404 to a client that sends the absolute form (as some do through
+// a forward proxy).
+TEST_F(HttpServerReviewTest, AnAbsoluteFormTargetIsServedByItsPath) {
+  Serve();
+  RawHttpConnection c(server_->port());
+  ASSERT_TRUE(c.Send("GET http://a:8000/v2/x?y=1 HTTP/1.1\r\nHost: a:8000\r\n\r\n"));
+  EXPECT_THAT(c.ReadResponse(), HasSubstr("GET /v2/x 0"));
+  ASSERT_TRUE(c.Send("GET HTTPS://a HTTP/1.1\r\nHost: a\r\n\r\n"));
+  EXPECT_THAT(c.ReadResponse(), HasSubstr("GET / 0"));
+}
+
 // The drain closes each connection after its current answer; a request whose
 // head was read and whose body was arriving was cut at once instead (the
 // connection was "reading"), resetting an upload the server had admitted: the
