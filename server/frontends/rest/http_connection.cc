@@ -148,7 +148,7 @@ void HttpConnection<Stream>::OnHead(beast::error_code ec) {
   request_ = HttpRequest();
   request_.method = std::string(head.method_string());
   request_.target = std::string(head.target());
-  request_.path = request_.target.substr(0, request_.target.find('?'));
+  request_.path = HttpPathOf(request_.target);
   request_.headers = static_cast<const http::fields&>(head);
   request_.peer = peer_;
   if (auto refused = CheckHttpHead(head, options_.max_header_fields)) {
