@@ -130,3 +130,9 @@ extern "C" int accept4(int listener, sockaddr* address, socklen_t* length, int f
     }
   }
 }
+
+// The same for callers of accept() (REST's Asio acceptor, which retried an
+// EMFILE at once, spinning, with the connections left queued unanswered).
+extern "C" int accept(int listener, sockaddr* address, socklen_t* length) {
+  return accept4(listener, address, length, 0);
+}

@@ -10,7 +10,8 @@
 // frame"). Later gRPC releases retry instead.
 //
 // InstallAcceptGuard() makes the server's own accept4() (which libgrpc calls
-// in its place: the executable defines the symbol) answer EMFILE and ENFILE
+// in its place: the executable defines the symbol; its accept(), which REST's
+// Asio acceptor calls, is the same) answer EMFILE and ENFILE
 // itself: it frees a spare descriptor kept for the purpose, accepts each
 // waiting connection and closes it at once (the client sees the connection
 // closed instead of a silent wait), logs why (at most once a second, with

@@ -293,8 +293,10 @@ bool AttentionServer::Drain() {
       std::max(absl::ZeroDuration(), start + options_.drain_timeout - absl::Now());
   // REST's connections: closed after their answer, and at the drain's end
   // whatever they do (their requests cancelled).
+  // One deadline for both ports: what REST took of it is not given again.
+  const absl::Time end = absl::Now() + left;
   if (rest_ != nullptr) rest_->Stop(left);
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + left));
+  server_->Shutdown(absl::ToChronoTime(std::max(absl::Now(), end)));
   server_->Wait();
   // Infer's calls still open were cancelled by the shutdown: their batchers
   // drop them, the queue answers them, then its completion queue drains.

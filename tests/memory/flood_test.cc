@@ -260,5 +260,75 @@ TEST(FloodTest, RunningOutOfFileDescriptorsDoesNotStopTheServerAccepting) {
   EXPECT_EQ(server.Stop(), 0);
 }
 
+// CPU seconds process `pid` has used (user and system), from /proc.
+double CpuSeconds(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime.
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// The same on the REST port. Asio's acceptor calls accept(), not the
+// accept4() the guard replaces: out of descriptors, each accept failed at
+// once and was retried at once (an I/O thread spinning at 100%), the
+// connections waited in the listen queue unanswered, and nothing was logged.
+TEST(FloodTest, RunningOutOfFileDescriptorsOnTheRestPortClosesWhatItCannotAccept) {
+  testing::OneModelProcess setup("fd_flood_rest_test");
+  testing::ServerProcessOptions& process = setup.options;
+  process.max_open_files = 64;
+  testing::ServerProcess server(ATTENTION_SERVER_BINARY, setup.Flags(), "127.0.0.1", 0, process);
+  ASSERT_TRUE(server.ok());
+  ASSERT_GT(server.http_port(), 0);
+  auto log = [&] {
+    std::ifstream in(process.stderr_path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server.http_port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> held;
+  for (int i = 0; i < 128; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0) << "this process: " << Descriptors(getpid());
+    ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0)
+        << errno;
+    held.push_back(fd);
+  }
+  std::string text = log();
+  for (int i = 0;
+       i < 200 && text.find("refused a connection: no file descriptor left") == std::string::npos;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    text = log();
+  }
+  EXPECT_THAT(text, HasSubstr("refused a connection: no file descriptor left to accept it"))
+      << Descriptors(server.pid());
+  // Out of descriptors with connections still arriving, the server waits
+  // for descriptors rather than retrying the accept at once: a spinning
+  // thread would take about a second of CPU in this second.
+  const int extra = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(extra, 0);
+  ASSERT_EQ(connect(extra, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+  held.push_back(extra);
+  const double cpu = CpuSeconds(server.pid());
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_LT(CpuSeconds(server.pid()) - cpu, 0.5) << "the REST acceptor spins";
+  for (int fd : held) close(fd);
+  // Descriptors free again: REST answers.
+  std::string live;
+  for (int i = 0; i < 100 && live.empty(); ++i) {
+    live = testing::HttpGet(server.http_port(), "/v2");
+    if (live.empty()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_THAT(live, HasSubstr("\"name\"")) << log();
+  EXPECT_EQ(server.Stop(), 0);
+}
+
 }  // namespace
 }  // namespace attention

@@ -42,7 +42,7 @@ TEST(RestConnectionsTest, AConnectionBeyondTheThreadsIsServedWhileOthersKeepSend
   // the third is answered (or, on a server that starves it, a bound).
   std::atomic<bool> third_answered{false};
   std::atomic<int> busy_ready{0};
-  std::vector<int> busy_ok(2, 0), busy_failed(2, 0);
+  std::atomic<int> busy_ok[2] = {0, 0}, busy_failed[2] = {0, 0};  // Read while written.
   const absl::Time bound = absl::Now() + absl::Seconds(20);
   std::atomic<bool> bound_reached{false};
   std::vector<std::thread> busy;
@@ -89,9 +89,10 @@ TEST(RestConnectionsTest, AConnectionBeyondTheThreadsIsServedWhileOthersKeepSend
   // (about 6 here), not the keep-alive limit's 100000 per connection.
   EXPECT_LT(meanwhile, 1000) << "busy requests answered while the third waited";
   for (int i = 0; i < 2; ++i) {
-    EXPECT_GT(busy_ok[i], 0) << "busy client " << i;
-    EXPECT_EQ(busy_failed[i], 0) << "busy client " << i << ": a closed keep-alive connection "
-                                 << "must be reopened by the client, not fail a request";
+    EXPECT_GT(busy_ok[i].load(), 0) << "busy client " << i;
+    EXPECT_EQ(busy_failed[i].load(), 0)
+        << "busy client " << i << ": a closed keep-alive connection "
+        << "must be reopened by the client, not fail a request";
   }
   EXPECT_TRUE(server->Drain());
 }

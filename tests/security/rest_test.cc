@@ -2,6 +2,12 @@
 // the same bearer tokens as gRPC (401 with WWW-Authenticate, 403 for another
 // caller's model, probes open without --auth_probes) and the gRPC port's
 // certificate files.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <openssl/ssl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -164,6 +170,142 @@ TEST_F(RestSecurityTest, AChangedClientCaIsReReadOnTheRestPort) {
   }
   EXPECT_TRUE(in) << "the REST port still verifies against the old client CA";
   EXPECT_FALSE(live("client-ca1"));
+}
+
+// One mutual-TLS GET /v2/health/live with OpenSSL itself (HttpTestClient
+// does not resume sessions), as curl, browsers and most HTTP libraries do on
+// their next connection: offers `resume` when given. Returns the status (0:
+// no answer, the handshake failed); `*session` is the connection's session
+// (the caller frees it), `*reused` whether `resume` was resumed.
+int ResumingGet(int port, const testing::TestCertificates& certs, const std::string& client,
+                SSL_SESSION* resume, SSL_SESSION** session, bool* reused) {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL_CTX_load_verify_locations(ctx, certs.Path("ca1.pem").c_str(), nullptr);
+  SSL_CTX_use_certificate_chain_file(ctx, certs.Path(client + ".pem").c_str());
+  SSL_CTX_use_PrivateKey_file(ctx, certs.Path(client + ".key").c_str(), SSL_FILETYPE_PEM);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  int status = 0;
+  SSL* ssl = SSL_new(ctx);
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0) {
+    SSL_set_fd(ssl, fd);
+    SSL_set_tlsext_host_name(ssl, "localhost");
+    if (resume != nullptr) SSL_set_session(ssl, resume);
+    if (SSL_connect(ssl) == 1) {
+      const std::string request = "GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\n";
+      SSL_write(ssl, request.data(), static_cast<int>(request.size()));
+      std::string answer;
+      char buffer[4096];
+      int n;
+      // The head only (the answer has no body); the connection is kept, and
+      // closed by this client (a read to the server's close would end in an
+      // error: it sends no close_notify, and OpenSSL drops the session).
+      while (answer.find("\r\n\r\n") == std::string::npos &&
+             (n = SSL_read(ssl, buffer, sizeof(buffer))) > 0) {
+        answer.append(buffer, n);
+      }
+      if (answer.rfind("HTTP/1.1 ", 0) == 0) status = std::atoi(answer.c_str() + 9);
+      *reused = SSL_session_reused(ssl) == 1;
+      *session = SSL_get1_session(ssl);  // After the answer: TLS 1.3's ticket came first.
+      SSL_shutdown(ssl);                 // Else OpenSSL marks the session not resumable.
+    }
+  }
+  SSL_free(ssl);
+  close(fd);
+  SSL_CTX_free(ctx);
+  return status;
+}
+
+// A client that resumes its TLS session on its next connection (TLS 1.2's
+// session id or ticket, TLS 1.3's ticket) failed the handshake on the REST
+// port with mutual TLS: OpenSSL refuses to resume, with an "internal error"
+// alert, when peers are verified and no session id context is set
+// (SSL_R_SESSION_ID_CONTEXT_UNINITIALIZED). And once the client CA file
+// changes, a session made under the old CAs must not be resumed: its client
+// certificate was never checked against the CAs in force.
+TEST_F(RestSecurityTest, AResumedTlsSessionIsServedUnderMutualTlsUntilTheClientCaChanges) {
+  testing::TestCertificates certs(Dir() + "/resume");
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  const std::string ca_file = Dir() + "/resume-client-ca.pem";
+  std::ofstream(ca_file) << certs.Read("ca1.pem");
+  auto server = Start([&](ServerOptions& o) {
+    ServeServerPair(certs, "ca1", o);
+    o.tls.client_ca_file = ca_file;
+  });
+  ASSERT_NE(server, nullptr);
+  SSL_SESSION* first = nullptr;
+  bool reused = false;
+  ASSERT_EQ(ResumingGet(server->http_port(), certs, "client-ca1", nullptr, &first, &reused), 200);
+  ASSERT_NE(first, nullptr);
+  ASSERT_EQ(SSL_SESSION_is_resumable(first), 1) << "the server gave no session to resume";
+  SSL_SESSION* second = nullptr;
+  EXPECT_EQ(ResumingGet(server->http_port(), certs, "client-ca1", first, &second, &reused), 200)
+      << "a resumed session's handshake failed";
+  EXPECT_TRUE(reused);
+  SSL_SESSION_free(second);
+  // The CA file now names ca2 only: client-ca1's session is not resumed (a
+  // full handshake, whose certificate ca2 did not sign, fails).
+  std::ofstream(ca_file + ".next") << certs.Read("ca2.pem");
+  std::filesystem::rename(ca_file + ".next", ca_file);
+  std::filesystem::last_write_time(
+      ca_file, std::filesystem::last_write_time(ca_file) + std::chrono::seconds(2));
+  // Read at a handshake once a second has passed since the last check
+  // (bounded at 20 s): until then client-ca1 is still let in.
+  int status = 200;
+  for (int i = 0; i < 100 && status == 200; ++i) {
+    absl::SleepFor(absl::Milliseconds(200));
+    SSL_SESSION* next = nullptr;
+    status = ResumingGet(server->http_port(), certs, "client-ca1", first, &next, &reused);
+    if (next != nullptr) SSL_SESSION_free(next);
+  }
+  EXPECT_EQ(status, 0) << "a session made under the old client CA was resumed";
+  SSL_SESSION_free(first);
+}
+
+// RFC 8446 6.1: each side sends close_notify before it closes. The REST port
+// closed the socket under TLS without it: a client that reads its
+// "Connection: close" answer to the end got an error (OpenSSL 3: "unexpected
+// eof while reading"; Python's ssl: SSLEOFError) instead of the end, and
+// OpenSSL dropped its session (no resumption on the next connection).
+TEST_F(RestSecurityTest, TheRestPortEndsATlsConnectionWithCloseNotify) {
+  testing::TestCertificates certs(Dir() + "/notify");
+  ASSERT_TRUE(certs.ok()) << certs.error();
+  auto server = Start([&](ServerOptions& o) { ServeServerPair(certs, "ca1", o); });
+  ASSERT_NE(server, nullptr);
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL_CTX_load_verify_locations(ctx, certs.Path("ca1.pem").c_str(), nullptr);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server->http_port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, fd);
+  SSL_set_tlsext_host_name(ssl, "localhost");
+  ASSERT_EQ(SSL_connect(ssl), 1);
+  const std::string request =
+      "GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  SSL_write(ssl, request.data(), static_cast<int>(request.size()));
+  std::string answer;
+  char buffer[4096];
+  int n;
+  while ((n = SSL_read(ssl, buffer, sizeof(buffer))) > 0) answer.append(buffer, n);
+  const int error = SSL_get_error(ssl, n);
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer;
+  EXPECT_EQ(error, SSL_ERROR_ZERO_RETURN) << "the connection ended without close_notify";
+  SSL_free(ssl);
+  close(fd);
+  SSL_CTX_free(ctx);
 }
 
 // A rotated certificate is served on the REST port too, without a restart

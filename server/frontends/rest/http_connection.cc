@@ -83,8 +83,10 @@ template <class Stream>
 void HttpConnection<Stream>::Close(bool now) {
   net::post(stream_.get_executor(), [self = this->shared_from_this(), now] {
     if (self->closed_) return;
-    // Not past its head (reading or idle): nothing of it is answered.
-    if (now || self->state_ == State::kReading) return self->DoClose();
+    // Not past its head (reading it, or idle): nothing of it is answered. A
+    // request whose body is arriving is answered, then the connection closed.
+    const bool past_head = self->body_.has_value() || self->continue_ != nullptr;
+    if (now || (self->state_ == State::kReading && !past_head)) return self->DoClose();
     self->close_after_ = true;
   });
 }
@@ -97,6 +99,7 @@ void HttpConnection<Stream>::ReadHead() {
   // Until this head is parsed, a refusal of it is answered as to GET and
   // closes the connection.
   keep_alive_ = false;
+  http10_ = false;
   head_method_ = false;
   head_.emplace();
   head_->header_limit(static_cast<std::uint32_t>(options_.header_limit_bytes));
@@ -141,11 +144,12 @@ void HttpConnection<Stream>::OnHead(beast::error_code ec) {
   if (ec) return DoClose();  // Closed, reset, or too slow (slowloris): unanswered.
   const auto& head = head_->get();
   keep_alive_ = head.keep_alive();
+  http10_ = head.version() < 11;
   head_method_ = head.method() == http::verb::head;
   request_ = HttpRequest();
   request_.method = std::string(head.method_string());
   request_.target = std::string(head.target());
-  request_.path = request_.target.substr(0, request_.target.find('?'));
+  request_.path = HttpPathOf(request_.target);
   request_.headers = static_cast<const http::fields&>(head);
   request_.peer = peer_;
   request_.received = absl::Now();
@@ -234,9 +238,13 @@ void HttpConnection<Stream>::Dispatch() {
   body_unread_ = false;
   request_.charge = std::move(charge_);
   on_body_bytes_ = nullptr;
-  exchange_ = std::make_shared<HttpExchange>(this->shared_from_this(), connections_->outstanding());
+  // Held by the handler alone (here: weakly, to cancel it): one it drops
+  // unanswered answers 500 from its destructor.
+  auto exchange =
+      std::make_shared<HttpExchange>(this->shared_from_this(), connections_->outstanding());
+  exchange_ = exchange;
   handling_.store(std::this_thread::get_id(), std::memory_order_release);
-  handler_->Handle(std::move(request_), exchange_);
+  handler_->Handle(std::move(request_), std::move(exchange));
   handling_.store(std::thread::id(), std::memory_order_release);
   if (state_ == State::kComputing && !pending_.has_value()) Watch();
 }
@@ -321,6 +329,8 @@ void HttpConnection<Stream>::Write(HttpResponse response) {
   const size_t size = response.body.size();
   out_->body() = std::move(response.body);
   out_->keep_alive(keep_alive_ && !response.close && !close_after_);
+  // An HTTP/1.0 client keeps the connection only when told (RFC 9112 C.2.2).
+  if (http10_ && out_->keep_alive()) out_->set(http::field::connection, "keep-alive");
   if (head_method_) {
     out_->body().clear();
     out_->content_length(size);
@@ -343,9 +353,22 @@ void HttpConnection<Stream>::OnWritten(beast::error_code ec) {
   if (closed_) return;
   if (ec) return DoClose();
   if (linger_after_write_) return Linger();
-  if (!keep) return DoClose();
+  if (!keep) return CloseAfterAnswer();
   first_ = false;
   ReadHead();
+}
+
+template <class Stream>
+void HttpConnection<Stream>::CloseAfterAnswer() {
+  if constexpr (std::is_same_v<Stream, beast::ssl_stream<beast::tcp_stream>>) {
+    // TLS: close_notify first (RFC 8446 6.1), so that a client reading to
+    // the end sees the end, not a truncation; bounded by linger_timeout.
+    state_ = State::kClosing;
+    beast::get_lowest_layer(stream_).expires_after(Chrono(options_.linger_timeout));
+    return stream_.async_shutdown(
+        [self = this->shared_from_this()](beast::error_code) { self->DoClose(); });
+  }
+  DoClose();
 }
 
 template <class Stream>
@@ -380,7 +403,8 @@ void HttpConnection<Stream>::DoClose() {
   beast::get_lowest_layer(stream_).close();
   body_timer_.cancel();
   charge_.reset();
-  if (auto exchange = std::move(exchange_)) exchange->Cancel();
+  if (auto exchange = exchange_.lock()) exchange->Cancel();
+  exchange_.reset();
 }
 
 template class HttpConnection<boost::beast::tcp_stream>;

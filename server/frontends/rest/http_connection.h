@@ -80,6 +80,8 @@ class HttpConnection final : public HttpAnswerSink,
   void TooLarge();  // 413.
   void Write(HttpResponse response);
   void OnWritten(boost::beast::error_code ec);
+  // After an answer with Connection: close (TLS: close_notify first).
+  void CloseAfterAnswer();
   void Linger();
   void DoClose();
 
@@ -98,6 +100,7 @@ class HttpConnection final : public HttpAnswerSink,
   bool closed_ = false;
   bool watching_ = false;
   bool keep_alive_ = true;  // The current request's.
+  bool http10_ = false;     // The current request is HTTP/1.0.
   bool head_method_ = false;
   bool body_unread_ = false;  // The current request's body was not read.
   boost::beast::flat_buffer buffer_;
@@ -107,7 +110,9 @@ class HttpConnection final : public HttpAnswerSink,
   std::optional<HttpResponse> body_refusal_;  // What on_body_bytes_ answered.
   HttpRequest request_;
   std::shared_ptr<void> charge_;
-  std::shared_ptr<HttpExchange> exchange_;
+  // The request being computed's, to cancel it; weak: the exchange holds
+  // this connection, and one its handler drops must go (answering 500).
+  std::weak_ptr<HttpExchange> exchange_;
   std::optional<HttpResponse> pending_;
   std::unique_ptr<boost::beast::http::response<boost::beast::http::string_body>> out_;
   std::shared_ptr<void> out_hold_;

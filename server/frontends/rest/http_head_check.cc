@@ -37,4 +37,13 @@ std::optional<std::pair<int, std::string>> CheckHttpHead(const http::fields& hea
   return std::nullopt;
 }
 
+std::string HttpPathOf(const std::string& target) {
+  absl::string_view path = absl::string_view(target).substr(0, target.find('?'));
+  if (absl::StartsWithIgnoreCase(path, "http://") || absl::StartsWithIgnoreCase(path, "https://")) {
+    const size_t slash = path.find('/', path.find("://") + 3);
+    path = slash == absl::string_view::npos ? absl::string_view("/") : path.substr(slash);
+  }
+  return std::string(path);
+}
+
 }  // namespace attention::server

@@ -27,7 +27,7 @@ namespace attention::server {
 struct HttpRequest {
   std::string method;  // As sent: "GET", "POST", ...
   std::string target;  // The request target, path and query.
-  std::string path;    // The target before any '?'.
+  std::string path;    // The target's path, without its query (HttpPathOf).
   boost::beast::http::fields headers;
   std::string body;  // Decoded from its framing (Content-Length or chunked).
   std::string peer;  // "address:port".

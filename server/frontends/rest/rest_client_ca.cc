@@ -20,6 +20,9 @@ namespace attention::server {
 struct RestClientCa::Cas {
   X509_STORE* store = X509_STORE_new();
   STACK_OF(X509_NAME) * names = sk_X509_NAME_new_null();
+  // Which file read this is (1: Load's): a TLS session is resumed only
+  // under the CAs that verified it (its session id context).
+  int64_t generation = 0;
   ~Cas() {
     X509_STORE_free(store);
     sk_X509_NAME_pop_free(names, X509_NAME_free);
@@ -68,9 +71,9 @@ absl::Status RestClientCa::Read() {
     return absl::InvalidArgumentError(
         absl::StrCat("REST TLS: the client CA file '", pem_file_, "' holds no certificate"));
   }
+  cas->generation = ++loaded_;
   cas_ = std::move(cas);
   mtime_ns_ = mtime;
-  ++loaded_;
   return absl::OkStatus();
 }
 
@@ -98,6 +101,13 @@ int RestClientCa::OnClientHello(SSL* ssl, int* /*alert*/, void* self) {
   // This connection's own: a later file does not change a handshake under way.
   SSL_set1_verify_cert_store(ssl, cas->store);
   SSL_set_client_CA_list(ssl, SSL_dup_CA_list(cas->names));
+  // OpenSSL refuses to resume a session (an "internal error" alert, not a
+  // full handshake) when peers are verified and no session id context is
+  // set; one per CA file read keeps sessions verified under older CAs from
+  // being resumed (theirs is another: a full handshake).
+  const std::string context = absl::StrCat("rest-client-ca-", cas->generation);
+  SSL_set_session_id_context(ssl, reinterpret_cast<const unsigned char*>(context.data()),
+                             static_cast<unsigned int>(context.size()));
   return SSL_CLIENT_HELLO_SUCCESS;
 }
 

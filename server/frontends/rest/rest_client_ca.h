@@ -8,7 +8,8 @@
 // for its verification and for the CA names it asks the client for. A file
 // that does not parse (or holds no certificate) is logged and the previous
 // CAs stay in force. Connections already open keep the CAs they were
-// verified with.
+// verified with; a TLS session is resumed only while the CAs that verified
+// it are in force (a session id context per file read).
 //
 // Thread-safe. Owns the parsed CAs; must outlive the SSL_CTX it is
 // installed on (Install).

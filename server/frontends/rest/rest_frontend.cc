@@ -72,7 +72,7 @@ std::optional<std::pair<std::string, bool>> ControlPath(const std::string& path)
   if (slash == 0 || slash == absl::string_view::npos) return std::nullopt;
   const absl::string_view action = rest.substr(slash + 1);
   if (action != "load" && action != "unload") return std::nullopt;
-  return std::make_pair(std::string(rest.substr(0, slash)), action == "load");
+  return std::make_pair(PercentDecoded(rest.substr(0, slash)), action == "load");
 }
 
 }  // namespace

@@ -37,6 +37,27 @@ void ReplyProbe(HttpResponse& res, const absl::Status& allowed, bool up) {
   }
 }
 
+std::string PercentDecoded(absl::string_view segment) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(segment.size());
+  for (size_t i = 0; i < segment.size(); ++i) {
+    if (segment[i] == '%' && i + 2 < segment.size() && hex(segment[i + 1]) >= 0 &&
+        hex(segment[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(segment[i + 1]) * 16 + hex(segment[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(segment[i]);
+    }
+  }
+  return out;
+}
+
 HttpResponse ErrorResponse(const absl::Status& status) {
   HttpResponse res;
   ReplyError(res, status);
@@ -93,10 +114,10 @@ std::optional<ModelPath> ParseModelPath(const std::string& path) {
       absl::StrSplit(absl::string_view(path).substr(kPrefix.size()), '/');
   ModelPath out;
   size_t i = 0;
-  out.name = parts[i++];
+  out.name = PercentDecoded(parts[i++]);
   if (out.name.empty()) return std::nullopt;
   if (i + 1 < parts.size() && parts[i] == "versions") {
-    out.version = parts[i + 1];
+    out.version = PercentDecoded(parts[i + 1]);
     if (out.version.empty()) return std::nullopt;
     i += 2;
   }

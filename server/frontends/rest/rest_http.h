@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/frontends/rest/http_message.h"
 
@@ -41,6 +42,11 @@ struct ModelPath {
   std::string action;  // "", "ready", "config", "stats", "infer".
 };
 std::optional<ModelPath> ParseModelPath(const std::string& path);
+
+// `segment` of a URL path with its %XX escapes decoded (RFC 3986 2.1; an
+// invalid escape is kept as sent, '+' is itself): model names are folder
+// names, which clients percent-encode.
+std::string PercentDecoded(absl::string_view segment);
 
 }  // namespace attention::server
 
