@@ -20,6 +20,12 @@ HttpExchange::~HttpExchange() {
 }
 
 void HttpExchange::Reply(HttpResponse response) {
+  ReplyWith([response = std::make_shared<HttpResponse>(std::move(response))] {
+    return std::move(*response);
+  });
+}
+
+void HttpExchange::ReplyWith(std::function<HttpResponse()> make) {
   std::shared_ptr<HttpAnswerSink> sink;
   {
     absl::MutexLock lock(&mu_);
@@ -28,9 +34,7 @@ void HttpExchange::Reply(HttpResponse response) {
     on_cancel_ = nullptr;
   }
   if (sink == nullptr) return;
-  sink->Answer([response = std::make_shared<HttpResponse>(std::move(response))] {
-    return std::move(*response);
-  });
+  sink->Answer(std::move(make));
   sink.reset();
   if (outstanding_ != nullptr) outstanding_->fetch_sub(1);
 }

@@ -43,6 +43,10 @@ class HttpExchange {
 
   // Answers the request; later calls are ignored.
   void Reply(HttpResponse response);
+  // Answers with what `make` returns, run on the connection's I/O thread
+  // (for a cheap encoding: it then runs beside the connection's other
+  // work, not on the answering thread); not run when the client is gone.
+  void ReplyWith(std::function<HttpResponse()> make);
   // Runs `on_cancel` (from the connection's strand, or now when the client
   // is already gone) if the client goes before the answer. At most one.
   void OnCancel(std::function<void()> on_cancel);

@@ -66,19 +66,21 @@ void WriteData(const std::string& datatype, const std::string& bytes, Out& out) 
   out.Add("[");
   const size_t size = ElementBytes(datatype);
   const size_t n = size == 0 ? 0 : bytes.size() / size;
+  // The type once, not per element.
+  const bool is_bool = datatype == "BOOL", fp32 = datatype == "FP32", fp16 = datatype == "FP16";
   for (size_t i = 0; i < n; ++i) {
     if (i > 0) out.Add(",");
-    if (datatype == "BOOL") {
+    if (is_bool) {
       out.Add(bytes[i] != 0 ? "true" : "false");
       continue;
     }
     float f = 0;
-    if (datatype == "FP32") {
+    if (fp32) {
       std::memcpy(&f, bytes.data() + 4 * i, 4);
     } else {
       uint16_t h = 0;
       std::memcpy(&h, bytes.data() + 2 * i, 2);
-      f = datatype == "FP16" ? HalfToFloat(h) : BFloat16ToFloat(h);
+      f = fp16 ? HalfToFloat(h) : BFloat16ToFloat(h);
     }
     out.Float(f);
   }

@@ -55,9 +55,32 @@ struct InferState : AdmissionHolder {
   std::shared_ptr<Admission> admission;
 };
 
+// An inference's answer: encoded (sized first, so one over the limit, JSON
+// being ~3x the binary, is refused unbuilt) and compressed as the client
+// accepts, holding its admission until written.
+HttpResponse EncodeAnswer(const std::shared_ptr<InferState>& state, int64_t max_body,
+                          ContentCoding coding) {
+  absl::StatusOr<RestBody> out =
+      EncodeRestInferWithin(state->response, state->decoded, static_cast<size_t>(max_body));
+  if (!out.ok()) return ErrorResponse(out.status());
+  HttpResponse res;
+  res.body = std::move(out->bytes);
+  if (out->header_length) {
+    res.SetHeader("Content-Type", "application/octet-stream");
+    res.SetHeader("Inference-Header-Content-Length", absl::StrCat(*out->header_length));
+  } else {
+    res.SetHeader("Content-Type", "application/json");
+  }
+  CompressResponse(res, coding);
+  res.hold = state;  // Admitted until written.
+  return res;
+}
+
 // The largest infer body decoded on the I/O thread that read it (~0.5 ms
-// of JSON); larger ones go to RestFrontend's decoder thread.
+// of JSON), and the largest answer's tensors encoded there (~0.3 ms as
+// JSON); larger ones go to RestFrontend's decoder thread.
 constexpr size_t kInlineDecodeBytes = 64 << 10;
+constexpr size_t kInlineEncodeBytes = 64 << 10;
 
 // The largest body of a repository request (index, load, unload): a few
 // parameters at most.
@@ -89,7 +112,10 @@ RestFrontend::RestFrontend(InferenceProtocol* protocol, const RestOptions& optio
 absl::StatusOr<std::unique_ptr<RestFrontend>> RestFrontend::Start(InferenceProtocol* protocol,
                                                                   const RestOptions& options) {
   auto f = std::unique_ptr<RestFrontend>(new RestFrontend(protocol, options));
-  RETURN_IF_ERROR(f->LoadTls());
+  ASSIGN_OR_RETURN(f->tls_, RestTls::Load({.cert = options.tls_cert_file,
+                                           .key = options.tls_key_file,
+                                           .client_ca = options.tls_client_ca_file,
+                                           .identity = options.tls_identity_file}));
   HttpServerOptions http;
   http.host = options.host;
   http.port = options.port;
@@ -98,47 +124,12 @@ absl::StatusOr<std::unique_ptr<RestFrontend>> RestFrontend::Start(InferenceProto
   http.max_body_bytes = options.max_body_bytes;
   http.idle_timeout = options.keep_alive;
   boost::asio::post(*f->decoder_, [] { pthread_setname_np(pthread_self(), "rest-decode"); });
-  ASSIGN_OR_RETURN(f->server_, HttpServer::Start(http, f.get(), f->tls_.get()));
+  ASSIGN_OR_RETURN(f->server_,
+                   HttpServer::Start(http, f.get(), f->tls_ ? f->tls_->context() : nullptr));
   return f;
 }
 
 RestFrontend::~RestFrontend() { Stop(); }
-
-absl::Status RestFrontend::LoadTls() {
-  const bool reloading = !options_.tls_identity_file.empty();
-  const std::string& cert = reloading ? options_.tls_identity_file : options_.tls_cert_file;
-  const std::string& key = reloading ? options_.tls_identity_file : options_.tls_key_file;
-  if (cert.empty() || key.empty()) return absl::OkStatus();
-  namespace ssl = boost::asio::ssl;
-  auto ctx = std::make_unique<ssl::context>(ssl::context::tls_server);
-  ctx->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
-                   ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
-  boost::system::error_code ec;
-  ctx->use_certificate_chain_file(cert, ec);
-  if (!ec) ctx->use_private_key_file(key, ssl::context::pem, ec);
-  const std::string& ca = options_.tls_client_ca_file;
-  if (!ec && !ca.empty()) {
-    // Re-read while serving, as gRPC's provider re-reads it.
-    absl::StatusOr<std::unique_ptr<RestClientCa>> client_ca = RestClientCa::Load(ca);
-    if (client_ca.ok()) {
-      client_ca_ = *std::move(client_ca);
-      client_ca_->Install(ctx->native_handle());
-    } else {
-      ec = boost::asio::error::invalid_argument;
-    }
-  }
-  if (ec) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--http_port: cannot load the TLS certificate '", cert, "', key '", key, "'",
-        ca.empty() ? std::string() : absl::StrCat(" or client CA '", ca, "'"), ": ", ec.message()));
-  }
-  if (reloading) {
-    ASSIGN_OR_RETURN(identity_, RestTlsIdentity::Load(options_.tls_identity_file));
-    identity_->Install(ctx->native_handle());
-  }
-  tls_ = std::move(ctx);
-  return absl::OkStatus();
-}
 
 void RestFrontend::Stop(absl::Duration grace) {
   if (server_ != nullptr) server_->Stop(grace);  // Waits for what decoder_ holds to be answered.
@@ -403,27 +394,22 @@ void RestFrontend::DecodeAndSubmit(HttpRequest req, const ModelPath& path,
   const int64_t max_body = options_.max_body_bytes;
   const ContentCoding coding = PreferredCoding(req);
   p->Infer(call, state->decoded.request, &state->response, state.get(),
-           [state, exchange, max_body, coding](const absl::Status& status) {
+           [this, state, exchange, max_body, coding](const absl::Status& status) {
              if (!status.ok()) return exchange->Reply(ErrorResponse(status));
              if (exchange->cancelled()) return;  // Nobody to read it.
-             // Encoded here, on the thread that finished the request (as
-             // EncodeModelInfer just did), not on one of the few I/O threads
-             // every connection shares; sized first, so a response over the
-             // limit (JSON: ~3x the binary) is refused unbuilt.
-             absl::StatusOr<RestBody> out = EncodeRestInferWithin(state->response, state->decoded,
-                                                                  static_cast<size_t>(max_body));
-             if (!out.ok()) return exchange->Reply(ErrorResponse(out.status()));
-             HttpResponse res;
-             res.body = std::move(out->bytes);
-             if (out->header_length) {
-               res.SetHeader("Content-Type", "application/octet-stream");
-               res.SetHeader("Inference-Header-Content-Length", absl::StrCat(*out->header_length));
-             } else {
-               res.SetHeader("Content-Type", "application/json");
+             // Not on the batcher's thread, which would hold the next batch:
+             // a small answer is encoded on the connection's I/O thread, a
+             // large one on the decoder's (not to stall an I/O thread).
+             auto encode = [state, max_body, coding] {
+               return EncodeAnswer(state, max_body, coding);
+             };
+             size_t tensor_bytes = 0;
+             for (const std::string& raw : state->response.raw_output_contents()) {
+               tensor_bytes += raw.size();
              }
-             CompressResponse(res, coding);  // Here too, not on an I/O thread.
-             res.hold = state;               // Admitted until written.
-             exchange->Reply(std::move(res));
+             if (tensor_bytes <= kInlineEncodeBytes) return exchange->ReplyWith(std::move(encode));
+             boost::asio::post(
+                 *decoder_, [exchange, encode = std::move(encode)] { exchange->Reply(encode()); });
            });
 }
 

@@ -42,7 +42,6 @@
 #include <memory>
 #include <string>
 
-#include <boost/asio/ssl/context.hpp>
 #include <boost/asio/thread_pool.hpp>
 
 #include "absl/status/statusor.h"
@@ -51,9 +50,8 @@
 #include "server/frontends/rest/http_handler.h"
 #include "server/frontends/rest/http_server.h"
 #include "server/frontends/rest/rest_body_budget.h"
-#include "server/frontends/rest/rest_client_ca.h"
 #include "server/frontends/rest/rest_http.h"
-#include "server/frontends/rest/rest_tls_identity.h"
+#include "server/frontends/rest/rest_tls.h"
 #include "server/requests/inflight_budget.h"
 
 namespace attention::server {
@@ -102,7 +100,6 @@ class RestFrontend : public HttpHandler {
 
  private:
   RestFrontend(InferenceProtocol* protocol, const RestOptions& options);
-  absl::Status LoadTls();
   // GET (and HEAD) routes, answered at once.
   HttpResponse Get(const HttpRequest& request);
   HttpResponse Index(const HttpRequest& request);
@@ -123,9 +120,7 @@ class RestFrontend : public HttpHandler {
   const RestOptions options_;
   std::unique_ptr<InflightBudget> receive_budget_;  // Null: no limit.
   RestBodyBudget body_budget_;
-  std::unique_ptr<RestTlsIdentity> identity_;       // Null unless tls_identity_file.
-  std::unique_ptr<RestClientCa> client_ca_;         // Null unless tls_client_ca_file.
-  std::unique_ptr<boost::asio::ssl::context> tls_;  // Null: plain HTTP.
+  std::unique_ptr<RestTls> tls_;  // Null: plain HTTP.
   std::unique_ptr<HttpServer> server_;
   // One thread decoding the bodies too large to decode on an I/O thread
   // (over kInlineDecodeBytes, or compressed): a large JSON body takes
