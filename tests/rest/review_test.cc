@@ -149,19 +149,15 @@ TEST_F(HttpServerReviewTest, TheDrainAnswersARequestWhoseBodyIsArriving) {
   EXPECT_THAT(absl::AsciiStrToLower(answer), HasSubstr("connection: close"));
 }
 
-// DISABLED: a design point, not a slip (see the review's report). A body is
-// charged to REST's receive budget by its declared Content-Length when its
-// head is read, and the charge is held while the body "arrives", for up to
-// the body deadline (60 s), whether or not a byte comes: one client that
-// declares a large body and sends nothing holds the whole budget, and every
-// other client's infer body is refused 429 meanwhile (with tokens off, no
-// credential is needed; a thousand connections declaring the message limit
-// each need only their heads). gRPC's quota is charged by bytes received.
-// Proposed: check the declared size against what the budget has free at the
-// head (refusing early as now), but take the charge as the bytes arrive
-// (on_body_bytes already grows it for chunked bodies); or hold the body to a
-// minimum rate rather than one 60 s deadline.
-TEST(RestBudgetReviewTest, DISABLED_ADeclaredBodyThatNeverArrivesDoesNotHoldTheReceiveBudget) {
+// A body was charged to REST's receive budget by its declared
+// Content-Length when its head was read, and the charge held while the body
+// "arrived", for up to the body deadline (60 s), whether or not a byte came:
+// one client that declared a large body and sent nothing held the whole
+// budget, and every other client's infer body was refused 429 meanwhile
+// (with tokens off, no credential is needed). gRPC's quota is charged by
+// bytes received; so is REST's now (the declared size is only checked
+// against what is free).
+TEST(RestBudgetReviewTest, ADeclaredBodyThatNeverArrivesDoesNotHoldTheReceiveBudget) {
   testing::ModelFolder models("rest_review_budget");
   models.Add("small", testing::SelfAttentionSpec(16, 2), 1);
   server::ServerOptions o = testing::TestServerOptions(models.path(), /*rest=*/true);

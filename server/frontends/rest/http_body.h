@@ -5,8 +5,8 @@
 // their framing, Content-Length or chunked); before keeping them it calls
 // `grow` with the size the body would reach, and a false stops the read
 // with net::error::no_buffer_space (the connection then answers the refusal
-// the handler gave). So a chunked body, whose size is not known from its
-// head, is charged to a budget as it is read, never past it.
+// the handler gave). So a body, whatever its framing, is charged to a
+// budget as it is read, never past it.
 //
 // Used by one parser on one strand: not thread-safe. The value owns its
 // bytes.
@@ -42,10 +42,8 @@ struct HttpBody {
       ec = {};
       // The parser's body_limit has bounded a declared length already.
       if (!length) return;
-      if (body_.grow && !body_.grow(*length)) {
-        ec = boost::asio::error::no_buffer_space;
-        return;
-      }
+      // Reserved, not charged: pages are touched (and charged, in put) as
+      // the bytes arrive.
       body_.data.reserve(*length);
     }
 

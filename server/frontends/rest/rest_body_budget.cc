@@ -57,8 +57,15 @@ HeadDecision RestBodyBudget::Admit(const HttpRequest& head) const {
   const uint64_t declared = head.Header("Transfer-Encoding").has_value() || !length
                                 ? 0
                                 : std::strtoull(std::string(*length).c_str(), nullptr, 10);
+  // Refused now if what it declares does not fit what is free, but charged
+  // only as its bytes arrive: a head that declares a large body and sends
+  // nothing holds nothing (it held the whole charge for the body's 60 s).
   const int64_t asked = charge_of(declared);
-  absl::StatusOr<std::shared_ptr<Admission>> taken = budget_->Take(asked);
+  if (asked > budget_->limit() - budget_->used()) {
+    decision.refuse = ErrorResponse(Busy(*budget_, asked));
+    return decision;
+  }
+  absl::StatusOr<std::shared_ptr<Admission>> taken = budget_->Take(0);
   if (!taken.ok()) {
     decision.refuse = ErrorResponse(Busy(*budget_, asked));
     return decision;

@@ -2,15 +2,16 @@
 //
 // RestBodyBudget: REST's counterpart of gRPC's resource quota. It bounds the
 // memory of request bodies read and being parsed, before the in-flight
-// budget admits what was parsed: a body is charged by its head, before a
-// byte of it is read (its Content-Length), and as it grows (a chunked one),
-// at kJsonCharge times its bytes for JSON (the body and the tensor read in
-// place from it: at most 3 times the body, for `[0,0,...]`) and kBinaryCharge for the binary
-// tensors after a body's JSON header (Inference-Header-Content-Length bytes, charged as JSON). A
-// body the budget cannot take is refused with 429, unread (HttpConnection closes the connection
-// after the answer, dropping what the client still sends). A body with a Content-Encoding is
-// charged its bytes once while held (kEncodedCharge), and its decoded size at the rates above
-// before it is inflated (ChargeDecoded; rest_compression).
+// budget admits what was parsed: a body is refused by its head, before a
+// byte of it is read, when its Content-Length does not fit what is free, and
+// is charged as its bytes arrive (whatever its framing: a head that declares
+// a large body and sends nothing holds nothing), at kJsonCharge times its bytes for JSON (the body
+// and the tensor read in place from it: at most 3 times the body, for `[0,0,...]`) and
+// kBinaryCharge for the binary tensors after a body's JSON header (Inference-Header-Content-Length
+// bytes, charged as JSON). A body the budget cannot take is refused with 429, unread
+// (HttpConnection closes the connection after the answer, dropping what the client still sends). A
+// body with a Content-Encoding is charged its bytes once while held (kEncodedCharge), and its
+// decoded size at the rates above before it is inflated (ChargeDecoded; rest_compression).
 //
 // Thread-safe. The budget, when given, must outlive this and every charge it
 // hands out.
