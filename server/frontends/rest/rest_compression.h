@@ -17,7 +17,7 @@
 //   highest q above 0, gzip on a tie); CompressResponse compresses a body of
 //   at least kCompressMinBytes and sets Content-Encoding and
 //   `Vary: Accept-Encoding`. Called where the response is encoded (an
-//   inference's on the thread that finished it).
+//   inference's off the batcher's thread).
 //
 // Free functions, stateless and thread-safe: each call owns its zlib
 // stream. InflateBody returns the decoded bytes and the charge holding

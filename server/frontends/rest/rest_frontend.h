@@ -24,14 +24,14 @@
 // `max_body_bytes` (413); a gzip or deflate body is inflated within the
 // same limit, its decoded size charged first (rest_compression). Inference
 // and repository control run asynchronously: the answer is encoded (and
-// compressed, for a client that accepts gzip or deflate) on the thread
-// that finished it, and keeps the request's in-flight admission until
-// written. A client that goes while its inference waits cancels it, and
-// one that sends `grpc-timeout` gives it gRPC's deadline (RequestDeadline):
-// still queued when it passes, it is answered DEADLINE_EXCEEDED (504)
-// uncomputed (a malformed one is 400, unread). A response larger than
-// `max_body_bytes` is RESOURCE_EXHAUSTED (429): JSON numbers take about three
-// times their binary size.
+// compressed, for a client that accepts gzip or deflate) off the batcher's
+// thread (a small answer on the connection's I/O thread, a large one on the
+// decoder thread, which also decodes large or compressed bodies), and keeps
+// the request's in-flight admission until written. A client that goes while its inference waits
+// cancels it, and one that sends `grpc-timeout` gives it gRPC's deadline (RequestDeadline): still
+// queued when it passes, it is answered DEADLINE_EXCEEDED (504) uncomputed (a malformed one is 400,
+// unread). A response larger than `max_body_bytes` is RESOURCE_EXHAUSTED (429): JSON numbers take
+// about three times their binary size.
 //
 // Thread-safe. The protocol (and its request path) must outlive it; Stop()
 // (or the destructor) returns once every connection is closed and every
