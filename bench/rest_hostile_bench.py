@@ -437,16 +437,24 @@ def check_infer(port, path, binary_header_len=None):
     return r.status, data[:120]
 
 
+def cpu_s(pid):
+    """utime + stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def to_ms(v, unit):
     return float(v) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
 
 
-def run_wrk(port, lua, conns, duration, threads=2):
+def run_wrk(port, lua, conns, duration, threads=2, pid=None):
     cmd = ["nice", "-n", "0", "wrk", f"-t{threads}", f"-c{conns}", f"-d{duration}s", "--latency",
            "-s", lua, f"http://127.0.0.1:{port}/v2/models/demo/infer"]
     la = loadavg()
+    c0 = cpu_s(pid) if pid else None
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60).stdout
-    res = {"cmd": cmd, "loadavg_before": la}
+    res = {"cmd": cmd, "loadavg_before": la, "server_cpu_s": cpu_s(pid) - c0 if pid else None}
     m = re.search(r"Requests/sec:\s*([\d.]+)", out)
     res["rps"] = float(m.group(1)) if m else None
     for p in ("50", "90", "99"):
@@ -459,6 +467,8 @@ def run_wrk(port, lua, conns, duration, threads=2):
     m = re.search(r"Socket errors:(.*)", out)
     res["socket_errors"] = m.group(1).strip() if m else ""
     res["raw"] = out
+    if res["server_cpu_s"] is not None and res["requests"]:
+        res["server_cpu_ms_per_req"] = 1000.0 * res["server_cpu_s"] / res["requests"]
     return res
 
 
@@ -511,13 +521,15 @@ def one_round(binary, args, workdir, tokens, bodies):
         res["sanity"] = {"json": st_json[0], "binary": st_bin[0]}
         if st_json[0] != 200 or st_bin[0] != 200:
             log(f"  sanity infer failed: {st_json} {st_bin}")
-        log(f"  wrk json c64 (load {loadavg()})")
-        res["wrk_json_c64"] = run_wrk(srv.http_port, luas["json"], 64, args.wrk_s)
+        log(f"  wrk json c{args.json_concurrency} (load {loadavg()})")
+        for conc in args.json_concurrency:
+            res[f"wrk_json_c{conc}"] = run_wrk(srv.http_port, luas["json"], conc, args.wrk_s,
+                                               threads=min(2, conc), pid=srv.proc.pid)
         for conc in (8, 64):
             if "wrk" in args.binary_tools:
                 log(f"  wrk binary c{conc}")
                 res[f"wrk_binary_c{conc}"] = run_wrk(srv.http_port, luas["binary"], conc, args.wrk_s,
-                                                     threads=2)
+                                                     threads=2, pid=srv.proc.pid)
             if "pa" in args.binary_tools and args.perf_analyzer:
                 log(f"  perf_analyzer binary c{conc}")
                 res[f"pa_binary_c{conc}"] = run_pa(args.perf_analyzer, srv.http_port, qpath, conc, workdir,
@@ -590,7 +602,9 @@ def print_tables(binary, all_rounds):
               f"runs: {', '.join(fmt(x, f) for x in v)}")
 
     print(" throughput")
-    for key in ("wrk_json_c64", "wrk_binary_c8", "wrk_binary_c64", "pa_binary_c8", "pa_binary_c64"):
+    keys = sorted({k for r in all_rounds for k in r if k.startswith(("wrk_", "pa_"))},
+                  key=lambda k: (k.split("_")[0] != "wrk", k.split("_")[1] != "json", int(k.rsplit("c", 1)[1])))
+    for key in keys:
         if not having(key):
             continue
         row(f"{key} req/s", [key, "rps"])
@@ -598,6 +612,8 @@ def print_tables(binary, all_rounds):
             row(f"{key} p{p} ms", [key, f"p{p}_ms"], "%.2f")
         if key.startswith("wrk"):
             row(f"{key} non-2xx", [key, "non2xx"], "%d")
+            if any(vals([key, "server_cpu_ms_per_req"])):
+                row(f"{key} server CPU ms/request", [key, "server_cpu_ms_per_req"], "%.3f")
         print(f"    load before: {'; '.join(str(x) for x in vals([key, 'loadavg_before']))}")
         errs = [e.strip().splitlines()[-1] for e in vals([key, "error"]) if e]
         if errs:
@@ -675,6 +691,7 @@ def main():
     ap.add_argument("--http_max_connections", type=int, default=0,
                     help="passed to servers that have the flag (0: their default)")
     ap.add_argument("--wrk_s", type=int, default=15)
+    ap.add_argument("--json_concurrency", default="64", help="wrk connections for the JSON infer (list)")
     ap.add_argument("--drain_wait_s", type=float, default=60, help="SIGKILL after this long")
     ap.add_argument("--perf_analyzer", default="")
     ap.add_argument("--pa_stability", type=float, default=1000,
@@ -698,6 +715,7 @@ def main():
     args.groups = args.groups.split(",")
     args.modes = args.modes.split(",")
     args.binary_tools = args.binary_tools.split(",")
+    args.json_concurrency = [int(c) for c in args.json_concurrency.split(",")]
     if args.perf_analyzer and not os.access(args.perf_analyzer, os.X_OK):
         log(f"perf_analyzer {args.perf_analyzer} not executable: binary tensors by wrk only")
         args.perf_analyzer = ""
