@@ -248,7 +248,7 @@ def hostile(server, mode, args, workdir):
     log(f"  slowhttptest {mode}: {shown}")
     with open(outpath, "w") as out:
         sh = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        ramp = args.connections / args.rate + 3.0
+        ramp = args.probe_start_s if args.probe_start_s else args.connections / args.rate + 3.0
         times = [t0 + ramp + i * args.probe_interval for i in range(args.probes)]
         hres, gres = [None] * args.probes, [None] * args.probes
         ht = threading.Thread(target=run_probes, args=(http_probe, server.http_port, times, hres))
@@ -624,7 +624,7 @@ def print_tables(binary, all_rounds):
             if m not in modes:
                 modes.append(m)
     if modes:
-        print(" hostile (slowhttptest -c 1000 -r 200)")
+        print(" hostile (slowhttptest; connections: see each run's max connected)")
     for mode in modes:
         having("hostile", mode)
         # Runs where slowhttptest refused its arguments (no status report) measured no attack.
@@ -688,6 +688,8 @@ def main():
     ap.add_argument("--attack_s", type=int, default=45)
     ap.add_argument("--probes", type=int, default=20)
     ap.add_argument("--probe_interval", type=float, default=1.25)
+    ap.add_argument("--probe_start_s", type=float, default=0,
+                    help="first probe this long after the attack starts (0: once all connections are opened + 3 s)")
     ap.add_argument("--http_max_connections", type=int, default=0,
                     help="passed to servers that have the flag (0: their default)")
     ap.add_argument("--wrk_s", type=int, default=15)
