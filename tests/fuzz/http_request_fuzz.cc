@@ -106,9 +106,11 @@ absl::Status FuzzOneHttpRequest(const uint8_t* data, size_t size) {
   close(fd);
   if (timed_out) return Bug("the server did not close the connection");
   boost::beast::flat_buffer buffer;
-  auto in = buffer.prepare(stream.size());
-  std::memcpy(in.data(), stream.data(), stream.size());
-  buffer.commit(stream.size());
+  if (!stream.empty()) {  // Nothing answered: an empty buffer has no data (memcpy of null).
+    auto in = buffer.prepare(stream.size());
+    std::memcpy(in.data(), stream.data(), stream.size());
+    buffer.commit(stream.size());
+  }
   while (buffer.size() > 0) {
     http::response_parser<http::string_body> parser;
     parser.eager(true);
