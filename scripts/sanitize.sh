@@ -18,7 +18,7 @@
 #
 # Usage: scripts/sanitize.sh [--fuzz-seconds N] [--fuzz-jobs N] [--fuzz-only] [--no-fuzz]
 #                            [--probe-only]
-#   --fuzz-seconds N  how long each fuzz target runs (default 60)
+#   --fuzz-seconds N  how long each fuzz target runs (default 45)
 #   --fuzz-jobs N     fuzz targets run at once (default 2, one per core here)
 #   --fuzz-only       build the fuzzers and fuzz, nothing else (for long runs)
 #   --no-fuzz         the sanitizer test runs only
@@ -31,7 +31,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 
-fuzz_seconds=60
+fuzz_seconds=45
 fuzz_jobs=2
 do_tests=1
 do_fuzz=1
@@ -173,8 +173,8 @@ export OMP_NUM_THREADS=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export ASAN_OPTIONS=detect_leaks=1:strict_init_order=1
 # The churn test (every kind of call while versions change and a drain
-# starts) runs for a minute here, 10 s in the ordinary suite.
-export CHURN_SECONDS=${CHURN_SECONDS:-60}
+# starts) runs for 40 s here, 10 s in the ordinary suite.
+export CHURN_SECONDS=${CHURN_SECONDS:-40}
 
 failed=()
 runs=0  # Test binaries and fuzz targets run.

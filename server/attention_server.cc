@@ -15,6 +15,7 @@
 #include "server/frontends/grpc/grpc_call.h"
 #include "server/frontends/grpc/reflection_service.h"
 #include "server/frontends/protocol/sequence_sessions.h"
+#include "server/frontends/rest/rest_frontend.h"
 #include "server/metrics/process_metrics.h"
 #include "server/port_probe.h"
 #include "server/sessions/session_batch_runner.h"
@@ -196,6 +197,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   }
   return s;
 }
+
+int AttentionServer::http_port() const { return rest_ != nullptr ? rest_->port() : 0; }
 
 AttentionServer::~AttentionServer() {
   if (!drained_) Drain();

@@ -29,7 +29,6 @@
 #include "server/frontends/grpc/reflection_service.h"
 #include "server/frontends/grpc/session_service.h"
 #include "server/frontends/protocol/inference_protocol.h"
-#include "server/frontends/rest/rest_frontend.h"
 #include "server/metrics/metrics.h"
 #include "server/metrics/process_metrics.h"
 #include "server/requests/request_path.h"
@@ -97,6 +96,7 @@ struct ServerOptions {
   int64_t grpc_receive_quota_bytes = 0;
 };
 
+class RestFrontend;  // server/frontends/rest/rest_frontend.h (Beast stays out of this header)
 class SequenceSessions;
 
 class AttentionServer {
@@ -129,7 +129,7 @@ class AttentionServer {
 
   int port() const { return port_; }
   // The REST port; 0 when it is off.
-  int http_port() const { return rest_ != nullptr ? rest_->port() : 0; }
+  int http_port() const;  // 0 when the REST port is off.
   std::shared_ptr<grpc::Channel> InProcessChannel();
   Metrics& metrics() { return *metrics_; }
   // The request path every front-end calls (drain, the in-flight budget).
