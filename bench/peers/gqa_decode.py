@@ -311,8 +311,10 @@ def main():
                 configs.setdefault((b, c, mode, graph, threads), []).append(run)
                 print(f"# [{r + 1}/{args.repeats}] {b}x{c} {mode} {graph} {threads}t: "
                       + (run.get("error") or
-                         f"wall {run['median_ms']:.3f} ms, ort {run['ort_ms']} ms "
-                         f"(GQA {run['gqa_ms']}), max|diff| {run['max_abs_diff']:.2e}, "
+                         f"wall {run['median_ms']:.3f} ms, "
+                         f"ort {run['ort_ms'] or float('nan'):.3f} ms "
+                         f"(GQA {run['gqa_ms'] or float('nan'):.3f}), "
+                         f"max|diff| {run['max_abs_diff']:.2e}, "
                          f"{run.get('minor_faults_per_run')} faults/run"
                          + (f", alias_written {run['alias_written']}" if "alias_written" in run
                             else "")

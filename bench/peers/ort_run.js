@@ -112,11 +112,13 @@ function readProfile(session, prefix, runs, keep) {
   const dir = path.dirname(prefix) || '.';
   const base = path.basename(prefix);
   const files = fs.readdirSync(dir).filter((f) => f.startsWith(base + '_') && f.endsWith('.json'))
-      .map((f) => path.join(dir, f)).sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs);
+      .map((f) => path.join(dir, f))
+      .sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs);
   if (!files.length) return { error: `no profile ${prefix}_*.json` };
   const events = JSON.parse(fs.readFileSync(files[0], 'utf8'));
   if (!keep) fs.unlinkSync(files[0]);
-  const modelRuns = events.filter((e) => e.cat === 'Session' && e.name === 'model_run').slice(-runs);
+  const modelRuns =
+      events.filter((e) => e.cat === 'Session' && e.name === 'model_run').slice(-runs);
   const kernels = events.filter((e) => e.cat === 'Node' && e.name.endsWith('_kernel_time'));
   const perOp = {};
   modelRuns.forEach((r, i) => {
@@ -181,7 +183,9 @@ async function main() {
     const ms = Number(process.hrtime.bigint() - t0) / 1e6;
     if (!alias_written) {
       alias_written = {};
-      for (const [o, a] of Object.entries(aliases)) alias_written[o] = digest(feeds[a.feed]) !== a.before;
+      for (const [o, a] of Object.entries(aliases)) {
+        alias_written[o] = digest(feeds[a.feed]) !== a.before;
+      }
     }
     return ms;
   };
@@ -208,7 +212,9 @@ async function main() {
     minor_faults_per_run: times.length ? Math.round(faults / times.length) : null,
   };
   if (Object.keys(aliases).length) result.alias_written = alias_written;
-  if (args.profile) result.profile = readProfile(session, args.profile, times.length, args.keep_profile === '1');
+  if (args.profile) {
+    result.profile = readProfile(session, args.profile, times.length, args.keep_profile === '1');
+  }
   console.log(JSON.stringify(result));
   await session.release();
 }
