@@ -12,8 +12,8 @@ on caches of the same size, on a graph of one self-attention layer as ORT runs d
 
 `--graphs packed` gives GQA the packed (B,1,3E) projection as its query (key and value omitted)
 instead of splitting it. seqlens_k (int32, shape (B)) is the total length minus one, i.e. C (C
-past tokens plus the new one); total_sequence_length is an int32 scalar, C + 1. GQA's CPU kernel
-runs float32 (it is registered for float; float16 converts to float32), so no other op stands in.
+past tokens plus the new one); total_sequence_length is an int32 scalar, C + 1. ORT 1.30's CPU
+GQA runs float32 (float16 too), so GQA itself is the peer: no other op stands in for it.
 
 Two ways of handing ORT the cache (--modes):
   shared    past_key/past_value have room for C + 1 tokens (slot C unused; --spare S adds S more)
