@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <thread>
@@ -115,12 +116,28 @@ void PrintLatencies(const char* what, const std::vector<double>& ms) {
               ms.empty() ? 0 : ms.back());
 }
 
+// A channel to `server` on a connection of its own (gRPC otherwise shares
+// one between channels to the same target): each client below is a client
+// of its own, as on separate machines, rather than streams of one HTTP/2
+// connection, where the small call's bytes would queue behind the large
+// ones on the socket whatever the server did. With `shared`, the channels
+// share one connection (how this benchmark ran before issue 36's fix).
+std::shared_ptr<grpc::Channel> ClientChannel(const server::AttentionServer& server, bool shared) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  if (!shared) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(testing::Target(server), grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
 // Issue 36's goal for small calls beside large requests: their p90 at most
 // 4 times their p90 alone, plus 5 ms. Measures it on `server` (batches sent
 // at once): the small call alone for 2 s, then for 4 s beside two clients
 // sending 32 MiB requests (refused after decoding: wrong width).
 void MeasureSmallCallsBesideLargeRequests(server::AttentionServer& server, bool pauses) {
-  auto stub = v1::AttentionService::NewStub(Channel(server));
+  // HOL_SHARED_CONNECTION=1: every client on one connection.
+  const bool shared = getenv("HOL_SHARED_CONNECTION") != nullptr;
+  auto stub = v1::AttentionService::NewStub(ClientChannel(server, shared));
   std::mt19937 rng(10);
   const v1::InferRequest small = SmallRequest(rng, 4, "s");
   ASSERT_TRUE(InferOnce(stub.get(), small).ok());
@@ -135,7 +152,7 @@ void MeasureSmallCallsBesideLargeRequests(server::AttentionServer& server, bool 
   ToProto(RandomTensor({1, 1 << 20, 8}, brng), large.mutable_query());  // Wrong width.
   for (int t = 0; t < 2; ++t) {
     big.emplace_back([&] {
-      auto big_stub = v1::AttentionService::NewStub(Channel(server));
+      auto big_stub = v1::AttentionService::NewStub(ClientChannel(server, shared));
       while (!stop.load()) {
         EXPECT_EQ(InferOnce(big_stub.get(), large).error_code(),
                   grpc::StatusCode::INVALID_ARGUMENT);
@@ -149,8 +166,9 @@ void MeasureSmallCallsBesideLargeRequests(server::AttentionServer& server, bool 
       SmallCallLatencies(stub.get(), small, absl::Seconds(4), pauses, rng);
   stop = true;
   for (auto& t : big) t.join();
-  std::printf("%s\n",
-              pauses ? "small calls after random 0-5 ms pauses" : "small calls back to back");
+  std::printf("%s, %s\n",
+              pauses ? "small calls after random 0-5 ms pauses" : "small calls back to back",
+              shared ? "every client on one connection" : "each client on its own connection");
   PrintLatencies("alone", alone);
   PrintLatencies("beside", beside);
   std::printf("large requests answered: %d\n", large_calls.load());
