@@ -187,6 +187,16 @@ TEST_F(AsyncInferParseTest, LargeRequestsComputeAsSmallOnesAndUnparsableOnesAreI
         << cut.error_message();
   }
   EXPECT_EQ(pool().posted(), 3);
+  // Refused once its model was found (the wrong width), inline and on the
+  // pool: each counted under the model, as the unparsable ones cannot be.
+  for (int64_t length : {4, 1 << 14}) {
+    v1::InferRequest wrong;
+    wrong.set_model("small");
+    ToProto(RandomTensor({1, length, 8}, rng), wrong.mutable_query());
+    EXPECT_EQ(InferOnce(stub_.get(), wrong).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(pool().posted(), 4);
+  EXPECT_EQ(Count(*server_, absl::StatusCode::kInvalidArgument), 2);
   EXPECT_TRUE(server_->Drain());
   EXPECT_EQ(server_->service().inflight_bytes(), 0);
 }

@@ -126,8 +126,10 @@ absl::Status AsyncInferCall::Decode(std::shared_ptr<Admission> waiting) {
   // the response lives until gRPC is done with the call.
   response_.set_request_id(Echoed(request_.request_id()));
   RequestPath::Prepared prepared;
-  RETURN_IF_ERROR(queue_->Prepare(request_, caller_.get(), *call_, &prepared));
+  const absl::Status prepared_status = queue_->Prepare(request_, caller_.get(), *call_, &prepared);
+  // Once found, the model counts the answer, a refusal too.
   model_ = prepared.model;
+  RETURN_IF_ERROR(prepared_status);
   prepared.pending->flush = queue_;
   return queue_->path()->Submit(
       prepared, wire_bytes_, [this](RequestOutcome outcome) { OnOutcome(std::move(outcome)); },
