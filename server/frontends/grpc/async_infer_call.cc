@@ -177,8 +177,10 @@ void AsyncInferCall::Finish() {
   } else {
     responder_.FinishWithError(wire::ToGrpcStatus(status_), &finished_);
   }
-  // gRPC holds its own reference to the serialized bytes.
+  // gRPC holds its own reference to the serialized bytes; a refused
+  // request's echoed id goes too.
   response_bytes_.Clear();
+  v1::InferResponse().Swap(&response_);
 }
 
 void AsyncInferCall::FreeRequest() {

@@ -49,7 +49,7 @@ class AsyncInferCall final : public AdmissionHolder {
   };
 
   // Requests of at most this many bytes are parsed on the queue's thread
-  // (in microseconds); larger ones on its parse pool.
+  // (which takes microseconds); larger ones on its parse pool.
   static constexpr int64_t kInlineParseBytes = 256 << 10;
 
   // Posts a new call to gRPC on `queue`'s completion queue.
