@@ -147,7 +147,8 @@ asan_tests=(core_test wire_codec_test client_cli_unit_test fuzz_regression_test
             attention_api_infer_test batching_test memory_admission_test
             monitoring_metrics_test sessions_session_test sessions_lifecycle_test
             process_shutdown_test attention_api_async_infer_test
-            attention_api_async_infer_queue_test memory_async_infer_memory_test
+            attention_api_async_infer_queue_test attention_api_async_infer_parse_test
+            memory_async_infer_memory_test
             model_lifecycle_version_holds_test model_lifecycle_churn_test
             model_lifecycle_rollout_test rest_hostile_test rest_connections_test)
 fuzzers=(model_dir_fuzzer infer_request_fuzzer npy_fuzzer session_fuzzer oip_request_fuzzer
@@ -163,7 +164,7 @@ fuzzers=(model_dir_fuzzer infer_request_fuzzer npy_fuzzer session_fuzzer oip_req
 # HttpServerTest drives it from raw sockets.
 tsan_runs=(
   "core_engine_tsan_test --gtest_filter=MhaEngineTest.ConcurrentCalls*"
-  "server_unit_test --gtest_filter=DynamicBatcherTest.*:InflightBudgetTest.*:HttpServerTest.*"
+  "server_unit_test --gtest_filter=DynamicBatcherTest.*:InflightBudgetTest.*:HttpServerTest.*:ParsePoolTest.*"
 )
 tsan_targets=(core_engine_tsan_test server_unit_test)
 

@@ -53,6 +53,10 @@ struct ServerOptions {
   int http_io_threads = 2;          // REST's I/O threads (HttpServer).
   int http_max_connections = 1024;  // REST's open connections; one more: 503.
   int max_message_bytes = 64 << 20;
+  // Threads that parse attention.v1 Infer requests larger than
+  // AsyncInferCall::kInlineParseBytes (256 KiB), off the thread that
+  // receives every Infer call (AsyncInferQueue); at least 1.
+  int infer_parse_threads = 1;
   // Per InferStream: requests read but not yet answered and written, by
   // count and bytes, before the stream stops reading (ServiceOptions).
   int64_t max_stream_pending = 64;
@@ -137,6 +141,8 @@ class AttentionServer {
   // Null before LoadModels().
   ModelRepository* repository() { return repository_.get(); }
   SessionManager* sessions() { return sessions_.get(); }
+  // attention.v1 Infer's queue (for tests: its parse pool).
+  AsyncInferQueue& infer_queue() { return *infer_queue_; }
 
  private:
   explicit AttentionServer(const ServerOptions& options);

@@ -77,6 +77,8 @@ ABSL_FLAG(int, http_threads, 0,
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "Largest request or response message, in bytes (clients have their own limit: "
           "attention-client --max_message_bytes, 256 MiB by default).");
+ABSL_FLAG(int, infer_parse_threads, 1,
+          "Threads (1 to 64, at nice +5) parsing attention.v1 Infer requests over 256 KiB.");
 ABSL_FLAG(int64_t, max_stream_pending, 64,
           "Per stream (InferStream, SessionStream, ModelStreamInfer): requests read but not yet "
           "answered and written before the stream stops reading (back-pressure on a client that "
@@ -222,6 +224,7 @@ int Run() {
   }
   options.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.infer_parse_threads = std::clamp(absl::GetFlag(FLAGS_infer_parse_threads), 1, 64);
   options.max_stream_pending = absl::GetFlag(FLAGS_max_stream_pending);
   options.max_stream_pending_bytes = absl::GetFlag(FLAGS_max_stream_pending_bytes);
   options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));

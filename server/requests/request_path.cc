@@ -228,13 +228,17 @@ absl::Status RequestPath::Admit(int64_t bytes) { return budget_.Admit(bytes); }
 
 void RequestPath::Release(int64_t bytes) { budget_.Release(bytes); }
 
+absl::StatusOr<std::shared_ptr<const Principal>> RequestPath::Gate(const CallContext& call) const {
+  if (repository_.load() == nullptr) return absl::UnavailableError("server is not ready yet");
+  if (draining_.load()) return absl::UnavailableError("server is shutting down");
+  return Authenticate(call);
+}
+
 absl::StatusOr<const ServedModel*> RequestPath::Admissible(const CallContext& call,
                                                            const std::string& model,
                                                            std::shared_ptr<const Principal>* caller,
                                                            int64_t version) {
-  if (repository_.load() == nullptr) return absl::UnavailableError("server is not ready yet");
-  if (draining_.load()) return absl::UnavailableError("server is shutting down");
-  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, Authenticate(call));
+  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> principal, Gate(call));
   if (caller != nullptr) *caller = principal;
   return FindModel(principal.get(), model, version, &call);
 }

@@ -93,8 +93,12 @@ class RequestPath {
     int64_t response_bytes = 0;  // Estimated size of the encoded response.
   };
 
-  // The first steps of every protocol's request: UNAVAILABLE when not ready
-  // or draining, then Authenticate and FindModel. Sets *caller (if given) to
+  // The first steps of every protocol's request, which need only the call's
+  // metadata (so a front-end may take them before it parses a message):
+  // UNAVAILABLE when not ready or draining, then Authenticate (whose result
+  // it returns).
+  absl::StatusOr<std::shared_ptr<const Principal>> Gate(const CallContext& call) const;
+  // Gate, then FindModel. Sets *caller (if given) to
   // the authenticated principal (null without authentication).
   // `version` 0 is the newest serving version; the version found is held by
   // the call's leases (valid until they go: see CallLeases).

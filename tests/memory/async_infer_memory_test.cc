@@ -1,12 +1,14 @@
 // Memory held by attention.v1 Infer on gRPC's async API (its queue's tests
 // are tests/attention_api/async_infer_queue_test): what an answered call
-// holds while its client has not read the response, and (disabled, timing)
-// small calls beside large requests on the one infer-cq thread.
+// holds while its client has not read the response, and (disabled: a
+// benchmark, timing) small calls beside clients sending large requests.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <thread>
@@ -87,18 +89,62 @@ TEST_F(AsyncInferMemoryTest, UnreadResponseDoesNotPinAnUnloadedVersion) {
   }
 }
 
-// Small calls beside clients sending large requests (32 MiB each, refused
-// after decoding): the one infer-cq thread receives, parses and decodes every
-// Infer, so the small calls wait behind the large ones. Measured on 2 cores,
-// 4 s each, two runs: async (72bdbe4) 186 and 285 small calls, p90 62 and
-// 61 ms, p99 104 and 96 ms; callback (8349fe9) 1511 and 970 calls, p90 5.2
-// and 17.9 ms, p99 42 and 46 ms. Timing-dependent: run by hand with
-// --gtest_also_run_disabled_tests.
-TEST_F(AsyncInferMemoryTest, DISABLED_SmallCallsAreNotHeldBehindLargeRequests) {
-  server::ServerOptions options = SmallServerOptions("async_infer_memory_hol");
-  options.repository.batching.max_queue_delay_us = 0;
-  ASSERT_TRUE(Start(options));
+// Latencies of small calls in milliseconds, sorted: one at a time on
+// `stub` for `duration`, each after a random pause of 0-5 ms when `pauses`.
+std::vector<double> SmallCallLatencies(v1::AttentionService::Stub* stub,
+                                       const v1::InferRequest& small, absl::Duration duration,
+                                       bool pauses, std::mt19937& rng) {
+  std::vector<double> ms;
+  const absl::Time until = absl::Now() + duration;
+  while (absl::Now() < until) {
+    if (pauses) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 5000));
+    const absl::Time t0 = absl::Now();
+    EXPECT_TRUE(InferOnce(stub, small).ok());
+    ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
+double Percentile(const std::vector<double>& sorted, int p) {
+  return sorted.empty() ? 0 : sorted[sorted.size() * p / 100];
+}
+
+void PrintLatencies(const char* what, const std::vector<double>& ms) {
+  std::printf("%-8s small calls %5zu  p50 %7.2f  p90 %7.2f  p99 %7.2f  max %7.2f ms\n", what,
+              ms.size(), Percentile(ms, 50), Percentile(ms, 90), Percentile(ms, 99),
+              ms.empty() ? 0 : ms.back());
+}
+
+// A channel to `server` on a connection of its own (gRPC otherwise shares
+// one between channels to the same target): each client below is a client
+// of its own, as on separate machines, rather than streams of one HTTP/2
+// connection, where the small call's bytes would queue behind the large
+// ones on the socket whatever the server did. With `shared`, the channels
+// share one connection (how this benchmark ran before issue 36's fix).
+std::shared_ptr<grpc::Channel> ClientChannel(const server::AttentionServer& server, bool shared) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  if (!shared) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(testing::Target(server), grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+// Issue 36's goal for small calls beside large requests: their p90 at most
+// 4 times their p90 alone, plus 5 ms. Measures it on `server` (batches sent
+// at once): the small call alone for 2 s, then for 4 s beside two clients
+// sending 32 MiB requests (refused after decoding: wrong width).
+void MeasureSmallCallsBesideLargeRequests(server::AttentionServer& server, bool pauses) {
+  // HOL_SHARED_CONNECTION=1: every client on one connection.
+  const bool shared = getenv("HOL_SHARED_CONNECTION") != nullptr;
+  auto stub = v1::AttentionService::NewStub(ClientChannel(server, shared));
+  std::mt19937 rng(10);
+  const v1::InferRequest small = SmallRequest(rng, 4, "s");
+  ASSERT_TRUE(InferOnce(stub.get(), small).ok());
+  const std::vector<double> alone =
+      SmallCallLatencies(stub.get(), small, absl::Seconds(2), pauses, rng);
   std::atomic<bool> stop{false};
+  std::atomic<int> large_calls{0};
   std::vector<std::thread> big;
   std::mt19937 brng(9);
   v1::InferRequest large;
@@ -106,28 +152,55 @@ TEST_F(AsyncInferMemoryTest, DISABLED_SmallCallsAreNotHeldBehindLargeRequests) {
   ToProto(RandomTensor({1, 1 << 20, 8}, brng), large.mutable_query());  // Wrong width.
   for (int t = 0; t < 2; ++t) {
     big.emplace_back([&] {
-      auto stub = v1::AttentionService::NewStub(Channel(*server_));
-      while (!stop.load()) InferOnce(stub.get(), large);
+      auto big_stub = v1::AttentionService::NewStub(ClientChannel(server, shared));
+      while (!stop.load()) {
+        EXPECT_EQ(InferOnce(big_stub.get(), large).error_code(),
+                  grpc::StatusCode::INVALID_ARGUMENT);
+        ++large_calls;
+      }
     });
   }
-  auto stub = v1::AttentionService::NewStub(Channel(*server_));
-  std::mt19937 rng(10);
-  const v1::InferRequest small = SmallRequest(rng, 4, "s");
-  EXPECT_TRUE(InferOnce(stub.get(), small).ok());
-  std::vector<double> ms;
-  const absl::Time until = absl::Now() + absl::Seconds(4);
-  while (absl::Now() < until) {
-    const absl::Time t0 = absl::Now();
-    EXPECT_TRUE(InferOnce(stub.get(), small).ok());
-    ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
-  }
+  // Both senders under way before the clock starts.
+  while (large_calls.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const std::vector<double> beside =
+      SmallCallLatencies(stub.get(), small, absl::Seconds(4), pauses, rng);
   stop = true;
   for (auto& t : big) t.join();
-  std::sort(ms.begin(), ms.end());
-  const double p90 = ms[ms.size() * 9 / 10];
-  std::printf("small calls %zu p50 %.2f p90 %.2f p99 %.2f max %.2f ms\n", ms.size(),
-              ms[ms.size() / 2], p90, ms[ms.size() * 99 / 100], ms.back());
-  EXPECT_LT(p90, 25.0);
+  std::printf("%s, %s\n",
+              pauses ? "small calls after random 0-5 ms pauses" : "small calls back to back",
+              shared ? "every client on one connection" : "each client on its own connection");
+  PrintLatencies("alone", alone);
+  PrintLatencies("beside", beside);
+  std::printf("large requests answered: %d\n", large_calls.load());
+  const double goal = 4 * Percentile(alone, 90) + 5;
+  std::printf("goal: p90 beside <= 4 x p90 alone + 5 ms = %.2f ms: %s\n", goal,
+              Percentile(beside, 90) <= goal ? "met" : "NOT met");
+  EXPECT_LE(Percentile(beside, 90), goal);
+}
+
+// A benchmark, not a test (timing): run by hand with
+// --gtest_also_run_disabled_tests (BENCHMARKS.md). Small calls beside
+// clients sending large requests (32 MiB each, refused after decoding).
+// Before issue 36 the one infer-cq thread received, parsed and decoded
+// every Infer, so the small calls waited behind the large ones: on 2 cores,
+// 4 s each, two runs: async (72bdbe4) 186 and 285 small calls, p90 62 and
+// 61 ms, p99 104 and 96 ms; callback (8349fe9) 1511 and 970 calls, p90 5.2
+// and 17.9 ms, p99 42 and 46 ms.
+TEST_F(AsyncInferMemoryTest, DISABLED_SmallCallsAreNotHeldBehindLargeRequests) {
+  server::ServerOptions options = SmallServerOptions("async_infer_memory_hol");
+  options.repository.batching.max_queue_delay_us = 0;
+  ASSERT_TRUE(Start(options));
+  MeasureSmallCallsBesideLargeRequests(*server_, /*pauses=*/false);
+  EXPECT_TRUE(server_->Drain());
+}
+
+// The same with a random pause of 0-5 ms before each small call (issue 36's
+// second measurement: p90 17-138 ms beside the large senders, ~1 ms alone).
+TEST_F(AsyncInferMemoryTest, DISABLED_SmallCallsWithPausesAreNotHeldBehindLargeRequests) {
+  server::ServerOptions options = SmallServerOptions("async_infer_memory_hol_pauses");
+  options.repository.batching.max_queue_delay_us = 0;
+  ASSERT_TRUE(Start(options));
+  MeasureSmallCallsBesideLargeRequests(*server_, /*pauses=*/true);
   EXPECT_TRUE(server_->Drain());
 }
 

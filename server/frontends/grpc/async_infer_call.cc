@@ -1,7 +1,11 @@
 #include "server/frontends/grpc/async_infer_call.h"
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "proto/codec/status_codes.h"
 #include "server/frontends/grpc/grpc_call.h"
 #include "server/requests/identifiers.h"
@@ -18,7 +22,7 @@ void AsyncInferCall::Post(AsyncInferDriver* queue) {
   // Before the call starts, as gRPC requires: kDone comes once it is over
   // (answered, or cancelled by the client, its deadline or the shutdown).
   call->context_.AsyncNotifyWhenDone(&call->done_);
-  queue->RequestCall(&call->context_, &call->request_, &call->responder_, &call->arrived_);
+  queue->RequestCall(&call->context_, &call->request_bytes_, &call->responder_, &call->arrived_);
 }
 
 void AsyncInferCall::Handle(Tag* tag, bool ok) {
@@ -52,22 +56,84 @@ void AsyncInferCall::Start() {
   path->Received();
   call_ = CallOf(context_, Method::kInfer,
                  [this] { return cancelled_.load(std::memory_order_relaxed); });
-  // Cut to what an answer echoes: a refused request's id is unchecked, and
-  // the response lives until gRPC is done with the call.
-  response_.set_request_id(Echoed(request_.request_id()));
-  RequestPath::Prepared prepared;
-  absl::Status status = queue_->Prepare(request_, *call_, &prepared);
-  model_ = prepared.model;
+  wire_bytes_ = static_cast<int64_t>(request_bytes_.Length());
+  // The metadata first: a caller without a token costs no parse.
+  absl::StatusOr<std::shared_ptr<const Principal>> caller = path->Gate(*call_);
+  absl::Status status = caller.status();
   if (status.ok()) {
-    prepared.pending->flush = queue_;
-    status = path->Submit(
-        prepared, static_cast<int64_t>(request_.ByteSizeLong()),
-        [this](RequestOutcome outcome) { OnOutcome(std::move(outcome)); }, this);
-    if (status.ok()) return;  // The batcher answers (OnOutcome).
+    caller_ = *std::move(caller);
+    status = wire_bytes_ <= kInlineParseBytes ? Decode(nullptr) : ParseElsewhere();
+    if (status.ok()) return;  // The batcher (OnOutcome) or the parse pool answers.
   }
   status_ = std::move(status);
   FreeRequest();
   Finish();
+}
+
+absl::Status AsyncInferCall::ParseElsewhere() {
+  // While it waits, its bytes count as an accepted request's: what the pool
+  // holds stays inside the in-flight budget.
+  absl::StatusOr<std::shared_ptr<Admission>> waiting = queue_->path()->budget().Take(wire_bytes_);
+  if (!waiting.ok()) return waiting.status();
+  if (!queue_->Parse(wire_bytes_, [this, waiting = *std::move(waiting)]() mutable {
+        DecodeOffThread(std::move(waiting));
+      })) {
+    return absl::UnavailableError("server is shutting down");
+  }
+  return absl::OkStatus();
+}
+
+void AsyncInferCall::DecodeOffThread(std::shared_ptr<Admission> waiting) {
+  absl::Status status;
+  // As the batcher checks queued work: the deadline first (gRPC also
+  // cancels a call whose deadline passed).
+  const absl::Time now = absl::Now();
+  if (now >= call_->deadline) {
+    status = absl::DeadlineExceededError(
+        absl::StrCat("deadline passed after ", absl::ToInt64Microseconds(now - received_),
+                     " us waiting to be decoded; the request was not computed"));
+  } else if (cancelled_.load(std::memory_order_relaxed)) {
+    status = absl::CancelledError("request was cancelled while waiting to be decoded");
+  } else if (queue_->path()->draining()) {
+    // As if it had arrived now (the model's batcher takes no new work once
+    // the drain has begun): parsing it would be for nothing.
+    status = absl::UnavailableError("server is shutting down");
+  } else {
+    status = Decode(std::move(waiting));
+    if (status.ok()) return;  // Submitted: the call may already be gone.
+  }
+  waiting.reset();
+  status_ = std::move(status);
+  FreeRequest();
+  // As a batcher hands back an answered call: the queue's thread finishes
+  // (and may delete) it from Complete() on.
+  AsyncInferDriver* queue = queue_;
+  queue->Complete(this);
+  queue->Flush();
+}
+
+absl::Status AsyncInferCall::Decode(std::shared_ptr<Admission> waiting) {
+  // Frees the bytes as it goes.
+  const grpc::Status parsed =
+      grpc::SerializationTraits<v1::InferRequest>::Deserialize(&request_bytes_, &request_);
+  // Parsed: the request's own admission (Submit) replaces the waiting one.
+  waiting.reset();
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request: ", wire_bytes_, " bytes that do not parse as an attention.v1.InferRequest"));
+  }
+  // Cut to what an answer echoes: a refused request's id is unchecked, and
+  // the response lives until gRPC is done with the call.
+  response_.set_request_id(Echoed(request_.request_id()));
+  RequestPath::Prepared prepared;
+  const absl::Status prepared_status = queue_->Prepare(request_, caller_.get(), *call_, &prepared);
+  // Once found, the model counts the answer, a refusal too.
+  model_ = prepared.model;
+  RETURN_IF_ERROR(prepared_status);
+  prepared.pending->flush = queue_;
+  return queue_->path()->Submit(
+      prepared, wire_bytes_, [this](RequestOutcome outcome) { OnOutcome(std::move(outcome)); },
+      this);
 }
 
 void AsyncInferCall::OnOutcome(RequestOutcome outcome) {
@@ -76,6 +142,19 @@ void AsyncInferCall::OnOutcome(RequestOutcome outcome) {
     result = queue_->Encode(outcome, &response_);
     response_.set_model_version(model_->version);
   }
+  if (result.ok()) {
+    // Here rather than on the queue's thread, where a large response would
+    // hold every other call's answer.
+    bool own_buffer = false;
+    const grpc::Status serialized = grpc::SerializationTraits<v1::InferResponse>::Serialize(
+        response_, &response_bytes_, &own_buffer);
+    if (!serialized.ok()) {
+      result = absl::InternalError(
+          absl::StrCat("serializing the response failed: ", serialized.error_message()));
+    }
+  }
+  // Serialized (or refused): the message's bytes go now.
+  v1::InferResponse().Swap(&response_);
   status_ = std::move(result);
   // Computed: its tensors are needed no more (the batch copied them), so
   // they go now rather than when gRPC is done with the call.
@@ -90,18 +169,24 @@ void AsyncInferCall::Finish() {
   // holds the call (and its admission) open, but must not keep an unloaded
   // version resident (nor refuse a reload under --max_model_bytes).
   call_.reset();
+  caller_.reset();
   model_ = nullptr;
   sent_ = true;
   if (status_.ok()) {
-    responder_.Finish(response_, grpc::Status::OK, &finished_);
+    responder_.Finish(response_bytes_, grpc::Status::OK, &finished_);
   } else {
     responder_.FinishWithError(wire::ToGrpcStatus(status_), &finished_);
   }
-  // gRPC serialized it: the message's bytes go now, not when the call ends.
+  // gRPC holds its own reference to the serialized bytes; a refused
+  // request's echoed id goes too.
+  response_bytes_.Clear();
   v1::InferResponse().Swap(&response_);
 }
 
-void AsyncInferCall::FreeRequest() { v1::InferRequest().Swap(&request_); }
+void AsyncInferCall::FreeRequest() {
+  request_bytes_.Clear();
+  v1::InferRequest().Swap(&request_);
+}
 
 void AsyncInferCall::MaybeDelete() {
   if (started_ && sent_ && finish_seen_ && done_seen_) delete this;

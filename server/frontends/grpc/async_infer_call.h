@@ -1,24 +1,30 @@
 // File: server/frontends/grpc/async_infer_call.h
 //
 // One attention.v1 Infer call on gRPC's async API, driven by its
-// AsyncInferQueue (through AsyncInferDriver): posted to gRPC (waiting for a call), then received,
-// decoded and submitted through the request path exactly as every unary
-// front-end does (readiness, token, model, validation, admission, the
-// batcher), answered, and freed once gRPC is done with it. It holds the
-// call's admission until then, so that a response the client never reads
-// stays inside the in-flight budget.
+// AsyncInferQueue (through AsyncInferDriver): posted to gRPC (waiting for a
+// call), then received as bytes, let in by the request path's gate (ready,
+// not draining, a known token: the call's metadata only), parsed, decoded
+// and submitted through the request path exactly as every unary front-end
+// does (model, validation, admission, the batcher), answered, and freed once
+// gRPC is done with it. It holds the call's admission until then, so that a
+// response the client never reads stays inside the in-flight budget.
 //
-// Every step runs on the queue's thread except OnOutcome(), which runs on a
-// batcher thread: it encodes the response and hands the call back to the
-// queue, whose thread finishes it with the rest of its batch. Owned by the
-// queue's thread; deletes itself (Handle()) when gRPC has delivered its last
-// event.
+// Every step runs on the queue's thread but two. A request larger than
+// kInlineParseBytes is parsed, decoded and submitted on a thread of the
+// queue's parse pool (its bytes held in the in-flight budget meanwhile),
+// which hands a refused call back to the queue as a batcher does. And
+// OnOutcome() runs on a batcher thread: it encodes and serializes the
+// response and hands the call back to the queue, whose thread finishes it
+// with the rest of its batch. Owned by the queue's thread; deletes itself
+// (Handle()) when gRPC has delivered its last event, which cannot happen
+// before it is handed back.
 #ifndef ATTENTION_SERVER_FRONTENDS_GRPC_ASYNC_INFER_CALL_H_
 #define ATTENTION_SERVER_FRONTENDS_GRPC_ASYNC_INFER_CALL_H_
 
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -42,6 +48,10 @@ class AsyncInferCall final : public AdmissionHolder {
     Event event;
   };
 
+  // Requests of at most this many bytes are parsed on the queue's thread
+  // (which takes microseconds); larger ones on its parse pool.
+  static constexpr int64_t kInlineParseBytes = 256 << 10;
+
   // Posts a new call to gRPC on `queue`'s completion queue.
   static void Post(AsyncInferDriver* queue);
 
@@ -64,20 +74,39 @@ class AsyncInferCall final : public AdmissionHolder {
   explicit AsyncInferCall(AsyncInferDriver* queue);
   ~AsyncInferCall() override;
 
-  // The call arrived: decode, check and submit it, or answer at once.
+  // The call arrived: check its metadata, then decode and submit it (or
+  // hand it to the parse pool), or answer at once.
   void Start();
+  // The queue's thread: posts the call to the parse pool, its bytes held in
+  // the in-flight budget until parsed. OK: posted (the pool answers);
+  // RESOURCE_EXHAUSTED over the budget, UNAVAILABLE when the pool stopped.
+  absl::Status ParseElsewhere();
+  // A parse thread: decodes and submits the call, unless it was cancelled,
+  // its deadline passed or a drain began while it waited; hands a refusal
+  // back.
+  void DecodeOffThread(std::shared_ptr<Admission> waiting);
+  // Parses request_bytes_ (and frees them, and `waiting`), decodes,
+  // checks and submits the request. OK: submitted, the batcher answers
+  // (and the caller must not touch the call again); else the error to
+  // answer with. On the queue's thread or a parse thread.
+  absl::Status Decode(std::shared_ptr<Admission> waiting);
   // From the batcher thread: the computed (or dropped) outcome.
   void OnOutcome(RequestOutcome outcome);
-  // Frees the request's bytes (Clear() would keep their capacity).
+  // Frees the request's bytes, raw and parsed (Clear() would keep their
+  // capacity).
   void FreeRequest();
   // Deletes the call once gRPC has nothing more to deliver for it.
   void MaybeDelete();
 
   AsyncInferDriver* const queue_;
   grpc::ServerContext context_;
+  // The request as received (until parsed), and parsed.
+  grpc::ByteBuffer request_bytes_;
   v1::InferRequest request_;
+  // The response being built (on the batcher thread), then serialized.
   v1::InferResponse response_;
-  grpc::ServerAsyncResponseWriter<v1::InferResponse> responder_{&context_};
+  grpc::ByteBuffer response_bytes_;
+  grpc::ServerAsyncResponseWriter<grpc::ByteBuffer> responder_{&context_};
   Tag arrived_{this, Event::kArrived};
   Tag finished_{this, Event::kFinished};
   Tag done_{this, Event::kDone};
@@ -85,8 +114,14 @@ class AsyncInferCall final : public AdmissionHolder {
   // Set when gRPC reports the call done while its request waits: polled by
   // the batcher (which then answers CANCELLED without computing it).
   std::atomic<bool> cancelled_{false};
+  // Written by the queue's thread before the call goes to a parse thread,
+  // read there: the request's size on the wire and its authenticated
+  // caller (null without authentication).
+  int64_t wire_bytes_ = 0;
+  std::shared_ptr<const Principal> caller_;
   // Written by the thread that produced the answer (the queue's, or a
-  // batcher's before it hands the call back), read by the queue's.
+  // parse or batcher thread before it hands the call back), read by the
+  // queue's.
   absl::Status status_;
   // The model and the call's context (whose leases hold the model's
   // version): until Finish() has counted the answer.

@@ -3,8 +3,9 @@
 // AsyncInferDriver: what an AsyncInferCall needs of the queue that drives
 // it (AsyncInferQueue), so that a call knows neither the queue nor the
 // service: asking gRPC for the next call, the service's decoding and
-// encoding, the request path, and the hand-back of an answered call. An
-// OutcomeFlush: the calls' requests name it to the batcher.
+// encoding, the request path, the parse pool, and the hand-back of an
+// answered call. An OutcomeFlush: the calls' requests name it to the
+// batcher (and the parse pool's threads use it as a batcher does).
 //
 // Thread-safety as AsyncInferQueue documents each member.
 #ifndef ATTENTION_SERVER_FRONTENDS_GRPC_ASYNC_INFER_DRIVER_H_
@@ -12,6 +13,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
+
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "server/batching/outcome_flush.h"
@@ -25,19 +29,23 @@ class AsyncInferCall;
 
 class AsyncInferDriver : public OutcomeFlush {
  public:
-  // The driver's thread: asks gRPC for the next Infer call, delivered as
-  // `tag` on the driver's completion queue.
-  virtual void RequestCall(grpc::ServerContext* context, v1::InferRequest* request,
-                           grpc::ServerAsyncResponseWriter<v1::InferResponse>* responder,
+  // The driver's thread: asks gRPC for the next Infer call (its request's
+  // bytes into *request), delivered as `tag` on the driver's completion
+  // queue.
+  virtual void RequestCall(grpc::ServerContext* context, grpc::ByteBuffer* request,
+                           grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* responder,
                            void* tag) = 0;
-  // The driver's thread: the service's AttentionServiceImpl::Prepare.
-  virtual absl::Status Prepare(const v1::InferRequest& request, const CallContext& call,
-                               RequestPath::Prepared* prepared) = 0;
+  // Any thread: the service's AttentionServiceImpl::PrepareGated.
+  virtual absl::Status Prepare(const v1::InferRequest& request, const Principal* caller,
+                               const CallContext& call, RequestPath::Prepared* prepared) = 0;
+  // The driver's thread: runs `task` (counted as `bytes`) on the parse
+  // pool. False when the pool has stopped (`task` dropped unrun).
+  virtual bool Parse(int64_t bytes, absl::AnyInvocable<void() &&> task) = 0;
   // Any thread: fills `response` from `outcome` (EncodeOutcome, the
   // server's response limit).
   virtual absl::Status Encode(RequestOutcome& outcome, v1::InferResponse* response) = 0;
-  // A batcher thread: `call`'s answer is ready; it is sent after the next
-  // Flush().
+  // A batcher or parse thread: `call`'s answer is ready; it is sent after
+  // the next Flush().
   virtual void Complete(AsyncInferCall* call) = 0;
   virtual RequestPath* path() const = 0;
 

@@ -10,8 +10,8 @@
 namespace attention::server {
 
 AsyncInferQueue::AsyncInferQueue(AttentionServiceImpl* service, RequestPath* path,
-                                 std::unique_ptr<grpc::ServerCompletionQueue> cq)
-    : service_(service), path_(path), cq_(std::move(cq)) {}
+                                 std::unique_ptr<grpc::ServerCompletionQueue> cq, int parse_threads)
+    : service_(service), path_(path), cq_(std::move(cq)), parse_pool_(parse_threads) {}
 
 AsyncInferQueue::~AsyncInferQueue() { Stop(); }
 
@@ -38,6 +38,7 @@ void AsyncInferQueue::Stop() {
     bool ok;
     while (cq_->Next(&tag, &ok)) {
     }
+    parse_pool_.Stop();
     return;
   }
   {
@@ -46,17 +47,24 @@ void AsyncInferQueue::Stop() {
   }
   Wake(/*always=*/true);
   thread_.join();
+  // Every call is gone (the thread ends once none is live), those the pool
+  // held among them: it is idle.
+  parse_pool_.Stop();
 }
 
-void AsyncInferQueue::RequestCall(grpc::ServerContext* context, v1::InferRequest* request,
-                                  grpc::ServerAsyncResponseWriter<v1::InferResponse>* responder,
+void AsyncInferQueue::RequestCall(grpc::ServerContext* context, grpc::ByteBuffer* request,
+                                  grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* responder,
                                   void* tag) {
   service_->RequestInfer(context, request, responder, cq_.get(), cq_.get(), tag);
 }
 
-absl::Status AsyncInferQueue::Prepare(const v1::InferRequest& request, const CallContext& call,
-                                      RequestPath::Prepared* prepared) {
-  return service_->Prepare(request, nullptr, call, prepared);
+absl::Status AsyncInferQueue::Prepare(const v1::InferRequest& request, const Principal* caller,
+                                      const CallContext& call, RequestPath::Prepared* prepared) {
+  return service_->PrepareGated(request, caller, call, prepared);
+}
+
+bool AsyncInferQueue::Parse(int64_t bytes, absl::AnyInvocable<void() &&> task) {
+  return parse_pool_.Post(bytes, std::move(task));
 }
 
 absl::Status AsyncInferQueue::Encode(RequestOutcome& outcome, v1::InferResponse* response) {

@@ -1,9 +1,14 @@
 // File: server/frontends/grpc/async_infer_queue.h
 //
 // AsyncInferQueue: attention.v1 Infer on gRPC's async API, with one thread
-// driving one completion queue. The thread receives calls (AsyncInferCall:
-// decode, admission, the batcher, as every unary front-end), and sends their
-// responses: a batcher hands each computed call back with Complete(), and the
+// (`infer-cq`) driving one completion queue. The thread receives calls
+// (AsyncInferCall: the gate, decode, admission, the batcher, as every unary
+// front-end) as bytes, and checks their metadata (readiness, drain, token)
+// before it parses anything; it parses small requests itself and hands
+// large ones to its ParsePool (`infer-parse`), so that no call waits behind
+// another caller's large message. It sends their responses (serialized by
+// the batcher's thread): a batcher hands each computed call back with
+// Complete() (as does a parse thread a refused call), and the
 // whole batch with one Flush(), which wakes the thread once (a grpc::Alarm);
 // the thread then finishes every call of the batch and reaps their
 // completions without sleeping in between. gRPC's callback API, by contrast,
@@ -12,9 +17,10 @@
 //
 // Lifecycle: make it (with the builder's completion queue) before the server
 // starts, Start() once it has, Stop() after the server's Shutdown(): Stop()
-// waits for the calls still open (a batcher answers those it holds: the
-// shutdown cancelled them), then shuts the completion queue down, drains it
-// and joins the thread. Nothing in it blocks but Stop().
+// waits for the calls still open (a batcher answers those it holds, the
+// parse pool those it holds: the shutdown cancelled them), then shuts the
+// completion queue down, drains it, joins the thread and stops the pool.
+// Nothing in it blocks but Stop().
 //
 // Thread-safe. The service, the request path and the completion queue's
 // server must outlive it; it must outlive every batcher that holds its calls'
@@ -33,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/batching/outcome_flush.h"
 #include "server/frontends/grpc/async_infer_driver.h"
+#include "server/frontends/grpc/parse_pool.h"
 
 namespace attention::server {
 
@@ -45,9 +52,9 @@ class AsyncInferQueue final : public AsyncInferDriver {
   static constexpr int kPostedCalls = 32;
 
   // `cq` from the builder (ServerBuilder::AddCompletionQueue()) that
-  // registers `service`.
+  // registers `service`; `parse_threads` (at least 1) parse large requests.
   AsyncInferQueue(AttentionServiceImpl* service, RequestPath* path,
-                  std::unique_ptr<grpc::ServerCompletionQueue> cq);
+                  std::unique_ptr<grpc::ServerCompletionQueue> cq, int parse_threads = 1);
   // Stop()s if needed.
   ~AsyncInferQueue() override;
 
@@ -60,16 +67,20 @@ class AsyncInferQueue final : public AsyncInferDriver {
   void Stop();
 
   // AsyncInferDriver.
-  void RequestCall(grpc::ServerContext* context, v1::InferRequest* request,
-                   grpc::ServerAsyncResponseWriter<v1::InferResponse>* responder,
+  void RequestCall(grpc::ServerContext* context, grpc::ByteBuffer* request,
+                   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* responder,
                    void* tag) override;
-  absl::Status Prepare(const v1::InferRequest& request, const CallContext& call,
-                       RequestPath::Prepared* prepared) override;
+  absl::Status Prepare(const v1::InferRequest& request, const Principal* caller,
+                       const CallContext& call, RequestPath::Prepared* prepared) override;
+  bool Parse(int64_t bytes, absl::AnyInvocable<void() &&> task) override;
   absl::Status Encode(RequestOutcome& outcome, v1::InferResponse* response) override;
   void Complete(AsyncInferCall* call) override;
   RequestPath* path() const override { return path_; }
   // OutcomeFlush: wakes the thread to send the answers completed so far.
   void Flush() override;
+
+  // The pool that parses large requests (for tests: its counters and hook).
+  ParsePool& parse_pool() { return parse_pool_; }
 
  private:
   void Loop();
@@ -85,6 +96,7 @@ class AsyncInferQueue final : public AsyncInferDriver {
   AttentionServiceImpl* const service_;
   RequestPath* const path_;
   const std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+  ParsePool parse_pool_;
   grpc::Alarm alarm_;
   char alarm_tag_ = 0;  // Its address tags the alarm.
 

@@ -1,6 +1,7 @@
 #include "server/frontends/grpc/attention_service.h"
 
 #include <new>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -64,14 +65,30 @@ void DescribeModel(const ServedModel& model, bool is_default, const ModelReposit
 absl::Status AttentionServiceImpl::Prepare(const v1::InferRequest& request,
                                            std::shared_ptr<const void> keep_alive,
                                            const CallContext& call, Prepared* prepared) {
+  return PrepareWith(request, std::move(keep_alive), call, prepared, [&] {
+    return path_->Admissible(call, request.model(), nullptr, request.model_version());
+  });
+}
+
+absl::Status AttentionServiceImpl::PrepareGated(const v1::InferRequest& request,
+                                                const Principal* caller, const CallContext& call,
+                                                Prepared* prepared) {
+  return PrepareWith(request, nullptr, call, prepared, [&] {
+    return path_->FindModel(caller, request.model(), request.model_version(), &call);
+  });
+}
+
+absl::Status AttentionServiceImpl::PrepareWith(
+    const v1::InferRequest& request, std::shared_ptr<const void> keep_alive,
+    const CallContext& call, Prepared* prepared,
+    absl::FunctionRef<absl::StatusOr<const ServedModel*>()> find) {
   RETURN_IF_ERROR(CheckIdentifier(request.request_id(), "request_id"));
   if (request.model_version() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model_version: expected 0 (the newest) or a version number, got ",
                      request.model_version()));
   }
-  ASSIGN_OR_RETURN(prepared->model,
-                   path_->Admissible(call, request.model(), nullptr, request.model_version()));
+  ASSIGN_OR_RETURN(prepared->model, find());
   auto pending = std::make_unique<PendingRequest>();
   MhaInputs& in = pending->inputs;
   ASSIGN_OR_RETURN(in.query, wire::DecodeTensor(request.query(), "query"));

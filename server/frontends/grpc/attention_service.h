@@ -14,22 +14,27 @@
 
 #include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "server/requests/call_context.h"
 #include "server/requests/request_path.h"
 
 namespace attention::server {
 
-// Infer async, the rest callback. (Marking a callback method async keeps
-// its callback handler, which gRPC then serves instead: the async one must
-// be marked on the plain Service, below the callback ones.)
+// Infer async and raw (its request arrives as bytes, which the
+// AsyncInferQueue parses where it chooses, and its response leaves as
+// bytes, serialized by the batcher's thread), the rest callback. (Marking a
+// callback method async keeps its callback handler, which gRPC then serves
+// instead: the async one must be marked on the plain Service, below the
+// callback ones.)
 using AttentionServiceBase = v1::AttentionService::WithCallbackMethod_InferStream<
     v1::AttentionService::WithCallbackMethod_ListModels<
         v1::AttentionService::WithCallbackMethod_GetModel<
             v1::AttentionService::WithCallbackMethod_LoadModel<
                 v1::AttentionService::WithCallbackMethod_UnloadModel<
-                    v1::AttentionService::WithAsyncMethod_Infer<v1::AttentionService::Service>>>>>>;
+                    v1::AttentionService::WithRawMethod_Infer<v1::AttentionService::Service>>>>>>;
 
 class AttentionServiceImpl final : public AttentionServiceBase {
  public:
@@ -61,8 +66,17 @@ class AttentionServiceImpl final : public AttentionServiceBase {
   // large.
   absl::Status Prepare(const v1::InferRequest& request, std::shared_ptr<const void> keep_alive,
                        const CallContext& call, Prepared* prepared);
+  // Prepare for a call the request path's Gate() already let in, as
+  // `caller` (null without authentication): the same checks but the gate's.
+  absl::Status PrepareGated(const v1::InferRequest& request, const Principal* caller,
+                            const CallContext& call, Prepared* prepared);
 
  private:
+  // Prepare's steps, the model found by `find`.
+  absl::Status PrepareWith(const v1::InferRequest& request, std::shared_ptr<const void> keep_alive,
+                           const CallContext& call, Prepared* prepared,
+                           absl::FunctionRef<absl::StatusOr<const ServedModel*>()> find);
+
   RequestPath* const path_;
 };
 
