@@ -270,6 +270,19 @@ absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::Random(const MhaSpec& 
   return std::shared_ptr<const MhaModel>(new MhaModel(spec, std::move(w), ServingConfig{}));
 }
 
+std::shared_ptr<const MhaModel> MhaModel::WithoutMatrices() const {
+  MhaWeights w;
+  if (spec_.bias) {
+    w.in_bias = weights_.in_bias.Clone();
+    w.out_bias = weights_.out_bias.Clone();
+  }
+  if (spec_.add_bias_kv) {
+    w.bias_k = weights_.bias_k.Clone();
+    w.bias_v = weights_.bias_v.Clone();
+  }
+  return std::shared_ptr<const MhaModel>(new MhaModel(spec_, std::move(w), serving_));
+}
+
 std::shared_ptr<const MhaModel> MhaModel::Demo() {
   MhaSpec spec;  // The defaults are the demo's shape.
   return *Random(spec, /*seed=*/2024);

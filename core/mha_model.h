@@ -88,6 +88,11 @@ class MhaModel {
   // The built-in demo model: E=256, 8 heads, bias, float32, seed 2024.
   static std::shared_ptr<const MhaModel> Demo();
 
+  // A copy of this model without its four matrices (spec, serving config,
+  // biases and bias_k/bias_v kept; the matrices' tensors empty, data()
+  // null): what an engine keeps once it has packed them.
+  std::shared_ptr<const MhaModel> WithoutMatrices() const;
+
   const MhaSpec& spec() const { return spec_; }
   const MhaWeights& weights() const { return weights_; }
   const ServingConfig& serving() const { return serving_; }
