@@ -120,10 +120,6 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
       resident_bytes_ += resident - raw->bytes;
       raw->bytes = resident;
     }
-    // The load's transient copies (the file's tensors, the split of
-    // in_proj_weight) lie freed in the heap below the 256 MiB trim
-    // threshold: give them back now rather than at the trimmer's next look.
-    malloc_trim(0);
     prepared = absl::Now();
     if (!options_.warmup) return absl::OkStatus();
     // Batches run with one thread or all of them (see DynamicBatcher):
@@ -138,6 +134,11 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
     }
     return absl::OkStatus();
   });
+  // The load's transient copies (the file's tensors, the split of
+  // in_proj_weight) and the warm-up's buffers lie freed in the heap, below
+  // the 256 MiB trim threshold (ConfigureAllocator): give them back now
+  // rather than at the allocator trimmer's next look.
+  malloc_trim(0);
   if (!made.ok() || abandoned()) return fail(made, "failure");
   const absl::Time warm = absl::Now();
   served->metrics = metrics_->AddModel(name);
