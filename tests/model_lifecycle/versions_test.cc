@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "server/batching/model_bytes.h"
 #include "server/security/token_authenticator.h"
 #include "tests/fixture/model_versions_fixture.h"
 
@@ -166,7 +167,7 @@ TEST(ModelVersionsTest, ReplacingUnderContinuousLoadLosesNoRequest) {
   EXPECT_EQ(wrong.load(), 0);
   for (int64_t v = 1; v <= 1 + kSwaps; ++v) EXPECT_GE(served(v), 5) << "version " << v;
   // Every old version is freed once its last request ended: one resident.
-  const int64_t one = static_cast<int64_t>(fs::file_size(repo + "/m/1/model.safetensors"));
+  const int64_t one = server::EstimateModelBytes(repo + "/m/1");
   EXPECT_TRUE(Eventually([&] { return server->repository()->resident_bytes() == one; }));
 
   // In poll mode the folders decide: explicit loads are refused.
@@ -361,7 +362,7 @@ TEST(ModelVersionsTest, RepeatedSwapsDoNotGrowMemory) {
   auto stub = v1::AttentionService::NewStub(server->InProcessChannel());
   std::mt19937 rng(5);
   const Tensor q = RandomTensor({1, 4, kWide}, rng);
-  const int64_t one = static_cast<int64_t>(fs::file_size(repo + "/m/1/model.safetensors"));
+  const int64_t one = server::EstimateModelBytes(repo + "/m/1");
   int64_t first = 0;
   for (int64_t v = 2; v <= 1 + kSwaps; ++v) {
     const std::string tmp = repo + "/m/..tmp";
