@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "server/allocator_trimmer.h"
 #include "server/batching/model_bytes.h"
 #include "server/security/token_authenticator.h"
 #include "tests/fixture/model_versions_fixture.h"
@@ -349,6 +350,11 @@ int64_t ResidentBytes() {
 }
 
 TEST(ModelVersionsTest, RepeatedSwapsDoNotGrowMemory) {
+  // The allocator as the server's main() sets it (one arena, so that the
+  // trims after a load and after a version is freed reach every free page;
+  // with glibc's default arenas, a loading thread's arena keeps its freed
+  // top: measured +51 MiB after 100 swaps beside another test, none alone).
+  server::ConfigureAllocator();
   const std::string repo = NewRepo("rss");
   fs::create_directories(repo + "/m");
   // 4 x 2048 x 2048 float32 weights: 64 MiB a version, swapped 100 times.
