@@ -16,19 +16,6 @@ namespace {
 using dt = dnnl::memory::data_type;
 using dims = dnnl::memory::dims;
 
-// W (out, in) float32 -> W^T (in, out) * scale in `dtype`, written at `dst`
-// with `ld` elements between rows.
-void TransposeInto(const Tensor& w, float scale, DType dtype, void* dst, int64_t ld) {
-  const int64_t out = w.dim(0), in = w.dim(1);
-  std::vector<float> row(static_cast<size_t>(out));
-  const float* src = w.as<float>();
-  for (int64_t i = 0; i < in; ++i) {
-    for (int64_t o = 0; o < out; ++o) row[o] = src[o * in + i] * scale;
-    ConvertFloats(DType::kFloat32, row.data(), dtype,
-                  static_cast<char*>(dst) + i * ld * DTypeSize(dtype), row.size());
-  }
-}
-
 // The bytes of `t` in `dtype`: t.data itself, or a converted copy in the
 // calling thread's workspace `slot` (held by *holder).
 const void* InDType(const TensorView& t, DType dtype, Workspace::Slot slot,
@@ -59,8 +46,13 @@ absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(std::shared_ptr<con
       "MhaEngine::Create", [&]() -> absl::StatusOr<std::unique_ptr<MhaEngine>> {
         if (model == nullptr) return absl::InvalidArgumentError("MhaEngine: model is null");
         RETURN_IF_ERROR(ValidateSpec(model->spec()));
+        if (model->weights().out_weight.data() == nullptr) {
+          return absl::InvalidArgumentError(
+              "MhaEngine: the model's matrices were dropped (keep_model_weights false); "
+              "give the engine the loaded model");
+        }
         std::unique_ptr<MhaEngine> engine(new MhaEngine(std::move(model), options));
-        if (engine->int8_) RETURN_IF_ERROR(engine->Quantize());
+        RETURN_IF_ERROR(engine->Prepare());
         return engine;
       });
 }
@@ -69,37 +61,18 @@ MhaEngine::MhaEngine(std::shared_ptr<const MhaModel> model, EngineOptions option
     : model_(std::move(model)),
       options_(options),
       int8_(model_->spec().int8_weights || options.int8_weights),
-      // A float32 model quantized by the options computes attention in
-      // bfloat16, as config.json's "int8" does.
-      compute_(options.int8_weights && !model_->spec().int8_weights ? DType::kBFloat16
-                                                                    : model_->spec().compute_dtype),
+      compute_(ComputeDType(model_->spec(), options)),
       cache_(options.primitive_cache_capacity) {
   const MhaSpec& s = model_->spec();
   const MhaWeights& w = model_->weights();
   const int64_t e = s.embed_dim;
   const size_t esize = DTypeSize(compute_);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim()));
-
-  q_weight_ = Tensor(compute_, {e, e});
-  k_weight_ = Tensor(compute_, {s.kdim, e});
-  v_weight_ = Tensor(compute_, {s.vdim, e});
-  TransposeInto(w.q_weight, scale, compute_, q_weight_.data(), e);
-  TransposeInto(w.k_weight, 1.0f, compute_, k_weight_.data(), e);
-  TransposeInto(w.v_weight, 1.0f, compute_, v_weight_.data(), e);
-  if (s.packed_in_proj()) {  // (E, 3E) for the fused self-attention projection.
-    qkv_weight_ = Tensor(compute_, {e, 3 * e});
-    char* qkv = static_cast<char*>(qkv_weight_.data());
-    TransposeInto(w.q_weight, scale, compute_, qkv, 3 * e);
-    TransposeInto(w.k_weight, 1.0f, compute_, qkv + e * esize, 3 * e);
-    TransposeInto(w.v_weight, 1.0f, compute_, qkv + 2 * e * esize, 3 * e);
-  }
-  out_weight_ = Tensor(compute_, {e, e});
-  TransposeInto(w.out_weight, 1.0f, compute_, out_weight_.data(), e);
-
   if (s.bias) {
     qkv_bias_ = w.in_bias.Clone();
     float* b = qkv_bias_.mutable_as<float>();
     for (int64_t i = 0; i < e; ++i) b[i] *= scale;
+    out_bias_ = w.out_bias.Clone();
   }
   if (s.add_bias_kv) {
     bias_kv_ = Tensor(compute_, {2, e});
@@ -107,48 +80,13 @@ MhaEngine::MhaEngine(std::shared_ptr<const MhaModel> model, EngineOptions option
     ConvertFloats(DType::kFloat32, w.bias_v.data(), compute_,
                   static_cast<char*>(bias_kv_.data()) + e * esize, e);
   }
+  // Shapes and biases here; the weights in Prepare().
   const float* in_bias = s.bias ? qkv_bias_.as<float>() : nullptr;
-  q_proj_ = MakeProjection(q_weight_.data(), in_bias, e, e);
-  k_proj_ = MakeProjection(k_weight_.data(), in_bias ? in_bias + e : nullptr, s.kdim, e);
-  v_proj_ = MakeProjection(v_weight_.data(), in_bias ? in_bias + 2 * e : nullptr, s.vdim, e);
-  out_proj_ = MakeProjection(out_weight_.data(), s.bias ? w.out_bias.as<float>() : nullptr, e, e);
-  if (s.packed_in_proj()) qkv_proj_ = MakeProjection(qkv_weight_.data(), in_bias, e, 3 * e);
-  if (int8_) return;  // Quantize() prepares the projections instead.
-  for (Projection* p : {&q_proj_, &k_proj_, &v_proj_, &qkv_proj_}) {
-    if (p->weight != nullptr) Pack(p, compute_, &packed_weights_);
-  }
-  Pack(&out_proj_, DType::kFloat32, &packed_weights_);
-}
-
-absl::Status MhaEngine::Quantize() {
-  const MhaSpec& s = model_->spec();
-  const MhaWeights& w = model_->weights();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim()));
-  // Each projection's W^T in float32 (the query's scaled as for the other
-  // paths), quantized per output column.
-  auto quantize =
-      [&](Projection* proj,
-          std::initializer_list<std::pair<const Tensor*, float>> parts) -> absl::Status {
-    if (proj->weight == nullptr) return absl::OkStatus();
-    std::vector<float> w_t(static_cast<size_t>(proj->in * proj->out));
-    int64_t col = 0;
-    for (const auto& [weight, factor] : parts) {
-      TransposeInto(*weight, factor, DType::kFloat32, w_t.data() + col, proj->out);
-      col += weight->dim(0);
-    }
-    ASSIGN_OR_RETURN(auto q, QuantizedLinear::Create(w_t.data(), proj->in, proj->out, proj->bias));
-    proj->quantized = q.get();
-    quantized_.push_back(std::move(q));
-    return absl::OkStatus();
-  };
-  RETURN_IF_ERROR(quantize(&q_proj_, {{&w.q_weight, scale}}));
-  RETURN_IF_ERROR(quantize(&k_proj_, {{&w.k_weight, 1.0f}}));
-  RETURN_IF_ERROR(quantize(&v_proj_, {{&w.v_weight, 1.0f}}));
-  if (s.packed_in_proj()) {
-    RETURN_IF_ERROR(
-        quantize(&qkv_proj_, {{&w.q_weight, scale}, {&w.k_weight, 1.0f}, {&w.v_weight, 1.0f}}));
-  }
-  return quantize(&out_proj_, {{&w.out_weight, 1.0f}});
+  q_proj_ = MakeProjection(in_bias, e, e);
+  k_proj_ = MakeProjection(in_bias ? in_bias + e : nullptr, s.kdim, e);
+  v_proj_ = MakeProjection(in_bias ? in_bias + 2 * e : nullptr, s.vdim, e);
+  out_proj_ = MakeProjection(s.bias ? out_bias_.as<float>() : nullptr, e, e);
+  if (s.packed_in_proj()) qkv_proj_ = MakeProjection(in_bias, e, 3 * e);
 }
 
 DType MhaEngine::InputDType(DType given) const {
@@ -178,7 +116,7 @@ absl::Status MhaEngine::RunForward(const TensorView& query, const std::optional<
   const void* q_data;
   const void* k_data;
   const void* v_data;
-  if (self_attention && s.packed_in_proj() && s.extra_keys() == 0) {
+  if (self_attention && has_fused_qkv() && s.extra_keys() == 0) {
     q_buf = std::make_unique<Workspace>(Workspace::kProjected, 3 * n * l * e * esize);
     RETURN_IF_ERROR(Linear(qkv_proj_, q_in, q_dt, 1, n * l, q_buf->data(), compute_, 0));
     q_data = q_buf->data();
@@ -249,7 +187,7 @@ absl::Status MhaEngine::ForwardBatch(const TensorView& query, const std::optiona
 
 absl::Status MhaEngine::Project(Part part, const TensorView& x, float* y) const {
   return ResourceExhaustedOnBadAlloc("MhaEngine::Project", [&]() -> absl::Status {
-    if (part == Part::kQueryKeyValue && qkv_proj_.weight == nullptr) {
+    if (part == Part::kQueryKeyValue && !has_fused_qkv()) {
       return absl::FailedPreconditionError("Project: the model has no fused q/k/v projection");
     }
     const Projection& p = part == Part::kQuery           ? q_proj_

@@ -78,14 +78,22 @@ struct EngineOptions {
   // model quantized at load, attention in bfloat16 (attention-core-bench
   // --dtype=int8).
   bool int8_weights = false;
+  // Keep the model's float32 matrices (model().weights()) after they are
+  // packed. False: the engine holds a copy of the model without them
+  // (spec, serving, biases), so that once the caller drops its own pointer
+  // the prepared weights are the only copy (the server's repository does).
+  // Tests and benches that read model().weights() keep the default.
+  bool keep_model_weights = true;
 };
 
 class MhaEngine {
  public:
-  // Prepares `model`'s weights for compute (transposed, 1/sqrt(head_dim)
-  // folded into the query projection, converted to the compute dtype, or
-  // quantized to int8). InvalidArgument if the model's spec is invalid;
-  // Internal if oneDNN cannot lay out the int8 weights.
+  // Prepares `model`'s weights for compute, once, in the layout oneDNN's
+  // matmul reads (weight_layout.h: transposed, 1/sqrt(head_dim) folded into
+  // the query projection, converted to the compute dtype, or quantized to
+  // int8); q, k and v share one buffer with the fused projection when the
+  // layout allows. InvalidArgument if the model's spec is invalid (or its
+  // matrices were dropped); Internal if oneDNN cannot lay out the weights.
   static absl::StatusOr<std::unique_ptr<MhaEngine>> Create(std::shared_ptr<const MhaModel> model,
                                                            EngineOptions options = {});
 
@@ -119,9 +127,10 @@ class MhaEngine {
   // The layer's projections, for callers that keep keys and values
   // themselves (sessions): y (rows, E) float32 = x (rows, in) W^T + b for
   // dense x of any float dtype. kQuery has 1/sqrt(head_dim) folded in.
-  // kQueryKeyValue (only when spec().packed_in_proj()) is all three in one
-  // GEMM: y (rows, 3E), each row q, k, v. InvalidArgument unless x is
-  // (rows, in) with `in` the part's input width (E, kdim or vdim).
+  // kQueryKeyValue (only when has_fused_qkv()) is all three in one GEMM:
+  // y (rows, 3E), each row q, k, v (FailedPrecondition otherwise).
+  // InvalidArgument unless x is (rows, in) with `in` the part's input width
+  // (E, kdim or vdim).
   enum class Part { kQuery, kKey, kValue, kOut, kQueryKeyValue };
   absl::Status Project(Part part, const TensorView& x, float* y) const;
 
@@ -138,29 +147,57 @@ class MhaEngine {
   // workspace sized by the primitive; this bounds it for the estimates).
   static constexpr int64_t kScratchpadAllowance = int64_t{4} << 20;
 
+  // True when Project(kQueryKeyValue) is available: kdim == vdim == E and
+  // q, k and v are thirds of one prepared buffer (E % 64 == 0 with oneDNN's
+  // blocked layouts), or the projections are int8.
+  bool has_fused_qkv() const {
+    return qkv_proj_.packed != nullptr || qkv_proj_.quantized != nullptr;
+  }
+
+  // The bytes this engine keeps resident for its weights: the prepared
+  // buffers, biases and the model it holds (its matrices too when
+  // keep_model_weights). Within a page or so per buffer of the resident
+  // set's growth by Create (tests/memory/model_resident_test.cc).
+  int64_t resident_bytes() const;
+  // resident_bytes() of an engine for a model of `spec` made with `options`
+  // (keep_model_weights aside: counted as false), without building it: the
+  // same layout queries, no weights. Internal if oneDNN fails.
+  static absl::StatusOr<int64_t> EstimateResidentBytes(const MhaSpec& spec,
+                                                       const EngineOptions& options);
+
+  // The model this engine holds: the one given to Create, or its copy
+  // without matrices (keep_model_weights false).
   const MhaModel& model() const { return *model_; }
+  std::shared_ptr<const MhaModel> shared_model() const { return model_; }
   const PrimitiveCache& cache() const { return cache_; }
 
  private:
-  // A projection's prepared weights: W^T (in, out) row-major in the compute
-  // dtype and a float32 bias (or null).
+  // A projection's prepared weights: W^T (in, out) in the compute dtype,
+  // laid out as packed_md (oneDNN's preferred layout), and a float32 bias
+  // (or null); or, for int8, the QuantizedLinear that runs it.
   struct Projection {
-    const void* weight = nullptr;
     const float* bias = nullptr;
     int64_t in = 0;
     int64_t out = 0;
-    const void* packed = nullptr;  // The weights in oneDNN's preferred layout, if any.
+    const void* packed = nullptr;
     dnnl::memory::desc packed_md;
-    const QuantizedLinear* quantized = nullptr;  // int8: runs the projection instead.
+    const QuantizedLinear* quantized = nullptr;
   };
-  static Projection MakeProjection(const void* weight, const float* bias, int64_t in, int64_t out) {
+  static Projection MakeProjection(const float* bias, int64_t in, int64_t out) {
     Projection p;
-    p.weight = weight;
     p.bias = bias;
     p.in = in;
     p.out = out;
     return p;
   }
+  // The float layouts of a layer's projections (weight_layout.h); `fused`:
+  // q, k and v are the thirds of `qkv`. Throws dnnl::error.
+  struct Layouts {
+    dnnl::memory::desc q, k, v, out, qkv;
+    bool fused = false;
+  };
+  static Layouts PlanLayouts(const MhaSpec& spec, DType compute);
+  static DType ComputeDType(const MhaSpec& spec, const EngineOptions& options);
 
   MhaEngine(std::shared_ptr<const MhaModel> model, EngineOptions options);
 
@@ -174,11 +211,14 @@ class MhaEngine {
   // dtype, or for int8 projections float32 or bfloat16 as given (float16 as
   // float32), quantized from there.
   DType InputDType(DType given) const;
+  // Prepares the projections (Pack or Quantize), then drops the model's
+  // matrices unless options_.keep_model_weights. Internal on failure.
+  absl::Status Prepare();
   // int8: quantizes every projection (QuantizedLinear). Internal on failure.
   absl::Status Quantize();
-  // Reorders `proj`'s weights once into the layout oneDNN's matmul prefers
-  // for `dst_dtype` outputs, keeping the bytes in `storage`.
-  void Pack(Projection* proj, DType dst_dtype, std::vector<Tensor>* storage);
+  // float32 / bfloat16: reorders every projection's weights once into its
+  // layout (PlanLayouts). Throws dnnl::error.
+  void Pack();
   // InvalidArgument unless ForwardBatch's tensors fit the model and each
   // other (the widths every projection reads).
   absl::Status CheckBatchShapes(const TensorView& query, const std::optional<TensorView>& key,
@@ -188,20 +228,16 @@ class MhaEngine {
                           const std::optional<TensorView>& value, const MaskPlan& plan,
                           float* output, float* weights, bool average_weights) const;
 
-  const std::shared_ptr<const MhaModel> model_;
+  std::shared_ptr<const MhaModel> model_;  // Set only during Create.
   const EngineOptions options_;
   const bool int8_;  // Projections in int8 (spec or options).
   const DType compute_;
-  Tensor qkv_weight_;  // (E, 3E): W_q^T, W_k^T, W_v^T side by side, when packed.
-  Tensor qkv_bias_;    // (3E) float32 when bias; q's part scaled like W_q.
-  Tensor q_weight_;    // (E, E)
-  Tensor k_weight_;    // (kdim, E)
-  Tensor v_weight_;    // (vdim, E)
-  Tensor out_weight_;  // (E, E)
-  Tensor bias_kv_;     // (2, E) in the compute dtype when add_bias_kv.
+  Tensor qkv_bias_;  // (3E) float32 when bias; q's part scaled like W_q.
+  Tensor out_bias_;  // (E) float32 when bias.
+  Tensor bias_kv_;   // (2, E) in the compute dtype when add_bias_kv.
   Projection q_proj_, k_proj_, v_proj_, out_proj_;
-  Projection qkv_proj_;                 // Fused self-attention projection (when packed).
-  std::vector<Tensor> packed_weights_;  // Storage of the prepacked weights.
+  Projection qkv_proj_;                 // Fused self-attention projection (has_fused_qkv()).
+  std::vector<Tensor> packed_weights_;  // Storage of the packed weights.
   std::vector<std::unique_ptr<QuantizedLinear>> quantized_;  // int8 projections.
   mutable PrimitiveCache cache_;
 };

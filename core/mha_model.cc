@@ -19,10 +19,11 @@ absl::Status Mismatch(absl::string_view key, int64_t config_value, absl::string_
                                                  tensor_value));
 }
 
-// Returns `name` as a float32 tensor of shape `shape`, or an error naming it.
-absl::StatusOr<Tensor> TakeTensor(const SafeTensors& st, const std::string& name,
+// Returns `name` as a float32 tensor of shape `shape`, or an error naming it:
+// moved out of `*st` when it is float32 already and `take`, else converted.
+absl::StatusOr<Tensor> TakeTensor(SafeTensors* st, bool take, const std::string& name,
                                   const Shape& shape) {
-  const Tensor* t = st.Find(name);
+  const Tensor* t = st->Find(name);
   if (t == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("model.safetensors: missing tensor '", name,
                                                    "' of shape ", ShapeToString(shape)));
@@ -37,6 +38,7 @@ absl::StatusOr<Tensor> TakeTensor(const SafeTensors& st, const std::string& name
                                                    "' has shape ", ShapeToString(t->shape()),
                                                    ", expected ", ShapeToString(shape)));
   }
+  if (take && t->dtype() == DType::kFloat32) return *st->Take(name);
   return t->ConvertTo(DType::kFloat32);
 }
 
@@ -96,9 +98,15 @@ class Uniform {
   uint64_t state_;
 };
 
+absl::Status ValidateSpecImpl(const MhaSpec& s);
+
 }  // namespace
 
-absl::Status ValidateSpec(const MhaSpec& s) {
+absl::Status ValidateSpec(const MhaSpec& s) { return ValidateSpecImpl(s); }
+
+namespace {
+
+absl::Status ValidateSpecImpl(const MhaSpec& s) {
   if (s.embed_dim <= 0 || s.num_heads <= 0 || s.kdim <= 0 || s.vdim <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model: embed_dim, num_heads, kdim and vdim must be positive, got ",
@@ -115,8 +123,8 @@ absl::Status ValidateSpec(const MhaSpec& s) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::FromTensors(const ModelConfig& config,
-                                                                      const SafeTensors& st) {
+absl::StatusOr<MhaSpec> SpecFromShapes(
+    const ModelConfig& config, const std::function<const Shape*(const std::string&)>& find) {
   MhaSpec spec;
   spec.num_heads = config.num_heads;
   spec.add_zero_attn = config.add_zero_attn;
@@ -124,31 +132,31 @@ absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::FromTensors(const Mode
   spec.int8_weights = config.int8_weights;
 
   // E from out_proj.weight, checked against the config.
-  const Tensor* out_w = st.Find("out_proj.weight");
-  if (out_w == nullptr || out_w->rank() != 2) {
+  const Shape* out_w = find("out_proj.weight");
+  if (out_w == nullptr || out_w->size() != 2) {
     return absl::InvalidArgumentError(
         "model.safetensors: missing 2-D tensor 'out_proj.weight' of shape [E, E]");
   }
-  spec.embed_dim = out_w->dim(0);
+  spec.embed_dim = (*out_w)[0];
   if (config.embed_dim && *config.embed_dim != spec.embed_dim) {
     return Mismatch("embed_dim", *config.embed_dim, "out_proj.weight", spec.embed_dim);
   }
   const int64_t e = spec.embed_dim;
 
   // Packed or separate input projections decide kdim and vdim.
-  const bool packed = st.Find("in_proj_weight") != nullptr;
+  const bool packed = find("in_proj_weight") != nullptr;
   spec.kdim = e;
   spec.vdim = e;
   if (!packed) {
-    const Tensor* kw = st.Find("k_proj_weight");
-    const Tensor* vw = st.Find("v_proj_weight");
-    if (kw == nullptr || vw == nullptr || kw->rank() != 2 || vw->rank() != 2) {
+    const Shape* kw = find("k_proj_weight");
+    const Shape* vw = find("v_proj_weight");
+    if (kw == nullptr || vw == nullptr || kw->size() != 2 || vw->size() != 2) {
       return absl::InvalidArgumentError(
           "model.safetensors: missing 'in_proj_weight' [3E, E] or the separate "
           "'q_proj_weight', 'k_proj_weight' [E, kdim], 'v_proj_weight' [E, vdim]");
     }
-    spec.kdim = kw->dim(1);
-    spec.vdim = vw->dim(1);
+    spec.kdim = (*kw)[1];
+    spec.vdim = (*vw)[1];
     if (spec.packed_in_proj()) {
       return absl::InvalidArgumentError(
           "model.safetensors: kdim == vdim == embed_dim, so PyTorch stores "
@@ -161,48 +169,69 @@ absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::FromTensors(const Mode
   if (config.vdim && *config.vdim != spec.vdim) {
     return Mismatch("vdim", *config.vdim, packed ? "in_proj_weight" : "v_proj_weight", spec.vdim);
   }
-  spec.bias = st.Find("in_proj_bias") != nullptr || st.Find("out_proj.bias") != nullptr;
+  spec.bias = find("in_proj_bias") != nullptr || find("out_proj.bias") != nullptr;
   if (config.bias && *config.bias != spec.bias) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config.json 'bias' is ", *config.bias ? "true" : "false", " but model.safetensors ",
         spec.bias ? "has" : "has no", " 'in_proj_bias'/'out_proj.bias'"));
   }
-  spec.add_bias_kv = st.Find("bias_k") != nullptr || st.Find("bias_v") != nullptr;
+  spec.add_bias_kv = find("bias_k") != nullptr || find("bias_v") != nullptr;
   if (config.add_bias_kv && *config.add_bias_kv != spec.add_bias_kv) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config.json 'add_bias_kv' is ", *config.add_bias_kv ? "true" : "false",
         " but model.safetensors ", spec.add_bias_kv ? "has" : "has no", " 'bias_k'/'bias_v'"));
   }
   RETURN_IF_ERROR(ValidateSpec(spec));
+  return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::FromTensors(const ModelConfig& config,
+                                                                      const SafeTensors& st) {
+  // Nothing is taken: the const_cast never writes.
+  return Build(config, const_cast<SafeTensors*>(&st), /*take=*/false);
+}
+
+absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::Build(const ModelConfig& config,
+                                                                SafeTensors* st, bool take) {
+  ASSIGN_OR_RETURN(const MhaSpec spec, SpecFromShapes(config, [&](const std::string& name) {
+                     const Tensor* t = st->Find(name);
+                     return t == nullptr ? nullptr : &t->shape();
+                   }));
+  const int64_t e = spec.embed_dim;
+  const bool packed = spec.packed_in_proj();
 
   std::set<std::string> expected = {"out_proj.weight"};
   MhaWeights w;
   if (packed) {
-    ASSIGN_OR_RETURN(Tensor in_w, TakeTensor(st, "in_proj_weight", {3 * e, e}));
+    // Split into q, k and v, the packed tensor freed as soon as it is.
+    ASSIGN_OR_RETURN(Tensor in_w, TakeTensor(st, take, "in_proj_weight", {3 * e, e}));
     w.q_weight = Rows(in_w, 0, e);
     w.k_weight = Rows(in_w, e, e);
     w.v_weight = Rows(in_w, 2 * e, e);
+    in_w = Tensor();
     expected.insert("in_proj_weight");
   } else {
-    ASSIGN_OR_RETURN(w.q_weight, TakeTensor(st, "q_proj_weight", {e, e}));
-    ASSIGN_OR_RETURN(w.k_weight, TakeTensor(st, "k_proj_weight", {e, spec.kdim}));
-    ASSIGN_OR_RETURN(w.v_weight, TakeTensor(st, "v_proj_weight", {e, spec.vdim}));
+    ASSIGN_OR_RETURN(w.q_weight, TakeTensor(st, take, "q_proj_weight", {e, e}));
+    ASSIGN_OR_RETURN(w.k_weight, TakeTensor(st, take, "k_proj_weight", {e, spec.kdim}));
+    ASSIGN_OR_RETURN(w.v_weight, TakeTensor(st, take, "v_proj_weight", {e, spec.vdim}));
     expected.insert({"q_proj_weight", "k_proj_weight", "v_proj_weight"});
   }
-  ASSIGN_OR_RETURN(w.out_weight, TakeTensor(st, "out_proj.weight", {e, e}));
+  ASSIGN_OR_RETURN(w.out_weight, TakeTensor(st, take, "out_proj.weight", {e, e}));
   if (spec.bias) {
-    ASSIGN_OR_RETURN(w.in_bias, TakeTensor(st, "in_proj_bias", {3 * e}));
-    ASSIGN_OR_RETURN(w.out_bias, TakeTensor(st, "out_proj.bias", {e}));
+    ASSIGN_OR_RETURN(w.in_bias, TakeTensor(st, take, "in_proj_bias", {3 * e}));
+    ASSIGN_OR_RETURN(w.out_bias, TakeTensor(st, take, "out_proj.bias", {e}));
     expected.insert({"in_proj_bias", "out_proj.bias"});
   }
   if (spec.add_bias_kv) {
-    ASSIGN_OR_RETURN(w.bias_k, TakeTensor(st, "bias_k", {1, 1, e}));
-    ASSIGN_OR_RETURN(w.bias_v, TakeTensor(st, "bias_v", {1, 1, e}));
+    ASSIGN_OR_RETURN(w.bias_k, TakeTensor(st, take, "bias_k", {1, 1, e}));
+    ASSIGN_OR_RETURN(w.bias_v, TakeTensor(st, take, "bias_v", {1, 1, e}));
     RETURN_IF_ERROR(w.bias_k.Reshape({e}));
     RETURN_IF_ERROR(w.bias_v.Reshape({e}));
     expected.insert({"bias_k", "bias_v"});
   }
-  for (const std::string& name : st.Names()) {
+  for (const std::string& name : st->Names()) {
     if (expected.count(name) == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("model.safetensors: unexpected tensor '", name,
@@ -217,8 +246,8 @@ absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::FromBytes(absl::string
   return ResourceExhaustedOnBadAlloc(
       "model load", [&]() -> absl::StatusOr<std::shared_ptr<const MhaModel>> {
         ASSIGN_OR_RETURN(const ModelConfig config, ParseModelConfig(config_json));
-        ASSIGN_OR_RETURN(const SafeTensors st, SafeTensors::Parse(safetensors));
-        return FromTensors(config, st);
+        ASSIGN_OR_RETURN(SafeTensors st, SafeTensors::Parse(safetensors));
+        return Build(config, &st, /*take=*/true);
       });
 }
 
@@ -231,19 +260,45 @@ absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::LoadFromDirectory(
     const std::string& dir, const std::function<bool()>& abandoned) {
   return ResourceExhaustedOnBadAlloc(
       "model load", [&]() -> absl::StatusOr<std::shared_ptr<const MhaModel>> {
-        ASSIGN_OR_RETURN(const std::string config, ReadText(dir + "/config.json", abandoned));
-        ASSIGN_OR_RETURN(const std::string safetensors,
-                         ReadText(dir + "/model.safetensors", abandoned));
+        ASSIGN_OR_RETURN(const std::string config_json, ReadText(dir + "/config.json", abandoned));
+        auto with_dir = [&](const absl::Status& status) {
+          return absl::Status(status.code(), absl::StrCat(dir, ": ", status.message()));
+        };
+        auto config = ParseModelConfig(config_json);
+        if (!config.ok()) return with_dir(config.status());
+        // Each tensor read once, into its own storage; float32 ones then
+        // moved into the model.
+        absl::StatusOr<SafeTensors> st =
+            SafeTensors::ReadFile(dir + "/model.safetensors", abandoned);
+        if (!st.ok()) {
+          if (st.status().code() == absl::StatusCode::kCancelled ||
+              st.status().code() == absl::StatusCode::kNotFound) {
+            return st.status();
+          }
+          return with_dir(st.status());
+        }
         if (abandoned && abandoned()) {
           return absl::CancelledError(absl::StrCat(dir, ": the load was abandoned"));
         }
-        auto model = FromBytes(config, safetensors);
-        if (!model.ok()) {
-          return absl::Status(model.status().code(),
-                              absl::StrCat(dir, ": ", model.status().message()));
-        }
+        auto model = Build(*config, &*st, /*take=*/true);
+        if (!model.ok()) return with_dir(model.status());
         return model;
       });
+}
+
+absl::StatusOr<MhaSpec> MhaModel::ReadSpec(const std::string& dir) {
+  return ResourceExhaustedOnBadAlloc("model spec", [&]() -> absl::StatusOr<MhaSpec> {
+    ASSIGN_OR_RETURN(const std::string config_json, ReadText(dir + "/config.json", nullptr));
+    ASSIGN_OR_RETURN(const ModelConfig config, ParseModelConfig(config_json));
+    ASSIGN_OR_RETURN(const std::vector<SafeTensors::Entry> entries,
+                     SafeTensors::ReadEntries(dir + "/model.safetensors"));
+    return SpecFromShapes(config, [&](const std::string& name) -> const Shape* {
+      for (const SafeTensors::Entry& e : entries) {
+        if (e.name == name) return &e.shape;
+      }
+      return nullptr;
+    });
+  });
 }
 
 absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::Random(const MhaSpec& spec,
@@ -268,6 +323,19 @@ absl::StatusOr<std::shared_ptr<const MhaModel>> MhaModel::Random(const MhaSpec& 
     w.bias_v = rng.Fill({e}, 0.5f);
   }
   return std::shared_ptr<const MhaModel>(new MhaModel(spec, std::move(w), ServingConfig{}));
+}
+
+std::shared_ptr<const MhaModel> MhaModel::WithoutMatrices() const {
+  MhaWeights w;
+  if (spec_.bias) {
+    w.in_bias = weights_.in_bias.Clone();
+    w.out_bias = weights_.out_bias.Clone();
+  }
+  if (spec_.add_bias_kv) {
+    w.bias_k = weights_.bias_k.Clone();
+    w.bias_v = weights_.bias_v.Clone();
+  }
+  return std::shared_ptr<const MhaModel>(new MhaModel(spec_, std::move(w), serving_));
 }
 
 std::shared_ptr<const MhaModel> MhaModel::Demo() {

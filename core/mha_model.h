@@ -81,6 +81,11 @@ class MhaModel {
   static absl::StatusOr<std::shared_ptr<const MhaModel>> FromTensors(const ModelConfig& config,
                                                                      const SafeTensors& tensors);
 
+  // The spec of the model in `dir`, from config.json and model.safetensors'
+  // header only (the weights are not read): what LoadFromDirectory would
+  // resolve, for estimates before loading. Errors as LoadFromDirectory's.
+  static absl::StatusOr<MhaSpec> ReadSpec(const std::string& dir);
+
   // A model with the given spec and weights drawn from a fixed-seed generator
   // (PyTorch-like init scales). InvalidArgument for an impossible spec.
   static absl::StatusOr<std::shared_ptr<const MhaModel>> Random(const MhaSpec& spec, uint64_t seed);
@@ -88,11 +93,20 @@ class MhaModel {
   // The built-in demo model: E=256, 8 heads, bias, float32, seed 2024.
   static std::shared_ptr<const MhaModel> Demo();
 
+  // A copy of this model without its four matrices (spec, serving config,
+  // biases and bias_k/bias_v kept; the matrices' tensors empty, data()
+  // null): what an engine keeps once it has packed them.
+  std::shared_ptr<const MhaModel> WithoutMatrices() const;
+
   const MhaSpec& spec() const { return spec_; }
   const MhaWeights& weights() const { return weights_; }
   const ServingConfig& serving() const { return serving_; }
 
  private:
+  // FromTensors; `take`: float32 tensors are moved out of `*tensors`.
+  static absl::StatusOr<std::shared_ptr<const MhaModel>> Build(const ModelConfig& config,
+                                                               SafeTensors* tensors, bool take);
+
   MhaModel(MhaSpec spec, MhaWeights weights, ServingConfig serving)
       : spec_(spec), weights_(std::move(weights)), serving_(serving) {}
 

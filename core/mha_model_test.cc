@@ -142,6 +142,34 @@ TEST(MhaModelTest, LoadsFromDirectory) {
   std::filesystem::remove_all(dir);
 }
 
+// ReadSpec resolves the spec LoadFromDirectory would, from config.json and
+// the safetensors header alone (the memory estimate before a load).
+TEST(MhaModelTest, ReadSpecMatchesTheLoadedSpec) {
+  const std::string dir = ::testing::TempDir() + "/mha_model_spec_dir";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"num_heads": 2, "compute_dtype": "bfloat16"})";
+  Tensor q = Filled({8, 8}), k = Filled({8, 4}), v = Filled({8, 6}), out = Filled({8, 8});
+  std::ofstream(dir + "/model.safetensors", std::ios::binary)
+      << WriteSafeTensors({{"q_proj_weight", &q},
+                           {"k_proj_weight", &k},
+                           {"v_proj_weight", &v},
+                           {"out_proj.weight", &out}});
+  auto spec = MhaModel::ReadSpec(dir);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto m = MhaModel::LoadFromDirectory(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const MhaSpec& want = (*m)->spec();
+  EXPECT_EQ(spec->embed_dim, want.embed_dim);
+  EXPECT_EQ(spec->kdim, 4);
+  EXPECT_EQ(spec->vdim, 6);
+  EXPECT_EQ(spec->bias, want.bias);
+  EXPECT_EQ(spec->compute_dtype, DType::kBFloat16);
+  std::ofstream(dir + "/config.json") << R"({"num_heads": 3})";
+  EXPECT_THAT(MhaModel::ReadSpec(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not divisible")));
+  std::filesystem::remove_all(dir);
+}
+
 // A load told to stop (a drain, a stop signal) stops between chunks of its
 // reading: asked before each file's chunks and before parsing.
 TEST(MhaModelTest, AbandonedLoadStopsWithCancelled) {
@@ -153,7 +181,7 @@ TEST(MhaModelTest, AbandonedLoadStopsWithCancelled) {
   int asked = 0;
   auto m = MhaModel::LoadFromDirectory(dir, [&] { return ++asked > 100; });
   ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_GE(asked, 3);  // config.json, model.safetensors, before parsing.
+  EXPECT_GE(asked, 3);  // config.json, model.safetensors' header and tensors, before parsing.
   for (int stop_at : {1, 2, 3}) {
     asked = 0;
     EXPECT_THAT(MhaModel::LoadFromDirectory(dir, [&] { return ++asked >= stop_at; }),

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "core/weight_layout.h"
 #include "core/workspace.h"
 
 namespace attention {
@@ -46,22 +47,49 @@ absl::StatusOr<std::unique_ptr<QuantizedLinear>> QuantizedLinear::Create(const f
   // The weights layout oneDNN's u8 x s8 matmul prefers (VNNI-blocked),
   // reordered into once.
   try {
-    constexpr int64_t kRows = 128;  // A representative block of rows.
-    const dnnl::memory::desc src_md({kRows, in}, dt::u8, dims{in, 1});
-    const dnnl::memory::desc any_md({in, out}, dt::s8, dnnl::memory::format_tag::any);
-    const dnnl::memory::desc dst_md({kRows, out}, dt::s32, dims{out, 1});
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, any_md, dst_md), CpuEngine());
-    q->packed_md_ = pd.weights_desc();
-    q->packed_ = AlignedBuffer(q->packed_md_.get_size());
+    q->packed_md_ = PreferredWeights(in, out, dt::s8, dt::u8, dt::s32);
+    auto storage = std::make_shared<AlignedBuffer>(q->packed_md_.get_size());
+    q->packed_ = storage->data();
+    q->storage_ = std::move(storage);
     const dnnl::memory::desc plain_md({in, out}, dt::s8, dims{out, 1});
     dnnl::stream stream(CpuEngine());
-    dnnl::memory from = Wrap(plain_md, plain.data()), to = Wrap(q->packed_md_, q->packed_.data());
+    dnnl::memory from = Wrap(plain_md, plain.data()), to = Wrap(q->packed_md_, q->packed_);
     dnnl::reorder(from, to).execute(stream, from, to);
     stream.wait();
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("QuantizedLinear: oneDNN: ", e.what()));
   }
   return q;
+}
+
+std::unique_ptr<QuantizedLinear> QuantizedLinear::Third(int64_t j) const {
+  if (out_ % 3 != 0 || j < 0 || j >= 3) return nullptr;
+  const int64_t cols = out_ / 3;
+  const dnnl::memory::desc part = PreferredWeights(in_, cols, dt::s8, dt::u8, dt::s32);
+  if (!ThirdsOf(packed_md_, part, cols) || in_ != cols) return nullptr;
+  std::unique_ptr<QuantizedLinear> q(new QuantizedLinear(in_, cols));
+  q->storage_ = storage_;
+  q->packed_ = static_cast<const char*>(packed_) + j * part.get_size();
+  q->owns_storage_ = false;
+  q->packed_md_ = part;
+  auto slice = [&](const std::vector<float>& v) {
+    return v.empty() ? v : std::vector<float>(v.begin() + j * cols, v.begin() + (j + 1) * cols);
+  };
+  q->w_scale_ = slice(w_scale_);
+  q->col_sum_ = slice(col_sum_);
+  q->bias_ = slice(bias_);
+  return q;
+}
+
+int64_t QuantizedLinear::resident_bytes() const {
+  const int64_t vectors =
+      static_cast<int64_t>((w_scale_.size() + col_sum_.size() + bias_.size()) * sizeof(float));
+  return vectors + (owns_storage_ ? static_cast<int64_t>(packed_md_.get_size()) : 0);
+}
+
+int64_t QuantizedLinear::EstimateResidentBytes(int64_t in, int64_t out, bool bias) {
+  return static_cast<int64_t>(PreferredWeights(in, out, dt::s8, dt::u8, dt::s32).get_size()) +
+         (bias ? 3 : 2) * out * static_cast<int64_t>(sizeof(float));
 }
 
 int64_t QuantizedLinear::ChunkRows(int64_t rows) const {
@@ -89,7 +117,7 @@ absl::Status QuantizedLinear::Run(const void* x, DType x_dtype, int64_t rows, in
     const int64_t m = std::min(chunk, rows - m0);
     const dnnl::memory::desc src_md({m, in_}, dt::u8, dims{in_, 1});
     const dnnl::memory::desc dst_md({m, out_}, dt::s32, dims{out_, 1});
-    std::string key = absl::StrCat("int8", reinterpret_cast<uintptr_t>(packed_.data()));
+    std::string key = absl::StrCat("int8", reinterpret_cast<uintptr_t>(packed_), "x", out_);
     AppendMdKey(src_md, &key);
     AppendMdKey(dst_md, &key);
     ASSIGN_OR_RETURN(auto prim,
@@ -100,7 +128,7 @@ absl::Status QuantizedLinear::Run(const void* x, DType x_dtype, int64_t rows, in
                            dnnl::matmul::desc(src_md, packed_md_, dst_md), attr, CpuEngine());
                      })));
     RETURN_IF_ERROR(Execute(*prim, {{DNNL_ARG_SRC, Wrap(src_md, q + m0 * in_)},
-                                    {DNNL_ARG_WEIGHTS, Wrap(packed_md_, packed_.data())},
+                                    {DNNL_ARG_WEIGHTS, Wrap(packed_md_, packed_)},
                                     {DNNL_ARG_DST, Wrap(dst_md, acc.data())}}));
     RowsOut block = out;
     block.y = static_cast<char*>(out.y) + m0 * out.ld * out_size;

@@ -43,9 +43,23 @@ class QuantizedLinear {
   absl::Status Run(const void* x, DType x_dtype, int64_t rows, int64_t x_ld, const RowsOut& out,
                    PrimitiveCache& cache) const;
 
+  // Column block j of three (out / 3 columns each, j in [0, 3)) as a
+  // projection of its own that shares this one's int8 weights (the caller
+  // keeps this one alive while it is used), when oneDNN's layout makes the
+  // block a contiguous part of the buffer (weight_layout.h ThirdsOf);
+  // nullptr otherwise. Throws dnnl::error.
+  std::unique_ptr<QuantizedLinear> Third(int64_t j) const;
+
   // The bytes Run() takes from the calling thread's workspaces for `rows`
   // rows (oneDNN's scratchpad aside).
   int64_t WorkingBytes(int64_t rows) const;
+
+  // The bytes it keeps: its int8 weights (unless shared from another: Third)
+  // and the per-channel vectors.
+  int64_t resident_bytes() const;
+  // resident_bytes() of a projection of `in` x `out` with or without bias,
+  // before building it. Throws dnnl::error.
+  static int64_t EstimateResidentBytes(int64_t in, int64_t out, bool bias);
 
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
@@ -58,7 +72,11 @@ class QuantizedLinear {
   int64_t ChunkRows(int64_t rows) const;
 
   const int64_t in_, out_;
-  AlignedBuffer packed_;  // s8 weights in oneDNN's layout for u8 x s8 matmul.
+  // s8 weights in oneDNN's layout for u8 x s8 matmul: packed_ points into
+  // storage_, which a Third() shares with the projection it came from.
+  std::shared_ptr<const AlignedBuffer> storage_;
+  const void* packed_ = nullptr;
+  bool owns_storage_ = true;  // False for a Third().
   dnnl::memory::desc packed_md_;
   std::vector<float> w_scale_;  // (out)
   std::vector<float> col_sum_;  // (out): sum over `in` of the int8 weights.

@@ -1,11 +1,14 @@
 #include "core/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <limits>
 #include <optional>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
@@ -41,15 +44,7 @@ const char* DTypeToSafeTensors(DType dtype) {
   return "?";
 }
 
-struct Entry {
-  std::string name;
-  DType dtype;
-  Shape shape;
-  uint64_t begin;
-  uint64_t end;
-};
-
-absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& j) {
+absl::StatusOr<SafeTensors::Entry> ParseEntry(const std::string& name, const nlohmann::json& j) {
   auto bad = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor '", name, "': ", what));
   };
@@ -60,7 +55,7 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& 
       j["data_offsets"].size() != 2) {
     return bad("missing 'data_offsets' [begin, end]");
   }
-  Entry e;
+  SafeTensors::Entry e;
   e.name = name;
   auto dtype = DTypeFromSafeTensors(j["dtype"].get<std::string>(), name);
   if (!dtype.ok()) return dtype.status();
@@ -97,93 +92,186 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const nlohmann::json& 
 
 }  // namespace
 
+absl::StatusOr<uint64_t> SafeTensors::HeaderLength(absl::string_view first8, uint64_t file_size) {
+  if (file_size < 8 || first8.size() < 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors: file is truncated: ", file_size, " bytes, need at least 8"));
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | static_cast<uint8_t>(first8[i]);
+  if (header_len > kMaxHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors: header length ", header_len,
+                                                   " exceeds the limit of ", kMaxHeaderBytes));
+  }
+  if (header_len > file_size - 8) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors: file is truncated: header needs ",
+                                                   header_len, " bytes but only ", file_size - 8,
+                                                   " follow the length"));
+  }
+  return header_len;
+}
+
+absl::Status SafeTensors::ParseHeader(absl::string_view header_json, uint64_t data_size,
+                                      const std::function<void(const Entry&)>& add) {
+  nlohmann::json header = nlohmann::json::parse(header_json, nullptr,
+                                                /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return absl::InvalidArgumentError("safetensors: header is not a JSON object");
+  }
+  std::vector<Entry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it.value().is_object()) {
+        return absl::InvalidArgumentError("safetensors: __metadata__ is not an object");
+      }
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        if (!m.value().is_string()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("safetensors: __metadata__ value '", m.key(), "' is not a string"));
+        }
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    auto entry = ParseEntry(it.key(), it.value());
+    if (!entry.ok()) return entry.status();
+    entries.push_back(std::move(*entry));
+  }
+
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  uint64_t covered = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    if (e.end > data_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "safetensors: tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end,
+          "] are out of range: the data section has ", data_size, " bytes (file truncated?)"));
+    }
+    if (i > 0 && e.begin < entries[i - 1].end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors: tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end,
+                       "] overlap tensor '", entries[i - 1].name, "' [", entries[i - 1].begin, ", ",
+                       entries[i - 1].end, "]"));
+    }
+    if (e.begin != covered) {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor '", e.name,
+                                                     "' starts at byte ", e.begin,
+                                                     " leaving unreferenced bytes from ", covered));
+    }
+    covered = e.end;
+  }
+  if (covered != data_size) {
+    return absl::InvalidArgumentError(absl::StrCat("safetensors: data section has ", data_size,
+                                                   " bytes but tensors cover only ", covered));
+  }
+  for (const Entry& e : entries) add(e);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<SafeTensors> SafeTensors::Parse(absl::string_view bytes) {
   return ResourceExhaustedOnBadAlloc("safetensors", [&]() -> absl::StatusOr<SafeTensors> {
-    if (bytes.size() < 8) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "safetensors: file is truncated: ", bytes.size(), " bytes, need at least 8"));
-    }
-    uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = header_len << 8 | static_cast<uint8_t>(bytes[i]);
-    if (header_len > kMaxHeaderBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("safetensors: header length ", header_len,
-                                                     " exceeds the limit of ", kMaxHeaderBytes));
-    }
-    if (header_len > bytes.size() - 8) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("safetensors: file is truncated: header needs ", header_len,
-                       " bytes but only ", bytes.size() - 8, " follow the length"));
-    }
-    nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len), nullptr,
-                                                  /*allow_exceptions=*/false);
-    if (header.is_discarded() || !header.is_object()) {
-      return absl::InvalidArgumentError("safetensors: header is not a JSON object");
-    }
+    ASSIGN_OR_RETURN(const uint64_t header_len, HeaderLength(bytes.substr(0, 8), bytes.size()));
     const absl::string_view data = bytes.substr(8 + header_len);
-
     SafeTensors st;
-    std::vector<Entry> entries;
-    for (auto it = header.begin(); it != header.end(); ++it) {
-      if (it.key() == "__metadata__") {
-        if (!it.value().is_object()) {
-          return absl::InvalidArgumentError("safetensors: __metadata__ is not an object");
-        }
-        for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-          if (!m.value().is_string()) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("safetensors: __metadata__ value '", m.key(), "' is not a string"));
-          }
-          st.metadata_[m.key()] = m.value().get<std::string>();
-        }
-        continue;
-      }
-      auto entry = ParseEntry(it.key(), it.value());
-      if (!entry.ok()) return entry.status();
-      entries.push_back(std::move(*entry));
-    }
-
-    std::sort(entries.begin(), entries.end(),
-              [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
-    uint64_t covered = 0;
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const Entry& e = entries[i];
-      if (e.end > data.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "safetensors: tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end,
-            "] are out of range: the data section has ", data.size(), " bytes (file truncated?)"));
-      }
-      if (i > 0 && e.begin < entries[i - 1].end) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("safetensors: tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end,
-                         "] overlap tensor '", entries[i - 1].name, "' [", entries[i - 1].begin,
-                         ", ", entries[i - 1].end, "]"));
-      }
-      if (e.begin != covered) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("safetensors: tensor '", e.name, "' starts at byte ", e.begin,
-                         " leaving unreferenced bytes from ", covered));
-      }
-      covered = e.end;
+    RETURN_IF_ERROR(st.ParseHeader(bytes.substr(8, header_len), data.size(), [&](const Entry& e) {
       st.tensors_.emplace(e.name, Tensor::FromBytes(e.dtype, e.shape, data.data() + e.begin));
-    }
-    if (covered != data.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("safetensors: data section has ", data.size(),
-                                                     " bytes but tensors cover only ", covered));
-    }
+    }));
     return st;
   });
 }
 
-absl::StatusOr<SafeTensors> SafeTensors::ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open safetensors file '", path, "'"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  auto st = Parse(buffer.str());
-  if (!st.ok()) {
-    return absl::Status(st.status().code(), absl::StrCat(path, ": ", st.status().message()));
+namespace {
+
+// Reads [at, at + n) of `fd` into `dst` in 16 MiB chunks, asking `abandoned`
+// (may be null) before each.
+absl::Status ReadAt(int fd, uint64_t at, uint64_t n, char* dst,
+                    const std::function<bool()>& abandoned) {
+  constexpr uint64_t kChunk = uint64_t{16} << 20;
+  for (uint64_t done = 0; done < n;) {
+    if (abandoned && abandoned()) return absl::CancelledError("reading was abandoned");
+    const ssize_t got =
+        ::pread(fd, dst + done, std::min(kChunk, n - done), static_cast<off_t>(at + done));
+    if (got <= 0) return absl::DataLossError(absl::StrCat("cannot read ", n, " bytes at ", at));
+    done += static_cast<uint64_t>(got);
   }
+  return absl::OkStatus();
+}
+
+absl::Status WithPath(const std::string& path, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<SafeTensors::Entry>> SafeTensors::OpenAndReadHeader(
+    const std::string& path, const std::function<bool()>& abandoned, int* fd, uint64_t* data_start,
+    SafeTensors* st) {
+  *fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (*fd < 0) return absl::NotFoundError("cannot open safetensors file");
+  struct stat info;
+  if (::fstat(*fd, &info) != 0) return absl::DataLossError("cannot size the file");
+  const uint64_t size = static_cast<uint64_t>(info.st_size);
+  char first8[8] = {};
+  if (size >= 8) RETURN_IF_ERROR(ReadAt(*fd, 0, 8, first8, abandoned));
+  ASSIGN_OR_RETURN(const uint64_t header_len,
+                   HeaderLength(absl::string_view(first8, size >= 8 ? 8 : 0), size));
+  std::string header(header_len, '\0');
+  RETURN_IF_ERROR(ReadAt(*fd, 8, header_len, header.data(), abandoned));
+  std::vector<Entry> entries;
+  RETURN_IF_ERROR(st->ParseHeader(header, size - 8 - header_len,
+                                  [&](const Entry& e) { entries.push_back(e); }));
+  *data_start = 8 + header_len;
+  return entries;
+}
+
+absl::StatusOr<std::vector<SafeTensors::Entry>> SafeTensors::ReadEntries(const std::string& path) {
+  auto entries =
+      ResourceExhaustedOnBadAlloc("safetensors", [&]() -> absl::StatusOr<std::vector<Entry>> {
+        int fd = -1;
+        uint64_t data_start = 0;
+        SafeTensors st;
+        auto read = OpenAndReadHeader(path, nullptr, &fd, &data_start, &st);
+        if (fd >= 0) ::close(fd);
+        return read;
+      });
+  if (!entries.ok()) return WithPath(path, entries.status());
+  return entries;
+}
+
+absl::StatusOr<SafeTensors> SafeTensors::ReadFile(const std::string& path,
+                                                  const std::function<bool()>& abandoned) {
+  auto st = ResourceExhaustedOnBadAlloc("safetensors", [&]() -> absl::StatusOr<SafeTensors> {
+    int fd = -1;
+    uint64_t data_start = 0;
+    SafeTensors st;
+    absl::Status status = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(const std::vector<Entry> entries,
+                       OpenAndReadHeader(path, abandoned, &fd, &data_start, &st));
+      // Each tensor read straight into its own storage: no copy of the file.
+      for (const Entry& e : entries) {
+        Tensor t = Tensor::Uninitialized(e.dtype, e.shape);
+        RETURN_IF_ERROR(ReadAt(fd, data_start + e.begin, e.end - e.begin,
+                               static_cast<char*>(t.data()), abandoned));
+        st.tensors_.emplace(e.name, std::move(t));
+      }
+      return absl::OkStatus();
+    }();
+    if (fd >= 0) ::close(fd);
+    if (!status.ok()) return status;
+    return st;
+  });
+  if (!st.ok()) return WithPath(path, st.status());
   return st;
+}
+
+std::optional<Tensor> SafeTensors::Take(absl::string_view name) {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return std::nullopt;
+  std::optional<Tensor> t(std::move(it->second));
+  tensors_.erase(it);
+  taken_.insert(std::string(name));
+  return t;
 }
 
 const Tensor* SafeTensors::Find(absl::string_view name) const {
@@ -192,8 +280,9 @@ const Tensor* SafeTensors::Find(absl::string_view name) const {
 }
 
 std::vector<std::string> SafeTensors::Names() const {
-  std::vector<std::string> names;
+  std::vector<std::string> names(taken_.begin(), taken_.end());
   for (const auto& [name, unused] : tensors_) names.push_back(name);
+  std::sort(names.begin(), names.end());
   return names;
 }
 

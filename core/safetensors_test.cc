@@ -1,6 +1,8 @@
 #include "core/safetensors.h"
 
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <random>
 
 #include "gmock/gmock.h"
@@ -134,6 +136,49 @@ TEST(SafeTensorsTest, CorruptedFilesAreRejectedNeverCrash) {
 TEST(SafeTensorsTest, ReadFileReportsMissingFile) {
   EXPECT_THAT(SafeTensors::ReadFile("/nonexistent/model.safetensors"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/model.safetensors")));
+}
+
+// ReadFile reads each tensor straight from the file (no copy of the whole
+// file): the same tensors as Parse, the same checks, Cancelled when told to
+// stop, and Take() hands a tensor over without a copy.
+TEST(SafeTensorsTest, ReadFileReadsWhatParseParses) {
+  Tensor a(DType::kFloat32, {4, 5});
+  for (int i = 0; i < 20; ++i) a.mutable_as<float>()[i] = 0.25f * i;
+  Tensor b = a.ConvertTo(DType::kBFloat16);
+  const std::string path = ::testing::TempDir() + "/safetensors_read_file_test";
+  const std::string bytes = WriteSafeTensors({{"a", &a}, {"b", &b}});
+  std::ofstream(path, std::ios::binary) << bytes;
+  auto st = SafeTensors::ReadFile(path);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_THAT(st->Names(), ::testing::ElementsAre("a", "b"));
+  ASSERT_NE(st->Find("b"), nullptr);
+  EXPECT_EQ(std::memcmp(st->Find("b")->data(), b.data(), b.num_bytes()), 0);
+  auto entries = SafeTensors::ReadEntries(path);
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  ASSERT_EQ(entries->size(), 2u);
+  EXPECT_EQ((*entries)[0].shape, (Shape{4, 5}));
+  EXPECT_EQ((*entries)[1].dtype, DType::kBFloat16);
+
+  const void* before = st->Find("a")->data();
+  std::optional<Tensor> taken = st->Take("a");
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->data(), before);  // Moved, not copied.
+  EXPECT_EQ(st->Find("a"), nullptr);
+  EXPECT_THAT(st->Names(), ::testing::ElementsAre("a", "b"));
+  EXPECT_FALSE(st->Take("a").has_value());
+
+  int asked = 0;
+  EXPECT_THAT(SafeTensors::ReadFile(path, [&] { return ++asked >= 3; }),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("abandoned")));
+  EXPECT_EQ(asked, 3);  // The length, the header, then before the first tensor.
+  std::ofstream(path, std::ios::binary) << bytes.substr(0, bytes.size() - 4);
+  EXPECT_THAT(SafeTensors::ReadFile(path),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out of range")));
+  EXPECT_THAT(SafeTensors::ReadEntries(path),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out of range")));
+  std::remove(path.c_str());
+  EXPECT_THAT(SafeTensors::ReadFile(path),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot open")));
 }
 
 }  // namespace

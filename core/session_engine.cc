@@ -156,7 +156,7 @@ absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps, bool comm
     // Queries of every token; keys and values of the self steps' tokens.
     // When every step is a self step and the layer has a fused in-projection,
     // one GEMM gives all three (rows q | k | v); otherwise one GEMM each.
-    const bool fused = self_total == total && s.packed_in_proj();
+    const bool fused = self_total == total && engine_->has_fused_qkv();
     const int64_t q_stride = fused ? 3 * e : e;
     Workspace q(Workspace::kStepQuery, Floats(total * q_stride));
     const TensorView all_tokens{DType::kFloat32, {total, e}, tokens.data()};

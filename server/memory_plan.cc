@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "server/batching/dynamic_batcher.h"
+#include "server/batching/model_bytes.h"
 
 namespace attention::server {
 namespace {
@@ -16,37 +17,43 @@ std::string MiB(int64_t bytes) { return absl::StrFormat("%.0f MiB", bytes / 1048
 
 std::string Percent(double share) { return absl::StrFormat("%.0f%%", share * 100); }
 
-// Bytes of the model files (*.safetensors) under `repository`, one level of
-// model folders deep.
-int64_t ModelFileBytes(const std::string& repository) {
-  int64_t total = 0;
+// What the model folders under `repository` (one level deep) take once
+// loaded: each one's resident estimate (model_bytes.h), plus the largest
+// file once for a load's transient (its tensors as read, while the engine
+// packs them; loads run one at a time).
+struct Models {
+  int64_t resident = 0;
+  int64_t largest_file = 0;
+};
+Models RepositoryModels(const std::string& repository) {
+  Models m;
   std::error_code ec;
   for (const auto& model : std::filesystem::directory_iterator(repository, ec)) {
     if (!model.is_directory(ec)) continue;
-    for (const auto& file : std::filesystem::directory_iterator(model.path(), ec)) {
-      if (file.path().extension() != ".safetensors") continue;
-      const auto size = file.file_size(ec);
-      if (!ec) total += static_cast<int64_t>(size);
-    }
+    const int64_t file = ModelFileBytes(model.path().string());
+    if (file == 0) continue;
+    m.resident += EstimateModelBytes(model.path().string());
+    m.largest_file = std::max(m.largest_file, file);
   }
-  return total;
+  return m;
 }
-
-// The demo model: four 256 x 256 float32 projections and their biases.
-constexpr int64_t kDemoModelBytes = 4 * (256 * 256 + 256) * 4;
 
 }  // namespace
 
 int64_t MemoryPlan::EstimateBaseline(int64_t rss_now, const std::string& model_repository,
                                      std::string* source) {
-  const int64_t models =
-      model_repository.empty() ? kDemoModelBytes : ModelFileBytes(model_repository);
-  if (source != nullptr) {
-    *source =
-        absl::StrCat("resident ", MiB(rss_now), " at start + ", kModelCopies, " x ", MiB(models),
-                     " of model files + ", MiB(kRuntimeBytes), " for the runtime");
+  Models models;
+  if (model_repository.empty()) {
+    models.resident = EstimateModelBytes("");  // The demo model, made in memory.
+  } else {
+    models = RepositoryModels(model_repository);
   }
-  return rss_now + kModelCopies * models + kRuntimeBytes;
+  if (source != nullptr) {
+    *source = absl::StrCat("resident ", MiB(rss_now), " at start + ", MiB(models.resident),
+                           " of models' weights + ", MiB(models.largest_file), " for a load + ",
+                           MiB(kRuntimeBytes), " for the runtime");
+  }
+  return rss_now + models.resident + models.largest_file + kRuntimeBytes;
 }
 
 absl::StatusOr<MemoryPlan> MemoryPlan::Make(const MemoryPlanInputs& in) {

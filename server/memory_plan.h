@@ -92,19 +92,18 @@ class MemoryPlan {
   static absl::StatusOr<MemoryPlan> Make(const MemoryPlanInputs& in);
 
   // The process's own memory once serving, estimated before models load:
-  // `rss_now` (the resident set at the call), plus kModelCopies times the
-  // bytes of the model files under `model_repository` (the demo model's
-  // when empty), plus kRuntimeBytes for what start-up adds (oneDNN's
-  // primitives and JIT code from warm-up, gRPC, the metrics exposer).
-  // *source says how it was made up.
+  // `rss_now` (the resident set at the call), plus the resident bytes of
+  // the models under `model_repository` (the demo model's when empty), each
+  // the engine's estimate from config.json and the safetensors header
+  // (server/batching/model_bytes.h: the packed weights, 1.0x the file for a
+  // float32 model, 0.5x bfloat16, 0.25x int8; a model whose spec cannot be
+  // read counts its file bytes), plus the largest model file once (a load's
+  // transient: the tensors as read while the engine packs them), plus
+  // kRuntimeBytes for what start-up adds (oneDNN's primitives and JIT code
+  // from warm-up, gRPC, the metrics exposer). *source says how it was made
+  // up.
   static int64_t EstimateBaseline(int64_t rss_now, const std::string& model_repository,
                                   std::string* source);
-  // Measured (float32 models): the engine keeps the loaded weights, its
-  // own compute-dtype copies (with the packed Q/K/V concatenation) and
-  // oneDNN's prepacked layout of each, 4.6x the model file in all
-  // (embed_dim 1024: 16 MiB file, +80 MiB; embed_dim 4096: 256 MiB file,
-  // +1.2 GiB).
-  static constexpr int64_t kModelCopies = 5;
   // Measured: about 15 MiB from flag parsing to "ready" besides the model.
   static constexpr int64_t kRuntimeBytes = int64_t{32} << 20;
 

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/batching/dynamic_batcher.h"
+#include "server/batching/model_bytes.h"
 #include "tests/fixture/test_util.h"
 
 namespace attention::server {
@@ -163,11 +164,12 @@ TEST(MemoryPlanTest, BaselineCountsTheResidentSetModelsAndRuntime) {
   const int64_t demo = MemoryPlan::EstimateBaseline(30 * kMiB, "", &source);
   EXPECT_GT(demo, 30 * kMiB + MemoryPlan::kRuntimeBytes);
   EXPECT_LT(demo, 30 * kMiB + MemoryPlan::kRuntimeBytes + 8 * kMiB);
-  EXPECT_THAT(source, HasSubstr("model files"));
+  EXPECT_THAT(source, HasSubstr("of models' weights"));
   // A folder without models adds nothing for them.
   EXPECT_EQ(MemoryPlan::EstimateBaseline(30 * kMiB, "/nonexistent-model-repository", nullptr),
             30 * kMiB + MemoryPlan::kRuntimeBytes);
-  // A repository's model files count kModelCopies times; other files not.
+  // A model folder whose spec cannot be read counts its file bytes (once
+  // resident, once for its load); other files count nothing.
   const std::filesystem::path repo =
       std::filesystem::path(::testing::TempDir()) / "memory_plan_test_repo";
   std::filesystem::remove_all(repo);
@@ -175,7 +177,22 @@ TEST(MemoryPlanTest, BaselineCountsTheResidentSetModelsAndRuntime) {
   std::ofstream(repo / "m" / "model.safetensors") << std::string(1000, 'x');
   std::ofstream(repo / "m" / "config.json") << std::string(500, ' ');
   EXPECT_EQ(MemoryPlan::EstimateBaseline(30 * kMiB, repo.string(), nullptr),
-            30 * kMiB + MemoryPlan::kModelCopies * 1000 + MemoryPlan::kRuntimeBytes);
+            30 * kMiB + 2 * 1000 + MemoryPlan::kRuntimeBytes);
+  // Real models count the engine's resident estimate (float32: the packed
+  // weights, the file's size give or take the biases; bfloat16 half), plus
+  // the largest file once.
+  std::filesystem::remove_all(repo);
+  MhaSpec spec = ::attention::testing::SelfAttentionSpec(256, 8);
+  ::attention::testing::WriteModelDir(**MhaModel::Random(spec, 1), (repo / "f32").string());
+  const int64_t f32 = *MhaEngine::EstimateResidentBytes(spec, ServingEngineOptions());
+  spec.compute_dtype = DType::kBFloat16;
+  ::attention::testing::WriteModelDir(**MhaModel::Random(spec, 2), (repo / "bf16").string());
+  const int64_t bf16 = *MhaEngine::EstimateResidentBytes(spec, ServingEngineOptions());
+  const int64_t file = std::filesystem::file_size(repo / "f32" / "model.safetensors");
+  EXPECT_NEAR(static_cast<double>(f32) / file, 1.0, 0.02);
+  EXPECT_NEAR(static_cast<double>(bf16) / file, 0.5, 0.02);
+  EXPECT_EQ(MemoryPlan::EstimateBaseline(30 * kMiB, repo.string(), nullptr),
+            30 * kMiB + f32 + bf16 + file + MemoryPlan::kRuntimeBytes);
   std::filesystem::remove_all(repo);
 }
 

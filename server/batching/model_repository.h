@@ -64,8 +64,10 @@ struct RepositoryOptions {
   bool warmup = true;         // Create primitives for common shapes at load.
   ModelControl control = ModelControl::kNone;
   absl::Duration poll_interval = absl::Seconds(15);  // kPoll: between scans.
-  // Weights (model.safetensors bytes) of every resident version, serving or
-  // retiring, at most; a load that would pass it is refused. 0: no limit.
+  // Resident bytes of the prepared weights of every resident version,
+  // serving or retiring, at most (model_bytes.h: estimated before a load,
+  // MhaEngine::resident_bytes() after); a load that would pass it is
+  // refused. 0: no limit.
   int64_t max_model_bytes = 0;
   // Called with a loaded version before it is published (the assembly
   // installs its session state), and after one stops serving.
@@ -93,7 +95,9 @@ struct RepositoryOptions {
 struct ServedModel : std::enable_shared_from_this<ServedModel> {
   std::string name;
   int64_t version = 1;
-  int64_t bytes = 0;  // Its model.safetensors (admitted against max_model_bytes).
+  // Its weights' resident bytes (admitted against max_model_bytes by the
+  // estimate, then the engine's resident_bytes()).
+  int64_t bytes = 0;
   std::shared_ptr<const MhaModel> model;
   std::unique_ptr<MhaEngine> engine;
   const ModelMetrics* metrics = nullptr;

@@ -1,5 +1,6 @@
 // ModelRepository::LoadVersion: one version from its folder to ready to
 // serve (the rest of the class is in model_repository.cc).
+#include <malloc.h>
 #include <omp.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -11,7 +12,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "server/batching/model_bytes.h"
 #include "server/batching/model_repository.h"
 #include "server/batching/version_reaper.h"
 #include "server/batching/warmup.h"
@@ -43,13 +46,6 @@ absl::Status InBackground(const std::function<absl::Status()>& work) {
   return status;
 }
 
-int64_t WeightsBytes(const std::string& dir) {
-  std::error_code ec;
-  const auto size =
-      std::filesystem::file_size(std::filesystem::path(dir) / "model.safetensors", ec);
-  return ec ? 0 : static_cast<int64_t>(size);
-}
-
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const std::string& name,
@@ -71,16 +67,19 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
   };
   if (abandoned()) return fail(absl::CancelledError("abandoned"), "failure");
   const std::function<bool()> stop = [this] { return abandoned(); };
-  const int64_t bytes = dir.empty() ? 0 : WeightsBytes(dir);
+  // Admitted by the engine's estimate of its resident bytes (model_bytes.h);
+  // the exact figure replaces it once the engine is made.
+  const int64_t bytes = EstimateModelBytes(dir);
+  const int64_t file_bytes = dir.empty() ? 0 : ModelFileBytes(dir);
   {
     absl::MutexLock lock(&mu_);
     if (options_.max_model_bytes > 0 && resident_bytes_ + bytes > options_.max_model_bytes) {
       if (no_room != nullptr) *no_room = true;
       return fail(absl::ResourceExhaustedError(
                       absl::StrCat("model '", name, "' version ", version, ": its ", bytes,
-                                   " bytes of weights do not fit beside the ", resident_bytes_,
-                                   " resident (--max_model_bytes ", options_.max_model_bytes,
-                                   "); unload a version first")),
+                                   " resident bytes of weights do not fit beside the ",
+                                   resident_bytes_, " resident (--max_model_bytes ",
+                                   options_.max_model_bytes, "); unload a version first")),
                   "refused");
     }
     resident_bytes_ += bytes;
@@ -105,12 +104,22 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
         dir.empty() ? absl::StatusOr<std::shared_ptr<const MhaModel>>(MhaModel::Demo())
                     : MhaModel::LoadFromDirectory(dir, stop);
     if (!model.ok()) return model.status();
-    served->model = *model;
     read = absl::Now();
     if (stop()) return absl::CancelledError("abandoned");
-    absl::StatusOr<std::unique_ptr<MhaEngine>> engine = MhaEngine::Create(served->model);
+    // The engine packs the weights and keeps the model without its
+    // matrices: the version holds its weights once (this is the last
+    // pointer to the loaded model).
+    absl::StatusOr<std::unique_ptr<MhaEngine>> engine =
+        MhaEngine::Create(*std::move(model), ServingEngineOptions());
     if (!engine.ok()) return engine.status();
     served->engine = *std::move(engine);
+    served->model = served->engine->shared_model();
+    {
+      const int64_t resident = served->engine->resident_bytes();
+      absl::MutexLock lock(&mu_);
+      resident_bytes_ += resident - raw->bytes;
+      raw->bytes = resident;
+    }
     prepared = absl::Now();
     if (!options_.warmup) return absl::OkStatus();
     // Batches run with one thread or all of them (see DynamicBatcher):
@@ -125,6 +134,11 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
     }
     return absl::OkStatus();
   });
+  // The load's transient copies (the file's tensors, the split of
+  // in_proj_weight) and the warm-up's buffers lie freed in the heap, below
+  // the 256 MiB trim threshold (ConfigureAllocator): give them back now
+  // rather than at the allocator trimmer's next look.
+  malloc_trim(0);
   if (!made.ok() || abandoned()) return fail(made, "failure");
   const absl::Time warm = absl::Now();
   served->metrics = metrics_->AddModel(name);
@@ -140,12 +154,18 @@ absl::StatusOr<std::shared_ptr<ServedModel>> ModelRepository::LoadVersion(const 
   const BatchingOptions& b = served->batcher->options();
   std::cerr << "model '" << name << "' version " << version << ": embed_dim " << s.embed_dim
             << ", num_heads " << s.num_heads << ", kdim " << s.kdim << ", vdim " << s.vdim
-            << ", compute " << DTypeName(s.compute_dtype) << "; batching max_batch_size "
-            << b.max_batch_size << ", max_batch_tokens " << b.max_batch_tokens
-            << ", max_queue_delay_us " << b.max_queue_delay_us << ", max_queue_size "
-            << b.max_queue_size << (options_.warmup ? "; warmed up" : "") << " in " << seconds
-            << " s (read " << absl::ToDoubleSeconds(read - start) << " s, engine "
-            << absl::ToDoubleSeconds(prepared - read) << " s, warm-up "
+            << ", compute " << DTypeName(s.compute_dtype)
+            << (served->engine->has_fused_qkv() ? "" : " (q, k, v unfused)")
+            << "; weights resident " << absl::StrFormat("%.1f", served->bytes / 1048576.0) << " MiB"
+            << (file_bytes > 0 ? absl::StrFormat(" (%.2fx the file's %.1f MiB)",
+                                                 static_cast<double>(served->bytes) / file_bytes,
+                                                 file_bytes / 1048576.0)
+                               : std::string())
+            << "; batching max_batch_size " << b.max_batch_size << ", max_batch_tokens "
+            << b.max_batch_tokens << ", max_queue_delay_us " << b.max_queue_delay_us
+            << ", max_queue_size " << b.max_queue_size << (options_.warmup ? "; warmed up" : "")
+            << " in " << seconds << " s (read " << absl::ToDoubleSeconds(read - start)
+            << " s, engine " << absl::ToDoubleSeconds(prepared - read) << " s, warm-up "
             << absl::ToDoubleSeconds(warm - prepared) << " s)\n";
   return served;
 }

@@ -17,6 +17,7 @@
 #include "attention/v1/attention.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "server/attention_server.h"
+#include "server/batching/model_bytes.h"
 #include "tests/fixture/async_infer_test_util.h"
 #include "tests/fixture/small_server_options.h"
 #include "tests/fixture/test_util.h"
@@ -38,12 +39,14 @@ class AsyncInferMemoryTest : public AsyncInferServerTest {};
 TEST_F(AsyncInferMemoryTest, UnreadResponseDoesNotPinAnUnloadedVersion) {
   server::ServerOptions options = SmallServerOptions("async_infer_memory_pin");
   options.repository.control = server::ModelControl::kExplicit;
-  options.repository.max_model_bytes = 8000;  // One copy of its 4656 bytes, not two.
+  // One copy of its resident weights, not two.
+  const int64_t limit = server::EstimateModelBytes(options.repository.path + "/small") * 3 / 2;
+  options.repository.max_model_bytes = limit;
   ASSERT_TRUE(Start(options));
   const int64_t resident = server_->repository()->resident_bytes();
   ASSERT_GT(resident, 0);
-  ASSERT_LE(resident, 8000);
-  ASSERT_GT(2 * resident, 8000);
+  ASSERT_LE(resident, limit);
+  ASSERT_GT(2 * resident, limit);
   // No BDP probing: the stream's window stays at its initial size until the
   // client asks for the response, so an 8 MiB response waits in the server.
   grpc::ChannelArguments args;

@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "server/batching/model_bytes.h"
 #include "tests/fixture/model_versions_fixture.h"
 
 namespace attention {
@@ -44,7 +45,7 @@ int64_t ServingVersion(AttentionServer& server, const std::string& model, int64_
 // room for it, so later polls do not load it again until its folder changes.
 TEST(ModelRolloutTest, ALoadOutOfMemoryIsNotRetriedAtEveryPoll) {
   const std::string repo = NewModelRepo("oom", 90);
-  const int64_t one = static_cast<int64_t>(fs::file_size(repo + "/m/1/model.safetensors"));
+  const int64_t one = server::EstimateModelBytes(repo + "/m/1");
   std::atomic<int> loads_of_2{0};
   auto server = Start(repo, ModelControl::kPoll, [&](ServerOptions& o) {
     o.repository.load_hook = [&](const std::string&, int64_t version,
@@ -82,7 +83,7 @@ TEST(ModelRolloutTest, AVersionRefusedForRoomIsRetriedOnceRoomFrees) {
     fs::create_directories(repo + "/" + m);
     WriteVersion(repo + "/" + m, 1, 10);
   }
-  const int64_t one = static_cast<int64_t>(fs::file_size(repo + "/a/1/model.safetensors"));
+  const int64_t one = server::EstimateModelBytes(repo + "/a/1");
   auto server = Start(repo, ModelControl::kPoll,
                       [&](ServerOptions& o) { o.repository.max_model_bytes = 2 * one + one / 2; });
   WriteVersion(repo + "/a", 2, 11);
