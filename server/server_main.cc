@@ -169,11 +169,9 @@ ABSL_FLAG(std::string, admin_tokens_file, "",
           "and unload) allowed to load and unload models. Without it, only a server without "
           "--auth_tokens_file lets callers do so.");
 ABSL_FLAG(int64_t, max_model_bytes, 0,
-          "Resident bytes of the prepared weights of every resident model version (serving, or "
-          "finishing its requests) at most, as the engine counts them (a float32 model about "
-          "its model.safetensors size, bfloat16 half, int8 a quarter; estimated from "
-          "config.json and the file's header before the load); a load past it is refused and "
-          "the serving versions go on. 0: no limit.");
+          "Resident bytes of every resident version's prepared weights (float32: about its "
+          "model.safetensors size, bfloat16 half, int8 a quarter), at most; a load past it is "
+          "refused and the serving versions go on. 0: no limit.");
 ABSL_FLAG(bool, warmup, true, "Create oneDNN primitives for common shapes before serving.");
 
 namespace attention::server {
