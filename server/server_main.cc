@@ -9,9 +9,8 @@
 // exit 0. During the start-up load the signal abandons the load and the
 // server exits 0 at once (a stop that was asked for is not a failure).
 //
-// Test hook (server_process_test): ATTENTION_TEST_LOAD_DELAY_MS=<ms>[:<model>]
-// makes every load (of <model>) wait <ms> before reading its files, as a
-// large model's would, and stop early when abandoned.
+// Test hook (server_process_test): ATTENTION_TEST_LOAD_DELAY_MS=<ms>[:<model>] makes every
+// load (of <model>) wait <ms> before reading its files, stopping early when abandoned.
 #include <pthread.h>
 #include <signal.h>
 
