@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,10 +31,14 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/memory_budget.h"
 #include "core/mha_engine.h"
 #include "core/session_attention.h"
+#include "core/session_decode.h"
 #include "core/session_engine.h"
 #include "nlohmann/json.hpp"
 
@@ -48,6 +53,9 @@ ABSL_FLAG(int, rounds, 3, "Rounds: each times the triad, then every kernel.");
 ABSL_FLAG(bool, triad, true, "Measure the triad bandwidth each round.");
 ABSL_FLAG(int64_t, triad_mib, 256, "MiB per triad array (three arrays).");
 ABSL_FLAG(bool, interleave, false, "Prefill round-robin, one block per session at a time.");
+ABSL_FLAG(std::string, decode_prefetch, "",
+          "Comma-separated planes:hint software-prefetch settings of the decode kernel, each timed "
+          "as a kernel of its own (session_decode.h's DecodePrefetch); empty: the default.");
 ABSL_FLAG(bool, json, false, "Print one JSON object.");
 
 namespace attention {
@@ -97,12 +105,31 @@ int Run() {
   const int iterations = std::max(1, absl::GetFlag(FLAGS_iterations));
   const DType dtype =
       absl::GetFlag(FLAGS_cache_dtype) == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
-  std::vector<std::pair<std::string, SessionKernel>> kernels;
+  struct Kernel {
+    std::string name;
+    SessionKernel kernel;
+    std::optional<DecodePrefetch> prefetch;  // The decode kernel's, if set.
+  };
+  std::vector<Kernel> kernels;
   const std::string which = absl::GetFlag(FLAGS_kernel);
   if (which == "reference" || which == "both") {
-    kernels.emplace_back("reference", SessionKernel::kReference);
+    kernels.push_back({"reference", SessionKernel::kReference, std::nullopt});
   }
-  if (which == "decode" || which == "both") kernels.emplace_back("decode", SessionKernel::kDecode);
+  if (which == "decode" || which == "both") {
+    const std::string prefetch = absl::GetFlag(FLAGS_decode_prefetch);
+    if (prefetch.empty()) kernels.push_back({"decode", SessionKernel::kDecode, std::nullopt});
+    for (absl::string_view setting : absl::StrSplit(prefetch, ',', absl::SkipEmpty())) {
+      const std::pair<absl::string_view, absl::string_view> ph = absl::StrSplit(setting, ':');
+      DecodePrefetch pf;
+      if (!absl::SimpleAtoi(ph.first, &pf.planes) || !absl::SimpleAtoi(ph.second, &pf.hint)) {
+        std::fprintf(stderr, "--decode_prefetch: expected planes:hint, got %s\n",
+                     std::string(setting).c_str());
+        return 2;
+      }
+      kernels.push_back(
+          {absl::StrCat("decode_pf", ph.first, ":", ph.second), SessionKernel::kDecode, pf});
+    }
+  }
   if (kernels.empty()) {
     std::fprintf(stderr, "--kernel: expected reference, decode or both, got %s\n", which.c_str());
     return 2;
@@ -114,9 +141,10 @@ int Run() {
   auto engine = MhaEngine::Create(*model);
   if (!model.ok() || !engine.ok()) return 1;
   std::vector<std::unique_ptr<SessionEngine>> engines;
-  for (const auto& k : kernels) {
-    engines.push_back(std::make_unique<SessionEngine>(engine->get(), dtype, k.second));
+  for (const Kernel& k : kernels) {
+    engines.push_back(std::make_unique<SessionEngine>(engine->get(), dtype, k.kernel));
   }
+  const DecodePrefetch default_prefetch = GetDecodePrefetch();
   MemoryBudget budget(size_t{64} << 30);
   KvBlockPool pool(engines[0]->block_bytes(), &budget);
   std::vector<std::unique_ptr<KvCache>> caches;
@@ -174,10 +202,11 @@ int Run() {
     const double triad_bw = triad ? triad->BytesPerSecond() : 0.0;
     if (triad) triads.push_back(triad_bw);
     for (size_t k = 0; k < kernels.size(); ++k) {
+      SetDecodePrefetch(kernels[k].prefetch.value_or(default_prefetch));
       std::vector<double> attention_s, step_s;
       for (int i = 0; i < iterations + 2; ++i) {
         const absl::Time start = absl::Now();
-        AttendRows(rows, AttentionExtras{}, kernels[k].second);
+        AttendRows(rows, AttentionExtras{}, kernels[k].kernel);
         if (i >= 2) attention_s.push_back(absl::ToDoubleSeconds(absl::Now() - start));
       }
       for (int i = 0; i < iterations + 2; ++i) {
@@ -189,7 +218,7 @@ int Run() {
       attention_all[k].push_back(attention);
       step_all[k].push_back(step);
       nlohmann::json r = {{"round", round},
-                          {"kernel", kernels[k].first},
+                          {"kernel", kernels[k].name},
                           {"attention_ms", attention * 1e3},
                           {"attention_kv_gb_s", bytes_read / attention / 1e9},
                           {"step_ms", step * 1e3},
@@ -224,7 +253,7 @@ int Run() {
       m["attention_share_of_triad"] = bytes_read / attention / Median(triads);
       m["step_share_of_triad"] = bytes_read / step / Median(triads);
     }
-    j["median"][kernels[k].first] = m;
+    j["median"][kernels[k].name] = m;
   }
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", j.dump().c_str());
@@ -236,7 +265,7 @@ int Run() {
               omp_get_max_threads(), bytes_read / 1e6);
   for (const nlohmann::json& r : runs) {
     std::printf(
-        "round %d %-9s attention %7.3f ms %6.2f GB/s | step %7.3f ms %7.0f tokens/s %6.2f GB/s",
+        "round %d %-14s attention %7.3f ms %6.2f GB/s | step %7.3f ms %7.0f tokens/s %6.2f GB/s",
         r["round"].get<int>(), r["kernel"].get<std::string>().c_str(),
         r["attention_ms"].get<double>(), r["attention_kv_gb_s"].get<double>(),
         r["step_ms"].get<double>(), r["tokens_per_s"].get<double>(),

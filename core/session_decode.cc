@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -17,6 +18,19 @@ namespace {
 constexpr int64_t kB = KvCache::kBlockTokens;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr int64_t kDefaultPlanes = 16;
+constexpr int kDefaultHint = 1;
+// DecodePrefetch's setting, packed: planes << 2 | hint.
+std::atomic<int64_t>& PrefetchSetting() {
+  static std::atomic<int64_t> setting = [] {
+    const char* planes = std::getenv("ATTENTION_DECODE_PREFETCH");
+    const char* hint = std::getenv("ATTENTION_DECODE_PREFETCH_HINT");
+    const int64_t p = planes != nullptr ? std::max<int64_t>(0, std::atoll(planes)) : kDefaultPlanes;
+    const int64_t h = hint != nullptr ? std::clamp<int64_t>(std::atoll(hint), 0, 2) : kDefaultHint;
+    return p << 2 | h;
+  }();
+  return setting;
+}
 
 inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
 // bfloat16 widened exactly: its bits are a float32's upper half.
@@ -59,7 +73,7 @@ __attribute__((noinline)) __m512 MoveReference(__m512 s2, float* st, int64_t d, 
 }
 
 template <typename T, int NV>
-void Walk(const DecodeRange& r, int64_t prefetch) {
+void Walk(const DecodeRange& r, int64_t prefetch, int hint) {
   constexpr int64_t d = 16 * NV;
   const KvCache& cache = *r.cache;
   const int64_t heads = cache.heads(), stride = DecodePartialStride(d);
@@ -79,13 +93,31 @@ void Walk(const DecodeRange& r, int64_t prefetch) {
     const __mmask16 valid = avx512::TailMask(n);
     // The keys' additive biases (-inf: not a key), -inf past the range.
     const __m512 bias = _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), valid, key_bias + b * kB);
+    // Head h's planes follow one another in the block (KvCache's layout);
+    // blocks lie anywhere in the pool, so a plane ahead is found by its block.
+    const char* block = static_cast<const char*>(cache.Keys(b, 0));
+    const char* ahead_block = nullptr;
+    int64_t ahead_b = -1;
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t ahead = b * heads + h + prefetch;
       if (prefetch > 0 && ahead < last_plane) {
-        const char* p = static_cast<const char*>(cache.Keys(ahead / heads, ahead % heads));
-        for (int64_t at = 0; at < plane_bytes; at += 64) _mm_prefetch(p + at, _MM_HINT_T0);
+        if (ahead / heads != ahead_b) {
+          ahead_b = ahead / heads;
+          ahead_block = static_cast<const char*>(cache.Keys(ahead_b, 0));
+        }
+        const char* p = ahead_block + (ahead % heads) * plane_bytes;
+        switch (hint) {
+          case 1:
+            for (int64_t at = 0; at < plane_bytes; at += 64) _mm_prefetch(p + at, _MM_HINT_T1);
+            break;
+          case 2:
+            for (int64_t at = 0; at < plane_bytes; at += 64) _mm_prefetch(p + at, _MM_HINT_NTA);
+            break;
+          default:
+            for (int64_t at = 0; at < plane_bytes; at += 64) _mm_prefetch(p + at, _MM_HINT_T0);
+        }
       }
-      const T* kt = static_cast<const T*>(cache.Keys(b, h));
+      const T* kt = reinterpret_cast<const T*>(block + h * plane_bytes);
       const T* v = kt + d * kB;
       const float* q = r.q + h * d;
       float* st = r.partial + h * stride;
@@ -143,42 +175,45 @@ void Walk(const DecodeRange& r, int64_t prefetch) {
 }
 
 template <typename T>
-void WalkFor(const DecodeRange& r, int64_t prefetch) {
+void WalkFor(const DecodeRange& r, int64_t prefetch, int hint) {
   switch (r.cache->head_dim() / 16) {
     case 1:
-      return Walk<T, 1>(r, prefetch);
+      return Walk<T, 1>(r, prefetch, hint);
     case 2:
-      return Walk<T, 2>(r, prefetch);
+      return Walk<T, 2>(r, prefetch, hint);
     case 3:
-      return Walk<T, 3>(r, prefetch);
+      return Walk<T, 3>(r, prefetch, hint);
     case 4:
-      return Walk<T, 4>(r, prefetch);
+      return Walk<T, 4>(r, prefetch, hint);
     case 5:
-      return Walk<T, 5>(r, prefetch);
+      return Walk<T, 5>(r, prefetch, hint);
     case 6:
-      return Walk<T, 6>(r, prefetch);
+      return Walk<T, 6>(r, prefetch, hint);
     case 7:
-      return Walk<T, 7>(r, prefetch);
+      return Walk<T, 7>(r, prefetch, hint);
     default:
-      return Walk<T, 8>(r, prefetch);
+      return Walk<T, 8>(r, prefetch, hint);
   }
 }
 
 }  // namespace
 
-int64_t DecodePrefetchPlanes() {
-  static const int64_t planes = [] {
-    const char* env = std::getenv("ATTENTION_DECODE_PREFETCH");
-    return env != nullptr ? std::max<int64_t>(0, std::atoll(env)) : int64_t{8};
-  }();
-  return planes;
+DecodePrefetch GetDecodePrefetch() {
+  const int64_t s = PrefetchSetting().load(std::memory_order_relaxed);
+  return DecodePrefetch{s >> 2, static_cast<int>(s & 3)};
+}
+
+void SetDecodePrefetch(const DecodePrefetch& p) {
+  PrefetchSetting().store(std::max<int64_t>(0, p.planes) << 2 | std::clamp(p.hint, 0, 2),
+                          std::memory_order_relaxed);
 }
 
 void DecodeRangeAvx512(const DecodeRange& r) {
+  const DecodePrefetch p = GetDecodePrefetch();
   if (r.cache->dtype() == DType::kBFloat16) {
-    WalkFor<uint16_t>(r, DecodePrefetchPlanes());
+    WalkFor<uint16_t>(r, p.planes, p.hint);
   } else {
-    WalkFor<float>(r, DecodePrefetchPlanes());
+    WalkFor<float>(r, p.planes, p.hint);
   }
 }
 

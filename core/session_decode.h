@@ -55,10 +55,18 @@ bool DecodeSupports(const KvCache& cache);
 // zero sums and context).
 void DecodeRangeAvx512(const DecodeRange& r);
 
-// Planes (one head's K^T and V of one block) prefetched ahead of the one
-// being read: ATTENTION_DECODE_PREFETCH if set (0 turns it off), else a
-// default measured on the demo model.
-int64_t DecodePrefetchPlanes();
+// Software prefetch: `planes` planes (one head's K^T and V of one block)
+// ahead of the one being read, into L1 (hint 0), L2 (1) or non-temporally
+// (2); 0 planes: none, the hardware prefetchers only. The default comes from
+// ATTENTION_DECODE_PREFETCH and ATTENTION_DECODE_PREFETCH_HINT if set, else
+// is the one measured best on the demo model; Set changes it process-wide
+// (for benchmarks; thread-safe, steps already running may use either).
+struct DecodePrefetch {
+  int64_t planes = 0;
+  int hint = 0;
+};
+DecodePrefetch GetDecodePrefetch();
+void SetDecodePrefetch(const DecodePrefetch& p);
 
 }  // namespace attention
 

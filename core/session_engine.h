@@ -15,7 +15,9 @@
 //
 // Every row is computed the same way however the sequence was chunked (the
 // keys are stored before any row of the step is scored), so token-by-token,
-// chunked and all-at-once appends agree to float rounding of the projections.
+// chunked and all-at-once appends agree to float rounding of the projections
+// (and of the order in which a long cache's key splits are merged: how many
+// splits a row gets depends on how many rows its batch holds).
 // A row with no attendable key gets zero weights and a zero context, as the
 // stateless engine does.
 //
