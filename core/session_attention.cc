@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -63,7 +64,30 @@ struct Task {
   bool decode;
 };
 
+// GetDecodePrefetch's setting, packed: planes << 2 | hint.
+std::atomic<int64_t>& PrefetchSetting() {
+  static std::atomic<int64_t> setting = [] {
+    DecodePrefetch p;
+    const char* planes = std::getenv("ATTENTION_DECODE_PREFETCH");
+    const char* hint = std::getenv("ATTENTION_DECODE_PREFETCH_HINT");
+    if (planes != nullptr) p.planes = std::max<int64_t>(0, std::atoll(planes));
+    if (hint != nullptr) p.hint = std::clamp(std::atoi(hint), 0, 2);
+    return p.planes << 2 | p.hint;
+  }();
+  return setting;
+}
+
 }  // namespace
+
+DecodePrefetch GetDecodePrefetch() {
+  const int64_t s = PrefetchSetting().load(std::memory_order_relaxed);
+  return DecodePrefetch{s >> 2, static_cast<int>(s & 3)};
+}
+
+void SetDecodePrefetch(const DecodePrefetch& p) {
+  PrefetchSetting().store(std::max<int64_t>(0, p.planes) << 2 | std::clamp(p.hint, 0, 2),
+                          std::memory_order_relaxed);
+}
 
 bool DecodeSupports(const KvCache& cache) {
   const int64_t d = cache.head_dim();
@@ -161,6 +185,7 @@ void AttendRows(const std::vector<AttentionRow>& rows, const AttentionExtras& ex
     for (int64_t s = 0; s < splits[i]; ++s) tasks.push_back({n, s, true});
     partial_floats += splits[i] * heads * DecodePartialStride(row.cache->head_dim());
   }
+  const DecodePrefetch prefetch = GetDecodePrefetch();
   Workspace partials(Workspace::kStepPartials, static_cast<size_t>(partial_floats) * sizeof(float));
   const int64_t count = static_cast<int64_t>(tasks.size());
 #pragma omp parallel for schedule(dynamic, 1) if (count > 1)
@@ -179,6 +204,7 @@ void AttendRows(const std::vector<AttentionRow>& rows, const AttentionExtras& ex
     r.begin = nb * s / n_splits * kB;
     r.end = std::min(row.keys, nb * (s + 1) / n_splits * kB);
     r.q = row.q;
+    r.prefetch = prefetch;
     r.partial = partials.as<float>() + first[static_cast<size_t>(task.row)] +
                 s * row.cache->heads() * DecodePartialStride(row.cache->head_dim());
     DecodeRangeAvx512(r);

@@ -4,7 +4,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -18,19 +17,6 @@ namespace {
 constexpr int64_t kB = KvCache::kBlockTokens;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int64_t kDefaultPlanes = 16;
-constexpr int kDefaultHint = 1;
-// DecodePrefetch's setting, packed: planes << 2 | hint.
-std::atomic<int64_t>& PrefetchSetting() {
-  static std::atomic<int64_t> setting = [] {
-    const char* planes = std::getenv("ATTENTION_DECODE_PREFETCH");
-    const char* hint = std::getenv("ATTENTION_DECODE_PREFETCH_HINT");
-    const int64_t p = planes != nullptr ? std::max<int64_t>(0, std::atoll(planes)) : kDefaultPlanes;
-    const int64_t h = hint != nullptr ? std::clamp<int64_t>(std::atoll(hint), 0, 2) : kDefaultHint;
-    return p << 2 | h;
-  }();
-  return setting;
-}
 
 inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
 // bfloat16 widened exactly: its bits are a float32's upper half.
@@ -198,22 +184,13 @@ void WalkFor(const DecodeRange& r, int64_t prefetch, int hint) {
 
 }  // namespace
 
-DecodePrefetch GetDecodePrefetch() {
-  const int64_t s = PrefetchSetting().load(std::memory_order_relaxed);
-  return DecodePrefetch{s >> 2, static_cast<int>(s & 3)};
-}
-
-void SetDecodePrefetch(const DecodePrefetch& p) {
-  PrefetchSetting().store(std::max<int64_t>(0, p.planes) << 2 | std::clamp(p.hint, 0, 2),
-                          std::memory_order_relaxed);
-}
-
 void DecodeRangeAvx512(const DecodeRange& r) {
-  const DecodePrefetch p = GetDecodePrefetch();
+  const int64_t planes = std::max<int64_t>(0, r.prefetch.planes);
+  const int hint = std::clamp(r.prefetch.hint, 0, 2);
   if (r.cache->dtype() == DType::kBFloat16) {
-    WalkFor<uint16_t>(r, p.planes, p.hint);
+    WalkFor<uint16_t>(r, planes, hint);
   } else {
-    WalkFor<float>(r, p.planes, p.hint);
+    WalkFor<float>(r, planes, hint);
   }
 }
 

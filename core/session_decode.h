@@ -39,12 +39,29 @@ inline constexpr int64_t kDecodeSumAt = 0;  // Offsets after acc[head_dim].
 inline constexpr int64_t kDecodeMaxAt = 16;
 inline constexpr int64_t kDecodeBadAt = 17;
 
+// Software prefetch: `planes` planes (one head's K^T and V of one block)
+// ahead of the one being read, into L1 (hint 0), L2 (1) or non-temporally
+// (2); 0 planes: none, the hardware prefetchers only. The default (16 planes
+// into L2) measured best on the demo model (attention-session-bench
+// --decode_prefetch). Get/Set (defined in session_attention.cc, baseline
+// code, callable on any CPU) hold the setting AttendRows passes on: from
+// ATTENTION_DECODE_PREFETCH and ATTENTION_DECODE_PREFETCH_HINT if set; Set
+// changes it process-wide (for benchmarks; thread-safe, steps already
+// running may use either).
+struct DecodePrefetch {
+  int64_t planes = 16;
+  int hint = 1;
+};
+DecodePrefetch GetDecodePrefetch();
+void SetDecodePrefetch(const DecodePrefetch& p);
+
 struct DecodeRange {
   const KvCache* cache = nullptr;
   int64_t begin = 0;  // Keys [begin, end) of the cache; begin a multiple of kBlockTokens.
   int64_t end = 0;
   const float* q = nullptr;  // heads x head_dim, with the 1/sqrt(head_dim) scale.
   float* partial = nullptr;  // heads x DecodePartialStride(head_dim), 64-byte aligned.
+  DecodePrefetch prefetch;
 };
 
 // True when the CPU has AVX-512 (F, BW, VL, DQ), the cache is float32 or
@@ -54,19 +71,6 @@ bool DecodeSupports(const KvCache& cache);
 // Writes r.partial for keys [r.begin, r.end) (an empty range gives m = -inf,
 // zero sums and context).
 void DecodeRangeAvx512(const DecodeRange& r);
-
-// Software prefetch: `planes` planes (one head's K^T and V of one block)
-// ahead of the one being read, into L1 (hint 0), L2 (1) or non-temporally
-// (2); 0 planes: none, the hardware prefetchers only. The default comes from
-// ATTENTION_DECODE_PREFETCH and ATTENTION_DECODE_PREFETCH_HINT if set, else
-// is the one measured best on the demo model; Set changes it process-wide
-// (for benchmarks; thread-safe, steps already running may use either).
-struct DecodePrefetch {
-  int64_t planes = 0;
-  int hint = 0;
-};
-DecodePrefetch GetDecodePrefetch();
-void SetDecodePrefetch(const DecodePrefetch& p);
 
 }  // namespace attention
 
