@@ -21,6 +21,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2e = 1.4426950408889634f;
 // A split reads at least this many blocks (a long enough sequential run).
 constexpr int64_t kMinSplitBlocks = 8;
+// Partials (floats) above which the merge runs on every thread.
+constexpr int64_t kParallelMergeFloats = int64_t{1} << 20;
 
 bool CpuHasAvx512() {
   static const bool has = [] {
@@ -210,8 +212,12 @@ void AttendRows(const std::vector<AttentionRow>& rows, const AttentionExtras& ex
     DecodeRangeAvx512(r);
   }
   if (decode_rows == 0) return;
+  // The merge reads the partials once (a few microseconds for a batch of
+  // decode steps): on the calling thread, unless there are many, since a
+  // parallel region costs a wake-up of every thread (and, on a loaded
+  // machine, a wait for a descheduled one).
   const int64_t n_rows = static_cast<int64_t>(rows.size());
-#pragma omp parallel for schedule(dynamic, 4) if (decode_rows > 8)
+#pragma omp parallel for schedule(dynamic, 4) if (partial_floats > kParallelMergeFloats)
   for (int64_t i = 0; i < n_rows; ++i) {
     if (!decode[static_cast<size_t>(i)]) continue;
     const AttentionRow& row = rows[static_cast<size_t>(i)];
