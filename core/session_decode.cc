@@ -44,8 +44,9 @@ __attribute__((noinline)) __m512 MoveReference(__m512 s2, float* st, int64_t d, 
   const float top = _mm512_reduce_max_ps(s2);
   if (top != kNegInf && (m == kNegInf || top > m + fused_internal::kSlack)) {
     const float m_new = std::ceil(top);
+    // While m was -inf only zero probabilities (and 0 x V) were added:
+    // nothing to rescale then.
     if (m != kNegInf) {
-      // Until now only zero probabilities (and 0 x V) were added when m was -inf.
       const __m512 k = _mm512_set1_ps(m - m_new);
       sum = _mm512_scalef_ps(sum, k);
 #pragma GCC unroll 8
