@@ -1,22 +1,27 @@
 // attention-session-bench: how fast a batched decode step reads the session
 // caches. N sessions of C tokens each (a model of E features, H heads) take
-// one token each; the benchmark times
-//   * the attention phase of the step alone (every session x head row scored
-//     against its cache and summed over its values, as SessionEngine::Run
-//     does it), and the bytes of cache it reads (K and V of every token);
-//   * the whole step (SessionEngine::Run: projections, attention, output);
-//   * this machine's single-thread copy bandwidth (memcpy of a buffer far
-//     larger than the caches), in the same run;
-// and prints the attention phase's read bandwidth as a share of the copy
-// bandwidth.
+// one token each; for each attention kernel asked for (--kernel: the
+// reference AttendSessionRow per head, the AVX-512 decode kernel, or both,
+// alternated in this process), the benchmark times
+//   * the attention phase of the step alone (session_attention.h's
+//     AttendRows over the N rows), and the bytes of cache it reads (K and V
+//     of every token, every head);
+//   * the whole step (SessionEngine::Run: projections, attention,
+//     out-projection; not committed, so every step sees the same caches);
+// and, in the same rounds, a STREAM-like triad a[i] = b[i] + s c[i] on the
+// run's OpenMP threads over arrays far larger than the caches (12 bytes per
+// element, the best of 5), and prints the cache's read bandwidth as a share
+// of it. --interleave prefills the sessions round-robin, a block at a time,
+// so that each session's blocks lie apart as in a server.
 //
-//   attention-session-bench --sessions 64 --context 2048 --embed_dim 512 --num_heads 8
+//   attention-session-bench --sessions 64 --context 2048 --embed_dim 256 --num_heads 8 --json
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,11 +31,15 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/memory_budget.h"
 #include "core/mha_engine.h"
+#include "core/session_attention.h"
+#include "core/session_decode.h"
 #include "core/session_engine.h"
-#include "core/session_kernel.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(int64_t, sessions, 64, "Sessions stepping together.");
@@ -38,7 +47,15 @@ ABSL_FLAG(int64_t, context, 2048, "Tokens each session holds before the step.");
 ABSL_FLAG(int64_t, embed_dim, 512, "E.");
 ABSL_FLAG(int64_t, num_heads, 8, "H.");
 ABSL_FLAG(std::string, cache_dtype, "float32", "float32 or bfloat16.");
-ABSL_FLAG(int, iterations, 20, "Timed steps (the median is reported).");
+ABSL_FLAG(std::string, kernel, "both", "reference, decode, or both (alternated).");
+ABSL_FLAG(int, iterations, 20, "Timed steps per round and kernel (the median is reported).");
+ABSL_FLAG(int, rounds, 3, "Rounds: each times the triad, then every kernel.");
+ABSL_FLAG(bool, triad, true, "Measure the triad bandwidth each round.");
+ABSL_FLAG(int64_t, triad_mib, 256, "MiB per triad array (three arrays).");
+ABSL_FLAG(bool, interleave, false, "Prefill round-robin, one block per session at a time.");
+ABSL_FLAG(std::string, decode_prefetch, "",
+          "Comma-separated planes:hint software-prefetch settings of the decode kernel, each timed "
+          "as a kernel of its own (session_decode.h's DecodePrefetch); empty: the default.");
 ABSL_FLAG(bool, json, false, "Print one JSON object.");
 
 namespace attention {
@@ -49,115 +66,215 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Single-thread memcpy bandwidth (bytes read per second) over `bytes`.
-double CopyBandwidth(size_t bytes) {
-  std::vector<char> a(bytes, 1), b(bytes, 0);
-  std::vector<double> rates;
-  for (int i = 0; i < 5; ++i) {
-    const absl::Time start = absl::Now();
-    std::memcpy(b.data(), a.data(), bytes);
-    rates.push_back(static_cast<double>(bytes) / absl::ToDoubleSeconds(absl::Now() - start));
-    std::swap(a, b);
+// A STREAM-like triad on the OpenMP threads: bytes (12 per element) per
+// second, the best of 5.
+class Triad {
+ public:
+  explicit Triad(int64_t n) : n_(n), a_(new float[n]), b_(new float[n]), c_(new float[n]) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n_; ++i) {  // First touch by the thread that uses the page.
+      a_[i] = 0.0f;
+      b_[i] = 1.0f;
+      c_[i] = 2.0f;
+    }
   }
-  return Median(rates);
-}
+  double BytesPerSecond() {
+    double best = 0;
+    float* a = a_.get();
+    const float* b = b_.get();
+    const float* c = c_.get();
+    const float s = 0.5f;
+    for (int rep = 0; rep < 5; ++rep) {
+      const absl::Time start = absl::Now();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n_; ++i) a[i] = b[i] + s * c[i];
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      best = std::max(best, 12.0 * static_cast<double>(n_) / seconds);
+    }
+    return best;
+  }
+
+ private:
+  const int64_t n_;
+  std::unique_ptr<float[]> a_, b_, c_;
+};
 
 int Run() {
   const int64_t n = absl::GetFlag(FLAGS_sessions), c = absl::GetFlag(FLAGS_context);
   const int64_t e = absl::GetFlag(FLAGS_embed_dim), h = absl::GetFlag(FLAGS_num_heads);
+  const int iterations = std::max(1, absl::GetFlag(FLAGS_iterations));
   const DType dtype =
       absl::GetFlag(FLAGS_cache_dtype) == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
+  struct Kernel {
+    std::string name;
+    SessionKernel kernel;
+    std::optional<DecodePrefetch> prefetch;  // The decode kernel's, if set.
+  };
+  std::vector<Kernel> kernels;
+  const std::string which = absl::GetFlag(FLAGS_kernel);
+  if (which == "reference" || which == "both") {
+    kernels.push_back({"reference", SessionKernel::kReference, std::nullopt});
+  }
+  if (which == "decode" || which == "both") {
+    const std::string prefetch = absl::GetFlag(FLAGS_decode_prefetch);
+    if (prefetch.empty()) kernels.push_back({"decode", SessionKernel::kDecode, std::nullopt});
+    for (absl::string_view setting : absl::StrSplit(prefetch, ',', absl::SkipEmpty())) {
+      const std::pair<absl::string_view, absl::string_view> ph = absl::StrSplit(setting, ':');
+      DecodePrefetch pf;
+      if (!absl::SimpleAtoi(ph.first, &pf.planes) || !absl::SimpleAtoi(ph.second, &pf.hint)) {
+        std::fprintf(stderr, "--decode_prefetch: expected planes:hint, got %s\n",
+                     std::string(setting).c_str());
+        return 2;
+      }
+      kernels.push_back(
+          {absl::StrCat("decode_pf", ph.first, ":", ph.second), SessionKernel::kDecode, pf});
+    }
+  }
+  if (kernels.empty()) {
+    std::fprintf(stderr, "--kernel: expected reference, decode or both, got %s\n", which.c_str());
+    return 2;
+  }
   MhaSpec spec;
   spec.embed_dim = spec.kdim = spec.vdim = e;
   spec.num_heads = h;
   auto model = MhaModel::Random(spec, 1);
   auto engine = MhaEngine::Create(*model);
   if (!model.ok() || !engine.ok()) return 1;
-  SessionEngine sessions(engine->get(), dtype);
+  std::vector<std::unique_ptr<SessionEngine>> engines;
+  for (const Kernel& k : kernels) {
+    engines.push_back(std::make_unique<SessionEngine>(engine->get(), dtype, k.kernel));
+  }
+  const DecodePrefetch default_prefetch = GetDecodePrefetch();
   MemoryBudget budget(size_t{64} << 30);
-  KvBlockPool pool(sessions.block_bytes(), &budget);
+  KvBlockPool pool(engines[0]->block_bytes(), &budget);
   std::vector<std::unique_ptr<KvCache>> caches;
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   std::vector<float> x(static_cast<size_t>(512 * e));
   for (float& v : x) v = normal(rng);
-  // Prefill every session with C tokens (chunks of 512).
-  for (int64_t s = 0; s < n; ++s) {
+  for (int64_t s = 0; s < n; ++s)
     caches.push_back(std::make_unique<KvCache>(&pool, h, e / h, dtype));
-    for (int64_t at = 0; at < c; at += 512) {
-      const int64_t t = std::min<int64_t>(512, c - at);
-      std::vector<float> out(static_cast<size_t>(t * e));
-      SessionStep step;
-      step.cache = caches.back().get();
+  // Prefill every session with C tokens: chunks of 512 a session at a time,
+  // or (--interleave) one block of every session per step.
+  const int64_t chunk = absl::GetFlag(FLAGS_interleave) ? KvCache::kBlockTokens : 512;
+  for (int64_t at = 0; at < c; at += chunk) {
+    const int64_t t = std::min(chunk, c - at);
+    std::vector<float> out(static_cast<size_t>(n * t * e));
+    std::vector<SessionStep> steps(static_cast<size_t>(n));
+    for (int64_t s = 0; s < n; ++s) {
+      SessionStep& step = steps[static_cast<size_t>(s)];
+      step.cache = caches[static_cast<size_t>(s)].get();
       step.tokens = TensorView{DType::kFloat32, {t, e}, x.data()};
-      step.output = out.data();
-      if (!step.cache->Reserve(t).ok() || !sessions.Run({step}).ok()) return 1;
+      step.output = out.data() + s * t * e;
+      if (!step.cache->Reserve(t).ok()) return 1;
+      if (!absl::GetFlag(FLAGS_interleave) && !engines[0]->Run({step}).ok()) return 1;
     }
+    if (absl::GetFlag(FLAGS_interleave) && !engines[0]->Run(steps).ok()) return 1;
   }
-  // The attention phase of a one-token step: every session x head row.
-  const int64_t d = e / h;
+  // The attention phase's rows, and the whole step's (room for its token).
   std::vector<float> q(static_cast<size_t>(n * e)), context(static_cast<size_t>(n * e));
   for (float& v : q) v = normal(rng) * 0.1f;
+  std::vector<AttentionRow> rows(static_cast<size_t>(n));
+  std::vector<SessionStep> steps(static_cast<size_t>(n));
+  std::vector<float> out(static_cast<size_t>(n * e));
+  for (int64_t s = 0; s < n; ++s) {
+    AttentionRow& row = rows[static_cast<size_t>(s)];
+    row.cache = caches[static_cast<size_t>(s)].get();
+    row.keys = row.stored = c;
+    row.q = q.data() + s * e;
+    row.context = context.data() + s * e;
+    SessionStep& step = steps[static_cast<size_t>(s)];
+    step.cache = caches[static_cast<size_t>(s)].get();
+    step.tokens = TensorView{DType::kFloat32, {1, e}, x.data() + s * e};
+    step.output = out.data() + s * e;
+    if (!step.cache->Reserve(1).ok()) return 1;
+  }
   const double bytes_read =
       static_cast<double>(n) * static_cast<double>(c) * 2.0 * e * DTypeSize(dtype);
-  std::vector<double> attention_s, step_s;
-  for (int i = 0; i < absl::GetFlag(FLAGS_iterations) + 2; ++i) {
-    const absl::Time start = absl::Now();
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t task = 0; task < n * h; ++task) {
-      SessionRow row;
-      row.cache = caches[task / h].get();
-      row.head = task % h;
-      row.keys = row.stored = c;
-      row.q = q.data() + (task / h) * e + row.head * d;
-      row.context = context.data() + (task / h) * e + row.head * d;
-      AttendSessionRow(row);
-    }
-    if (i >= 2) attention_s.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  std::unique_ptr<Triad> triad;
+  if (absl::GetFlag(FLAGS_triad)) {
+    triad = std::make_unique<Triad>(absl::GetFlag(FLAGS_triad_mib) << 18);
   }
-  // Whole steps (they grow the caches by one token each).
-  for (int i = 0; i < absl::GetFlag(FLAGS_iterations) + 2; ++i) {
-    std::vector<SessionStep> steps(static_cast<size_t>(n));
-    std::vector<float> out(static_cast<size_t>(n * e));
-    for (int64_t s = 0; s < n; ++s) {
-      steps[s].cache = caches[s].get();
-      steps[s].tokens = TensorView{DType::kFloat32, {1, e}, x.data() + s * e};
-      steps[s].output = out.data() + s * e;
-      if (!caches[s]->Reserve(1).ok()) return 1;
+  nlohmann::json runs = nlohmann::json::array();
+  std::vector<std::vector<double>> attention_all(kernels.size()), step_all(kernels.size());
+  std::vector<double> triads;
+  for (int round = 0; round < std::max(1, absl::GetFlag(FLAGS_rounds)); ++round) {
+    const double triad_bw = triad ? triad->BytesPerSecond() : 0.0;
+    if (triad) triads.push_back(triad_bw);
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      SetDecodePrefetch(kernels[k].prefetch.value_or(default_prefetch));
+      std::vector<double> attention_s, step_s;
+      for (int i = 0; i < iterations + 2; ++i) {
+        const absl::Time start = absl::Now();
+        AttendRows(rows, AttentionExtras{}, kernels[k].kernel);
+        if (i >= 2) attention_s.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+      }
+      for (int i = 0; i < iterations + 2; ++i) {
+        const absl::Time start = absl::Now();
+        if (!engines[k]->Run(steps, /*commit=*/false).ok()) return 1;
+        if (i >= 2) step_s.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+      }
+      const double attention = Median(attention_s), step = Median(step_s);
+      attention_all[k].push_back(attention);
+      step_all[k].push_back(step);
+      nlohmann::json r = {{"round", round},
+                          {"kernel", kernels[k].name},
+                          {"attention_ms", attention * 1e3},
+                          {"attention_kv_gb_s", bytes_read / attention / 1e9},
+                          {"step_ms", step * 1e3},
+                          {"tokens_per_s", static_cast<double>(n) / step},
+                          {"step_kv_gb_s", bytes_read / step / 1e9}};
+      if (triad) {
+        r["triad_gb_s"] = triad_bw / 1e9;
+        r["attention_share_of_triad"] = bytes_read / attention / triad_bw;
+        r["step_share_of_triad"] = bytes_read / step / triad_bw;
+      }
+      runs.push_back(r);
     }
-    const absl::Time start = absl::Now();
-    if (!sessions.Run(steps).ok()) return 1;
-    if (i >= 2) step_s.push_back(absl::ToDoubleSeconds(absl::Now() - start));
   }
-  const double copy = CopyBandwidth(std::max<size_t>(size_t{1} << 30, 2 * budget.used()));
-  const double attention = Median(attention_s), step = Median(step_s);
-  const double rate = bytes_read / attention;
   nlohmann::json j = {{"sessions", n},
                       {"context", c},
                       {"embed_dim", e},
                       {"num_heads", h},
                       {"cache_dtype", std::string(DTypeName(dtype))},
+                      {"interleave", absl::GetFlag(FLAGS_interleave)},
                       {"threads", omp_get_max_threads()},
                       {"cache_bytes_read", bytes_read},
-                      {"attention_ms", attention * 1e3},
-                      {"step_ms", step * 1e3},
-                      {"attention_read_gb_s", rate / 1e9},
-                      {"copy_gb_s_single_thread", copy / 1e9},
-                      {"share_of_copy_bandwidth", rate / copy}};
+                      {"runs", runs}};
+  if (triad) j["triad_gb_s_median"] = Median(triads) / 1e9;
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    const double attention = Median(attention_all[k]), step = Median(step_all[k]);
+    nlohmann::json m = {{"attention_ms", attention * 1e3},
+                        {"attention_kv_gb_s", bytes_read / attention / 1e9},
+                        {"step_ms", step * 1e3},
+                        {"tokens_per_s", static_cast<double>(n) / step},
+                        {"step_kv_gb_s", bytes_read / step / 1e9}};
+    if (triad) {
+      m["attention_share_of_triad"] = bytes_read / attention / Median(triads);
+      m["step_share_of_triad"] = bytes_read / step / Median(triads);
+    }
+    j["median"][kernels[k].name] = m;
+  }
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", j.dump().c_str());
-  } else {
-    std::printf("%lld sessions x %lld tokens (E=%lld, H=%lld, %s cache, %d threads)\n",
-                static_cast<long long>(n), static_cast<long long>(c), static_cast<long long>(e),
-                static_cast<long long>(h), std::string(DTypeName(dtype)).c_str(),
-                omp_get_max_threads());
-    std::printf("attention phase of a step: %.3f ms, reading %.1f MB of cache: %.2f GB/s\n",
-                attention * 1e3, bytes_read / 1e6, rate / 1e9);
-    std::printf("whole step (projections + attention + out-projection): %.3f ms, %.0f tokens/s\n",
-                step * 1e3, static_cast<double>(n) / step);
+    return 0;
+  }
+  std::printf("%lld sessions x %lld tokens (E=%lld, H=%lld, %s cache, %d threads): %.1f MB read\n",
+              static_cast<long long>(n), static_cast<long long>(c), static_cast<long long>(e),
+              static_cast<long long>(h), std::string(DTypeName(dtype)).c_str(),
+              omp_get_max_threads(), bytes_read / 1e6);
+  for (const nlohmann::json& r : runs) {
     std::printf(
-        "single-thread copy bandwidth: %.2f GB/s; the attention phase reads at %.0f%% of it\n",
-        copy / 1e9, 100 * rate / copy);
+        "round %d %-14s attention %7.3f ms %6.2f GB/s | step %7.3f ms %7.0f tokens/s %6.2f GB/s",
+        r["round"].get<int>(), r["kernel"].get<std::string>().c_str(),
+        r["attention_ms"].get<double>(), r["attention_kv_gb_s"].get<double>(),
+        r["step_ms"].get<double>(), r["tokens_per_s"].get<double>(),
+        r["step_kv_gb_s"].get<double>());
+    if (triad) {
+      std::printf(" | triad %6.2f GB/s, step at %3.0f%% of it", r["triad_gb_s"].get<double>(),
+                  100 * r["step_share_of_triad"].get<double>());
+    }
+    std::printf("\n");
   }
   return 0;
 }

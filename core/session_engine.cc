@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/input_validation.h"
-#include "core/session_kernel.h"
+#include "core/session_attention.h"
 #include "core/status_macros.h"
 #include "core/workspace.h"
 
@@ -20,8 +20,8 @@ size_t Floats(int64_t n) { return static_cast<size_t>(n) * sizeof(float); }
 
 }  // namespace
 
-SessionEngine::SessionEngine(const MhaEngine* engine, DType cache_dtype)
-    : engine_(engine), cache_dtype_(cache_dtype) {
+SessionEngine::SessionEngine(const MhaEngine* engine, DType cache_dtype, SessionKernel kernel)
+    : engine_(engine), cache_dtype_(cache_dtype), kernel_(kernel) {
   const MhaWeights& w = engine_->model().weights();
   if (engine_->model().spec().add_bias_kv) {
     bias_k_.assign(w.bias_k.as<float>(), w.bias_k.as<float>() + w.bias_k.num_elements());
@@ -107,6 +107,8 @@ int64_t SessionEngine::StepWorkingBytes(int64_t t, int64_t columns, bool need_we
   // float32, and the row -> step map.
   int64_t bytes = 9 * t * e * f32 + t * static_cast<int64_t>(sizeof(int32_t));
   if (need_weights && average_weights) bytes += spec().num_heads * t * columns * f32;
+  // The decode kernel's partials (split-K).
+  bytes += DecodePartialBytes(t, spec().num_heads, spec().head_dim());
   // Each projection's own conversions (one runs at a time).
   return bytes + engine_->ProjectWorkingBytes(MhaEngine::Part::kQueryKeyValue, t);
 }
@@ -120,7 +122,7 @@ int64_t SessionEngine::CrossWorkingBytes(int64_t keys) const {
 absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps, bool commit) const {
   return ResourceExhaustedOnBadAlloc("SessionEngine::Run", [&]() -> absl::Status {
     const MhaSpec& s = spec();
-    const int64_t e = s.embed_dim, heads = s.num_heads, d = s.head_dim();
+    const int64_t e = s.embed_dim, heads = s.num_heads;
     const int64_t extra = s.extra_keys();
     // Each step's first row among all the steps' tokens, and among the self steps'.
     std::vector<int64_t> first(steps.size()), first_self(steps.size());
@@ -197,7 +199,6 @@ absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps, bool comm
       }
     }
 
-    // Attention: one task per token x head, each over its session's blocks.
     std::vector<int32_t> step_of(static_cast<size_t>(total));
     for (size_t a = 0; a < steps.size(); ++a) {
       std::fill(step_of.begin() + first[a], step_of.begin() + first[a] + steps[a].tokens.dim(0),
@@ -211,16 +212,14 @@ absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps, bool comm
     }
     Workspace context(Workspace::kStepContext, Floats(total * e));
     Workspace per_head(Workspace::kStepWeights, Floats(averaged));
-    const int64_t tasks = total * heads;
-#pragma omp parallel for schedule(dynamic, 1) if (tasks > 1)
-    for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t g = task / heads, h = task % heads;
+    // Attention: each token's row, all heads, over its session's blocks.
+    std::vector<AttentionRow> rows(static_cast<size_t>(total));
+    for (int64_t g = 0; g < total; ++g) {
       const size_t a = static_cast<size_t>(step_of[static_cast<size_t>(g)]);
       const SessionStep& st = steps[a];
       const int64_t i = g - first[a], t = st.tokens.dim(0);
-      SessionRow row;
+      AttentionRow& row = rows[static_cast<size_t>(g)];
       row.cache = st.cache;
-      row.head = h;
       if (st.cross) {
         row.stored = st.cache->length();
         row.keys = st.is_causal ? std::min(row.stored, st.position + i + 1) : row.stored;
@@ -228,21 +227,22 @@ absl::Status SessionEngine::Run(const std::vector<SessionStep>& steps, bool comm
         row.stored = st.cache->length() + t;
         row.keys = st.cache->length() + i + 1;
       }
-      row.q = q.as<float>() + g * q_stride + h * d;
-      if (!bias_k_.empty()) {
-        row.bias_k = bias_k_.data() + h * d;
-        row.bias_v = bias_v_.data() + h * d;
-      }
-      row.zero_attn = s.add_zero_attn;
-      row.context = context.as<float>() + g * e + h * d;
+      row.q = q.as<float>() + g * q_stride;
+      row.context = context.as<float>() + g * e;
       if (st.need_weights) {
         const int64_t columns = row.stored + extra;
-        row.weights = st.average_weights
-                          ? per_head.as<float>() + averaged_at[a] + (h * t + i) * columns
-                          : st.weights + (h * t + i) * columns;
+        row.weights = st.average_weights ? per_head.as<float>() + averaged_at[a] + i * columns
+                                         : st.weights + i * columns;
+        row.weights_head_stride = t * columns;
       }
-      AttendSessionRow(row);
     }
+    AttentionExtras extras;
+    if (!bias_k_.empty()) {
+      extras.bias_k = bias_k_.data();
+      extras.bias_v = bias_v_.data();
+    }
+    extras.zero_attn = s.add_zero_attn;
+    AttendRows(rows, extras, kernel_);
     for (size_t a = 0; a < steps.size(); ++a) {
       const SessionStep& st = steps[a];
       if (!st.need_weights || !st.average_weights) continue;

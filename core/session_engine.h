@@ -15,13 +15,17 @@
 //
 // Every row is computed the same way however the sequence was chunked (the
 // keys are stored before any row of the step is scored), so token-by-token,
-// chunked and all-at-once appends agree to float rounding of the projections.
+// chunked and all-at-once appends agree to float rounding of the projections
+// (and of the order in which a long cache's key splits are merged: how many
+// splits a row gets depends on how many rows its batch holds).
 // A row with no attendable key gets zero weights and a zero context, as the
 // stateless engine does.
 //
 // Run() computes a batch of steps of different sessions together: the
 // projections of all their tokens are one GEMM each, then attention runs per
-// row over each session's own blocks (OpenMP over token x head rows).
+// row over each session's own blocks (session_attention.h: OpenMP over rows,
+// all heads at once, and over key splits of long caches when the batch is
+// small).
 //
 // Thread safety: const methods may run concurrently on different caches; the
 // caller serialises steps of one session. The engine is not owned and must
@@ -35,6 +39,7 @@
 #include "absl/status/status.h"
 #include "core/kv_cache.h"
 #include "core/mha_engine.h"
+#include "core/session_attention.h"
 #include "core/tensor.h"
 
 namespace attention {
@@ -64,8 +69,9 @@ struct CrossKeys {
 class SessionEngine {
  public:
   // `cache_dtype`: float32, or bfloat16 (half the memory; approximate for a
-  // float32 model).
-  SessionEngine(const MhaEngine* engine, DType cache_dtype);
+  // float32 model). `kernel`: the attention kernel (session_attention.h).
+  SessionEngine(const MhaEngine* engine, DType cache_dtype,
+                SessionKernel kernel = SessionKernel::kAuto);
 
   SessionEngine(const SessionEngine&) = delete;
   SessionEngine& operator=(const SessionEngine&) = delete;
@@ -114,6 +120,7 @@ class SessionEngine {
  private:
   const MhaEngine* const engine_;
   const DType cache_dtype_;
+  const SessionKernel kernel_;
   std::vector<float> bias_k_, bias_v_;  // add_bias_kv's keys, projected space.
 };
 

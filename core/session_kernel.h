@@ -2,10 +2,14 @@
 //
 // The attention of one query row of one head against a session's cached
 // keys and values (KvCache's block layout): scores, softmax with the keys'
-// additive biases, and the weighted sum of values. Decoding is bound by
-// reading the cache, so the loops run over contiguous kBlockTokens-wide key
-// columns and head_dim-wide value rows; the function is compiled for
-// AVX-512 and for baseline x86-64 and picks one at load time.
+// additive biases, and the weighted sum of values. The loops run over
+// contiguous kBlockTokens-wide key columns and head_dim-wide value rows; the
+// function is compiled for AVX-512 and for baseline x86-64 and picks one at
+// load time. It is the reference kernel: decode steps normally run the
+// AVX-512 decode kernel (session_decode.h, all heads of a row in one pass),
+// which hands this one the rows it does not take (weights asked for, head
+// dims it does not support, no AVX-512) and its edge rows (NaN scores, no
+// attendable key), so that their semantics are exactly these.
 //
 // Semantics are the stateless engine's for the keys the row sees (keys are
 // stored with their additive mask, -inf for "not a key"): a row whose scores

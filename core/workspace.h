@@ -58,13 +58,14 @@ class Workspace {
     kBatchOutput,   // output
     kBatchWeights,  // and attention weights.
     // A batch of session steps (SessionEngine):
-    kStepTokens,   // The appended tokens in float32,
-    kStepQuery,    // their projected queries,
-    kStepKey,      // keys,
-    kStepValue,    // values,
-    kStepContext,  // attention context,
-    kStepOutput,   // out-projection
-    kStepWeights,  // and per-head weights to average.
+    kStepTokens,    // The appended tokens in float32,
+    kStepQuery,     // their projected queries,
+    kStepKey,       // keys,
+    kStepValue,     // values,
+    kStepContext,   // attention context,
+    kStepOutput,    // out-projection
+    kStepWeights,   // per-head weights to average
+    kStepPartials,  // and the decode kernel's per-split partials.
     kSlotCount,
   };
   // The process-wide budget until SetKeptLimit() is called.
