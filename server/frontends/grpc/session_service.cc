@@ -151,8 +151,20 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   }
   // The keys are projected on the batcher; the request's bytes live until Finish.
   auto pending = std::make_unique<PendingRequest>();
-  RequestPath::Bind(*call, pending.get());
+  status = requests_->Tag(*call, *served, pending.get());
+  if (!status.ok()) {  // Over the caller's rate.
+    requests_->Release(admitted);
+    (void)manager->Close(session->id);
+    finish(served, status);
+    return reactor;
+  }
   pending->working_bytes = session_model->engine->CrossWorkingBytes(work->key_count);
+  {  // The fair queue's cost: projecting the fixed keys and values.
+    const MhaSpec& spec = session_model->engine->spec();
+    pending->cost = 2.0 * static_cast<double>(work->key_count) *
+                    static_cast<double>(spec.kdim + spec.vdim) *
+                    static_cast<double>(spec.embed_dim);
+  }
   work->kind = SessionWork::Kind::kInitCross;
   work->session = session;
   pending->session = std::move(work);
