@@ -171,12 +171,11 @@ TEST(TokenFileTest, ParseErrorsNameTheLine) {
 // Optional fields after the models: weight=, rate=, token_rate=.
 TEST(TokenFileTest, OptionsGiveWeightsAndRates) {
   const std::string a = HashHex("a"), b = HashHex("b"), c = HashHex("c");
-  auto parsed = TokenAuthenticator::Parse(
-      a + " alice * weight=3
-" + b + " bob demo rate=20 token_rate=65536
-" + c + " carol *
-",
-      "f");
+  auto parsed = TokenAuthenticator::Parse(a + " alice * weight=3
+                                              " + b + " bob demo rate = 20 token_rate =
+                                              65536 " + c + " carol *
+                                              ",
+                                              "f");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ASSERT_EQ(parsed->size(), 3u);
   EXPECT_EQ((*parsed)[0].principal->weight, 3);

@@ -31,8 +31,8 @@ void ReplyError(HttpResponse& res, const absl::Status& status) {
   // A rate's retry hint, in whole seconds (RFC 9110 10.2.3), at least 1.
   if (const std::optional<absl::Duration> after = RetryAfterOf(status); after.has_value()) {
     res.SetHeader("Retry-After",
-                  absl::StrCat(std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(
-                                                        *after, absl::Seconds(1))))));
+                  absl::StrCat(std::max<int64_t>(
+                      1, absl::ToInt64Seconds(absl::Ceil(*after, absl::Seconds(1))))));
   }
 }
 
