@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/synchronization/notification.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "attention/v1/sessions.grpc.pb.h"
@@ -23,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "server/attention_server.h"
 #include "tests/fixture/http_test_client.h"
+#include "tests/fixture/oip_requests.h"
 #include "tests/fixture/server_test_util.h"
 #include "tests/fixture/test_server.h"
 #include "tests/fixture/test_util.h"
@@ -234,6 +236,28 @@ TEST_F(TenantsTest, ARateLimitedTokenGetsARetryHint) {
   EXPECT_THAT(third.error_message(), HasSubstr("retry after"));
   // Another token is not limited by it.
   EXPECT_TRUE(Infer("b-secret").ok());
+  // Over the inference protocol too, where the hint is also a trailer.
+  auto oip = inference::GRPCInferenceService::NewStub(testing::PlainChannel(*server_));
+  const std::vector<float> data(32, 0.5f);
+  const inference::ModelInferRequest request =
+      testing::Fp32InferRequest("small", "query", {1, 2, 16}, data.data());
+  grpc::Status refused;
+  std::string pushback;
+  for (int i = 0; i < 3 && refused.ok(); ++i) {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer r-secret");
+    inference::ModelInferResponse response;
+    refused = oip->ModelInfer(&context, request, &response);
+    const auto& trailers = context.GetServerTrailingMetadata();
+    auto it = trailers.find("grpc-retry-pushback-ms");
+    if (it != trailers.end()) pushback = std::string(it->second.data(), it->second.size());
+  }
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("rate: caller 'rater'"));
+  int64_t ms = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(pushback, &ms)) << "trailer: '" << pushback << "'";
+  EXPECT_GT(ms, 0);
+  EXPECT_LE(ms, 1000);
   testing::HttpTestClient http("127.0.0.1", server_->http_port());
   const std::string body = json{{"inputs",
                                  {{{"name", "query"},

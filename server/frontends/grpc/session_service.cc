@@ -55,9 +55,10 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   const CallRef call = CallOf(context, Method::kCreateSession);
   const ServedModel* served = nullptr;
   absl::Status status;
-  auto finish = [this, reactor, received, call](const ServedModel* model, const absl::Status& s) {
+  auto finish = [this, reactor, received, call, context](const ServedModel* model,
+                                                         const absl::Status& s) {
     requests_->Answered(model, *call, s, received);
-    reactor->Finish(wire::ToGrpcStatus(s));
+    reactor->Finish(wire::ToGrpcStatus(s, context));
   };
   SessionManager* manager = sessions_->ReadyManager(&status);
   if (manager != nullptr && requests_->draining()) {
@@ -267,7 +268,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext
   }
   if (!status.ok()) {
     requests_->Answered(model, *call, status, received);
-    reactor->Finish(wire::ToGrpcStatus(status));
+    reactor->Finish(wire::ToGrpcStatus(status, context));
   }
   return reactor;
 }
