@@ -9,7 +9,7 @@
 // passes once the bucket is full, and leaves it in debt.
 //
 // Thread-safe (one mutex, taken only for callers that have a limit). Keyed by
-// Principal::id; entries idle for a minute are forgotten.
+// Principal::id; entries idle for a minute are forgotten once full again.
 #ifndef ATTENTION_SERVER_REQUESTS_TENANT_RATES_H_
 #define ATTENTION_SERVER_REQUESTS_TENANT_RATES_H_
 
@@ -41,6 +41,7 @@ class TenantRates {
     double requests = 0;  // Requests the caller may send now.
     double tokens = 0;    // Query tokens likewise; may be negative (a debt).
     absl::Time last;      // When the levels were last brought up to date.
+    absl::Time full_at;   // When both are full again (then it may be forgotten).
   };
 
   const std::function<absl::Time()> clock_;
