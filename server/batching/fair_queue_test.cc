@@ -282,7 +282,7 @@ TEST_F(FairQueueTest, DroppingATenantsNewestRequestsGivesBackTheirTags) {
 
 TEST_F(FairQueueTest, TenantSeriesFollowTheQueue) {
   prometheus::Registry registry;
-  TenantFamilies families(registry);
+  TenantFamilies families(registry, {0.001, 0.01, 0.1, 1});
   TenantMetrics metrics(&families, "m");
   FairQueue q(2, &metrics);
   ASSERT_TRUE(Push(q, "a", 1).ok());
