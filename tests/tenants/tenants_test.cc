@@ -285,6 +285,21 @@ TEST_F(TenantsTest, ARateLimitedTokenGetsARetryHint) {
   EXPECT_GE(Refusals(Series("rater"), TenantRefusal::kRate), 2);
 }
 
+// KNOWN GAP (review of issue 37), disabled until fixed: attention.v1 Infer
+// (server/frontends/grpc/async_infer_call.cc, FinishWithError with
+// wire::ToGrpcStatus(status_)) sends no grpc-retry-pushback-ms trailer, as
+// ModelInfer, Append and CreateSession do. The fix there: ToGrpcStatus(status_,
+// &context) before FinishWithError. Fails today.
+TEST_F(TenantsTest, DISABLED_AnInferOverTheRateCarriesTheRetryTrailer) {
+  ASSERT_TRUE(Infer("s-secret").ok());  // The one request its rate allows.
+  AsyncInfer call;
+  call.Start(stub_.get(), "s-secret");
+  call.done.WaitForNotification();
+  EXPECT_EQ(call.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  const auto& trailers = call.ctx.GetServerTrailingMetadata();
+  EXPECT_NE(trailers.find("grpc-retry-pushback-ms"), trailers.end());
+}
+
 // A cross session's creation queues (its keys are projected on the
 // batcher), so it is rated; refused over the rate, it must change nothing:
 // creating first would have evicted the caller's own idle session to make
