@@ -5,8 +5,9 @@
 // send a burst of up to `rate` requests (and `token_rate` query tokens),
 // then `rate` a second. A request over either is refused RESOURCE_EXHAUSTED
 // with the time after which it would pass (a RetryAfter payload and the
-// message), and costs nothing. A request larger than a second's token budget
-// passes once the bucket is full, and leaves it in debt.
+// message; over both, the longer wait), and costs nothing. A request larger
+// than a second's token budget passes while the bucket holds any tokens, and
+// leaves it in debt.
 //
 // Thread-safe (one mutex, taken only for callers that have a limit). Keyed by
 // Principal::id; entries idle for a minute are forgotten once full again.
