@@ -3,7 +3,7 @@
 // A retry hint on an absl::Status: how long a caller refused for a rate
 // should wait before it tries again. Front-ends turn it into their
 // protocol's form (REST's Retry-After header, gRPC's grpc-retry-pushback-ms
-// trailer, the stream Error's retry_after_ms).
+// trailer on unary calls; streams carry it only in the message).
 //
 // Header-only; Abseil only.
 #ifndef ATTENTION_CORE_RETRY_AFTER_H_

@@ -203,18 +203,26 @@ void FairQueue::RemoveIf(
     std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>>* removed) {
   const std::vector<uint32_t> active = active_;
   for (uint32_t t : active) {
-    std::deque<Entry>& fifo = tenants_[t].fifo;
+    Tenant& tenant = tenants_[t];
+    std::deque<Entry>& fifo = tenant.fifo;
     int64_t gone = 0;
+    double first_gone_start = 0;
     for (Entry& e : fifo) {
       absl::Status s = why(*e.request);
       if (s.ok()) continue;
+      if (gone == 0) first_gone_start = e.start;
       removed->emplace_back(std::move(e.request), std::move(s));
       ++gone;
     }
     if (gone == 0) continue;
+    const bool newest_gone = fifo.back().request == nullptr;
     fifo.erase(std::remove_if(fifo.begin(), fifo.end(),
                               [](const Entry& e) { return e.request == nullptr; }),
                fifo.end());
+    // Never computed, so never charged (as when pushed out): the tenant's
+    // next request starts where its newest one still queued finishes, or,
+    // with none left, where the first one dropped started.
+    if (newest_gone) tenant.last_finish = fifo.empty() ? first_gone_start : fifo.back().finish;
     Shrunk(t, gone);
   }
 }

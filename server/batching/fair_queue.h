@@ -72,7 +72,9 @@ class FairQueue {
   // that order; V moves to the earliest start tag among them.
   std::vector<std::unique_ptr<PendingRequest>> Take(absl::Span<const Position> picked);
   // Removes, in fair order within each tenant, every request for which `why`
-  // is not OK, into *removed with its status.
+  // is not OK, into *removed with its status. Like a pushed-out request, a
+  // removed one costs its tenant nothing: when its newest requests go, the
+  // tenant's next request is tagged as if they had never been queued.
   void RemoveIf(absl::FunctionRef<absl::Status(const PendingRequest&)> why,
                 std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>>* removed);
   // The earliest `enqueued` and `deadline` of the requests queued

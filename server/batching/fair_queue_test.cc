@@ -235,9 +235,54 @@ TEST_F(FairQueueTest, RemoveIfAndTheTimesSpanEveryTenant) {
   EXPECT_EQ(order, (std::vector<int64_t>{1, 2, 4, 5}));
 }
 
+// Requests dropped while queued (deadline, cancellation) were never
+// computed: like a pushed-out one, they cost their tenant nothing, so its
+// next request is served as if they had not been sent.
+TEST_F(FairQueueTest, DroppedRequestsCostTheirTenantNothing) {
+  FairQueue q(10000, nullptr);
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(Push(q, "a", 1).ok());
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(Push(q, "b", 100).ok());
+  for (int i = 0; i < 5; ++i) TakeHead(q);  // a's first four and b's first.
+  std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>> removed;
+  q.RemoveIf(
+      [](const PendingRequest& r) {
+        return r.tenant.id == "b" ? absl::CancelledError("gone") : absl::OkStatus();
+      },
+      &removed);
+  ASSERT_EQ(removed.size(), 9u);
+  ASSERT_TRUE(Push(q, "b", 1).ok());
+  // b owes the one request computed (cost 100), not the 900 dropped: its
+  // next one goes after a's requests up to virtual time 100, not 1000.
+  int taken = 0;
+  while (TakeHead(q) != "b") ASSERT_LT(++taken, 150);
+}
+
+TEST_F(FairQueueTest, DroppingATenantsNewestRequestsGivesBackTheirTags) {
+  FairQueue q(10000, nullptr);
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(Push(q, "a", 1).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Push(q, "c", 50).ok());  // #1000 to #1002.
+  std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>> removed;
+  q.RemoveIf(
+      [](const PendingRequest& r) {
+        return r.call.batch > 1000 ? absl::CancelledError("gone") : absl::OkStatus();
+      },
+      &removed);
+  ASSERT_EQ(removed.size(), 2u);
+  ASSERT_TRUE(Push(q, "c", 50).ok());  // #1003
+  // c's new request starts where its queued one finishes (50), not after
+  // the two dropped (150): a0, c's #1000, a1 to a50, then it.
+  int position = 0, found = -1;
+  q.Visit([&](const PendingRequest& r, FairQueue::Position) {
+    if (r.call.batch == 1003) found = position;
+    ++position;
+    return found < 0;
+  });
+  EXPECT_EQ(found, 52);
+}
+
 TEST_F(FairQueueTest, TenantSeriesFollowTheQueue) {
   prometheus::Registry registry;
-  TenantFamilies families(registry);
+  TenantFamilies families(registry, {0.001, 0.01, 0.1, 1});
   TenantMetrics metrics(&families, "m");
   FairQueue q(2, &metrics);
   ASSERT_TRUE(Push(q, "a", 1).ok());

@@ -73,7 +73,7 @@ Metrics::Metrics(const std::string& version)
                                       "The in-flight byte budget (--max_inflight_bytes).",
                                       *registry_)
                                  .Add({})),
-      tenant_families_(*registry_) {
+      tenant_families_(*registry_, DurationBuckets()) {
   auto& refusals = Register(prometheus::BuildCounter(), "attention_refusals_total",
                             "Calls refused before reaching a model, by code: UNAUTHENTICATED, "
                             "PERMISSION_DENIED, RESOURCE_EXHAUSTED (in-flight bytes).",

@@ -2,12 +2,12 @@
 
 #include <utility>
 
-#include "server/metrics/metrics.h"
-
 namespace attention::server {
 
-TenantFamilies::TenantFamilies(prometheus::Registry& registry)
-    : queue_depth(prometheus::BuildGauge()
+TenantFamilies::TenantFamilies(prometheus::Registry& registry,
+                               prometheus::Histogram::BucketBoundaries duration_buckets)
+    : duration_buckets(std::move(duration_buckets)),
+      queue_depth(prometheus::BuildGauge()
                       .Name("attention_tenant_queue_depth")
                       .Help("Requests a tenant (token) has waiting in the model's queue.")
                       .Register(registry)),
@@ -39,7 +39,7 @@ const TenantSeries* TenantMetrics::For(absl::string_view name) {
   const std::map<std::string, std::string> labels = {{"model", model_},
                                                      {"tenant", std::string(name)}};
   s->queue_depth = &families_->queue_depth.Add(labels);
-  s->queue_duration = &families_->queue_duration.Add(labels, Metrics::DurationBuckets());
+  s->queue_duration = &families_->queue_duration.Add(labels, families_->duration_buckets);
   s->flops = &families_->flops.Add(labels);
   for (int i = 0; i < kNumTenantRefusals; ++i) {
     std::map<std::string, std::string> with_reason = labels;

@@ -47,9 +47,12 @@ struct TenantSeries {
   void Refused(TenantRefusal why) const { refusals[static_cast<int>(why)]->Increment(); }
 };
 
-// The four families, registered once per registry (Metrics' constructor).
+// The four families, registered once per registry (Metrics' constructor,
+// which gives its duration buckets: this unit stays below metrics.h).
 struct TenantFamilies {
-  explicit TenantFamilies(prometheus::Registry& registry);
+  TenantFamilies(prometheus::Registry& registry,
+                 prometheus::Histogram::BucketBoundaries duration_buckets);
+  const prometheus::Histogram::BucketBoundaries duration_buckets;
   prometheus::Family<prometheus::Gauge>& queue_depth;
   prometheus::Family<prometheus::Histogram>& queue_duration;
   prometheus::Family<prometheus::Counter>& flops;

@@ -21,7 +21,11 @@ absl::Status TenantRates::Take(const Principal& caller, int64_t tokens) {
   const absl::Time now = clock_();
   absl::MutexLock lock(&mu_);
   if (now - pruned_ > kForgetAfter) {
-    absl::erase_if(buckets_, [now](const auto& b) { return now - b.second.last > kForgetAfter; });
+    // Only buckets full again: forgetting one is then the same as keeping it
+    // (a caller in debt, or with a rate under one a minute, stays limited).
+    absl::erase_if(buckets_, [now](const auto& b) {
+      return now - b.second.last > kForgetAfter && now >= b.second.full_at;
+    });
     pruned_ = now;
   }
   // A bucket holds one second's worth; a new one starts full.
@@ -38,16 +42,32 @@ absl::Status TenantRates::Take(const Principal& caller, int64_t tokens) {
     b.tokens = std::min(token_cap, b.tokens + seconds * caller.token_rate);
   }
   b.last = now;
+  // Over either limit, the hint is the longer of the two waits, so that a
+  // retry after it passes both.
   double wait_s = 0;
   std::string what;
   if (caller.rate > 0 && b.requests < 1) {
     wait_s = (1 - b.requests) / caller.rate;
     what = absl::StrCat(caller.rate, " requests/s");
-  } else if (caller.token_rate > 0 && b.tokens <= 0) {
-    // Full again in -tokens / token_rate; a little more, so that it is over 0.
-    wait_s = (-b.tokens + 1) / caller.token_rate;
-    what = absl::StrCat(caller.token_rate, " query tokens/s");
   }
+  if (caller.token_rate > 0 && b.tokens <= 0) {
+    // Over 0 again in -tokens / token_rate; a little more, so that it is over 0.
+    const double tokens_s = (-b.tokens + 1) / caller.token_rate;
+    if (tokens_s > wait_s) {
+      wait_s = tokens_s;
+      what = absl::StrCat(caller.token_rate, " query tokens/s");
+    }
+  }
+  if (wait_s == 0) {
+    if (caller.rate > 0) b.requests -= 1;
+    if (caller.token_rate > 0) b.tokens -= static_cast<double>(tokens);
+  }
+  double refill_s = 0;  // Until both buckets are full again.
+  if (caller.rate > 0) refill_s = (request_cap - b.requests) / caller.rate;
+  if (caller.token_rate > 0) {
+    refill_s = std::max(refill_s, (token_cap - b.tokens) / caller.token_rate);
+  }
+  b.full_at = now + absl::Seconds(refill_s);
   if (wait_s > 0) {
     const absl::Duration after = absl::Seconds(wait_s);
     return WithRetryAfter(
@@ -57,8 +77,6 @@ absl::Status TenantRates::Take(const Principal& caller, int64_t tokens) {
             absl::ToInt64Milliseconds(absl::Ceil(after, absl::Milliseconds(1))), " ms")),
         after);
   }
-  if (caller.rate > 0) b.requests -= 1;
-  if (caller.token_rate > 0) b.tokens -= static_cast<double>(tokens);
   return absl::OkStatus();
 }
 

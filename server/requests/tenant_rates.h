@@ -5,11 +5,12 @@
 // send a burst of up to `rate` requests (and `token_rate` query tokens),
 // then `rate` a second. A request over either is refused RESOURCE_EXHAUSTED
 // with the time after which it would pass (a RetryAfter payload and the
-// message), and costs nothing. A request larger than a second's token budget
-// passes once the bucket is full, and leaves it in debt.
+// message; over both, the longer wait), and costs nothing. A request larger
+// than a second's token budget passes while the bucket holds any tokens, and
+// leaves it in debt.
 //
 // Thread-safe (one mutex, taken only for callers that have a limit). Keyed by
-// Principal::id; entries idle for a minute are forgotten.
+// Principal::id; entries idle for a minute are forgotten once full again.
 #ifndef ATTENTION_SERVER_REQUESTS_TENANT_RATES_H_
 #define ATTENTION_SERVER_REQUESTS_TENANT_RATES_H_
 
@@ -41,6 +42,7 @@ class TenantRates {
     double requests = 0;  // Requests the caller may send now.
     double tokens = 0;    // Query tokens likewise; may be negative (a debt).
     absl::Time last;      // When the levels were last brought up to date.
+    absl::Time full_at;   // When both are full again (then it may be forgotten).
   };
 
   const std::function<absl::Time()> clock_;

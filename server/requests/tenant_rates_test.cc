@@ -61,5 +61,41 @@ TEST_F(TenantRatesTest, TokensPerSecondLetALargeRequestPassThenWait) {
   EXPECT_TRUE(rates_.Take(p, 1).ok());
 }
 
+// Over both limits: the hint is the longer wait, so that a retry after it
+// passes (a hint from the request rate alone would be refused again).
+TEST_F(TenantRatesTest, TheHintWaitsForBothLimits) {
+  Principal p;
+  p.id = "a";
+  p.name = "alice";
+  p.rate = 1;
+  p.token_rate = 10;
+  EXPECT_TRUE(rates_.Take(p, 100).ok());  // 90 tokens in debt, no request left.
+  absl::Status next = rates_.Take(p, 1);
+  EXPECT_EQ(next.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(next.message(), HasSubstr("10 query tokens/s"));
+  ASSERT_TRUE(RetryAfterOf(next).has_value());
+  EXPECT_EQ(*RetryAfterOf(next), absl::Milliseconds(9100));  // (90 + 1) / 10 s.
+  now_ += *RetryAfterOf(next);
+  EXPECT_TRUE(rates_.Take(p, 1).ok());
+}
+
+// A bucket in debt is kept until the debt is repaid, however long the caller
+// stays away: forgetting it would start the caller again with a full bucket.
+TEST_F(TenantRatesTest, ADebtOutlastsTheIdleForgetting) {
+  Principal p;
+  p.id = "a";
+  p.name = "alice";
+  p.token_rate = 10;
+  EXPECT_TRUE(rates_.Take(p, 1000).ok());  // 990 tokens in debt: 99 s.
+  now_ += absl::Seconds(61);
+  Principal q = p;
+  q.id = "b";
+  EXPECT_TRUE(rates_.Take(q, 1).ok());  // Prunes the idle buckets.
+  absl::Status again = rates_.Take(p, 1);
+  EXPECT_EQ(again.code(), absl::StatusCode::kResourceExhausted) << again;
+  now_ += absl::Seconds(39);
+  EXPECT_TRUE(rates_.Take(p, 1).ok());
+}
+
 }  // namespace
 }  // namespace attention::server

@@ -171,11 +171,9 @@ TEST(TokenFileTest, ParseErrorsNameTheLine) {
 // Optional fields after the models: weight=, rate=, token_rate=.
 TEST(TokenFileTest, OptionsGiveWeightsAndRates) {
   const std::string a = HashHex("a"), b = HashHex("b"), c = HashHex("c");
-  auto parsed = TokenAuthenticator::Parse(a + " alice * weight=3
-                                              " + b + " bob demo rate = 20 token_rate =
-                                              65536 " + c + " carol *
-                                              ",
-                                              "f");
+  auto parsed = TokenAuthenticator::Parse(
+      a + " alice * weight=3\n" + b + " bob demo rate=20 token_rate=65536\n" + c + " carol *\n",
+      "f");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ASSERT_EQ(parsed->size(), 3u);
   EXPECT_EQ((*parsed)[0].principal->weight, 3);
@@ -196,8 +194,7 @@ TEST(TokenFileTest, OptionsGiveWeightsAndRates) {
       {"weight=2 weight=3", "f:1: weight: given twice"},
   };
   for (const auto& [fields, message] : bad) {
-    auto refused = TokenAuthenticator::Parse(a + " alice * " + fields + "
-", "f");
+    auto refused = TokenAuthenticator::Parse(a + " alice * " + fields + "\n", "f");
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << fields;
     EXPECT_THAT(refused.status().message(), HasSubstr(message)) << fields;
   }

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -72,6 +73,13 @@ struct AsyncInfer {
 class TenantsTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    StartWith([](ServerOptions&) {});
+  }
+  // (Re)starts the server with the fixture's options and then `tweak`.
+  void StartWith(const std::function<void(ServerOptions&)>& tweak) {
+    stub_.reset();
+    if (server_ != nullptr) server_->Drain();
+    server_.reset();
     std::filesystem::remove_all(Dir());
     const std::string models = Dir() + "/models";
     testing::WriteModelDir(**MhaModel::Random(testing::SelfAttentionSpec(16, 2), 1),
@@ -81,13 +89,17 @@ class TenantsTest : public ::testing::Test {
       std::ofstream out(tokens);
       out << testing::HashHex("a-secret") << " alice *\n"
           << testing::HashHex("b-secret") << " bob *\n"
-          << testing::HashHex("r-secret") << " rater * rate=2\n";
+          << testing::HashHex("r-secret")
+          << " rater * rate=2\n"
+          // One request, then one each 1000 s: over its rate after one.
+          << testing::HashHex("s-secret") << " slow * rate=0.001\n";
     }
     ServerOptions o = testing::TestServerOptions(models, /*rest=*/true);
     o.drain_grace = absl::Milliseconds(500);
     o.auth_tokens_file = tokens;
     o.repository.batching.max_batch_size = 1;
     o.repository.batching.max_queue_size = 4;
+    tweak(o);
     server_ = testing::StartServer(o);
     ASSERT_NE(server_, nullptr);
     stub_ = v1::AttentionService::NewStub(testing::PlainChannel(*server_));
@@ -271,6 +283,72 @@ TEST_F(TenantsTest, ARateLimitedTokenGetsARetryHint) {
   EXPECT_EQ(res->status, 429) << res->body;
   EXPECT_EQ(res->Header("Retry-After"), "1");
   EXPECT_GE(Refusals(Series("rater"), TenantRefusal::kRate), 2);
+}
+
+// KNOWN GAP (review of issue 37), disabled until fixed: attention.v1 Infer
+// (server/frontends/grpc/async_infer_call.cc, FinishWithError with
+// wire::ToGrpcStatus(status_)) sends no grpc-retry-pushback-ms trailer, as
+// ModelInfer, Append and CreateSession do. The fix there: ToGrpcStatus(status_,
+// &context) before FinishWithError. Fails today.
+TEST_F(TenantsTest, DISABLED_AnInferOverTheRateCarriesTheRetryTrailer) {
+  ASSERT_TRUE(Infer("s-secret").ok());  // The one request its rate allows.
+  AsyncInfer call;
+  call.Start(stub_.get(), "s-secret");
+  call.done.WaitForNotification();
+  EXPECT_EQ(call.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  const auto& trailers = call.ctx.GetServerTrailingMetadata();
+  EXPECT_NE(trailers.find("grpc-retry-pushback-ms"), trailers.end());
+}
+
+// A cross session's creation queues (its keys are projected on the
+// batcher), so it is rated; refused over the rate, it must change nothing:
+// creating first would have evicted the caller's own idle session to make
+// room under max_sessions_per_tenant.
+TEST_F(TenantsTest, ACrossSessionOverTheRateEvictsNothing) {
+  StartWith([](ServerOptions& o) {
+    o.sessions.max_sessions_per_tenant = 1;
+    o.sessions.evict_grace = absl::ZeroDuration();
+  });
+  auto sessions = v1::SessionService::NewStub(testing::PlainChannel(*server_));
+  v1::SessionInfo held;
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer s-secret");
+    v1::CreateSessionRequest request;
+    request.set_model("small");
+    request.set_kind(v1::SESSION_KIND_SELF);
+    const grpc::Status created = sessions->CreateSession(&context, request, &held);
+    ASSERT_TRUE(created.ok()) << created.error_message();  // Not queued: not rated.
+  }
+  ASSERT_TRUE(Infer("s-secret").ok());  // The one request its rate allows.
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer s-secret");
+    v1::CreateSessionRequest request;
+    request.set_model("small");
+    request.set_kind(v1::SESSION_KIND_CROSS);
+    std::mt19937 rng(3);
+    testing::ToProto(testing::RandomTensor({5, 16}, rng), request.mutable_key());
+    v1::SessionInfo info;
+    const grpc::Status refused = sessions->CreateSession(&context, request, &info);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(refused.error_message(), HasSubstr("rate: caller 'slow'"));
+    const auto& trailers = context.GetServerTrailingMetadata();
+    EXPECT_NE(trailers.find("grpc-retry-pushback-ms"), trailers.end());
+  }
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer s-secret");
+  v1::GetSessionRequest get;
+  get.set_session_id(held.session_id());
+  v1::SessionInfo info;
+  const grpc::Status still = sessions->GetSession(&context, get, &info);
+  EXPECT_TRUE(still.ok()) << still.error_message();
+  EXPECT_EQ(
+      server_->repository()
+          ->Find("small")
+          ->metrics->session_ends[static_cast<int>(server::SessionEnd::kEvictedTenantSessions)]
+          ->Value(),
+      0);
 }
 
 }  // namespace

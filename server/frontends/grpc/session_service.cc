@@ -129,6 +129,11 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
         "tokens are its keys");
   }
   if (status.ok() && !cross) status = session_model->engine->SupportsSelf();
+  // A cross session's keys are projected on the batcher: its tenant and rate
+  // first, so that a call over the caller's rate holds, creates and evicts
+  // nothing (creating may evict the caller's own idle sessions).
+  auto pending = std::make_unique<PendingRequest>();
+  if (status.ok() && cross) status = requests_->Tag(*call, *served, pending.get());
   // A cross session's keys and values are held until projected.
   const int64_t admitted = cross ? static_cast<int64_t>(request->ByteSizeLong()) : 0;
   if (status.ok() && cross) status = requests_->Admit(admitted);
@@ -151,14 +156,6 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
     return reactor;
   }
   // The keys are projected on the batcher; the request's bytes live until Finish.
-  auto pending = std::make_unique<PendingRequest>();
-  status = requests_->Tag(*call, *served, pending.get());
-  if (!status.ok()) {  // Over the caller's rate.
-    requests_->Release(admitted);
-    (void)manager->Close(session->id);
-    finish(served, status);
-    return reactor;
-  }
   pending->working_bytes = session_model->engine->CrossWorkingBytes(work->key_count);
   {  // The fair queue's cost: projecting the fixed keys and values.
     const MhaSpec& spec = session_model->engine->spec();
