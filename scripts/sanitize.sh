@@ -164,7 +164,7 @@ fuzzers=(model_dir_fuzzer infer_request_fuzzer npy_fuzzer session_fuzzer oip_req
 # HttpServerTest drives it from raw sockets.
 tsan_runs=(
   "core_engine_tsan_test --gtest_filter=MhaEngineTest.ConcurrentCalls*"
-  "server_unit_test --gtest_filter=DynamicBatcherTest.*:InflightBudgetTest.*:HttpServerTest.*:ParsePoolTest.*"
+  "server_unit_test --gtest_filter=DynamicBatcherTest.*:DynamicBatcherTenantsTest.*:InflightBudgetTest.*:HttpServerTest.*:ParsePoolTest.*"
 )
 tsan_targets=(core_engine_tsan_test server_unit_test)
 

@@ -61,7 +61,7 @@ ABSL_FLAG(int64_t, max_queue_delay_us, 0,
           "Default longest wait of the oldest queued request for company, in microseconds "
           "(0: batch only what queued up while the previous batch computed).");
 ABSL_FLAG(int64_t, max_queue_size, 1024,
-          "Default queued requests per model beyond which new ones get RESOURCE_EXHAUSTED.");
+          "Queued requests per model before RESOURCE_EXHAUSTED (with tokens, shared by weight).");
 ABSL_FLAG(int, http_port, 8000,
           "KServe v2 REST port (HTTP/JSON, Triton's binary tensor extension), with the gRPC "
           "port's TLS and tokens; 0 turns REST off.");

@@ -130,17 +130,23 @@ const inference::ModelInferResponse& ResultOf(const inference::ModelStreamInferR
   return r.infer_response();
 }
 
+// Hands a worker its next request: false when the level is over; else
+// *start is when the request is due (now, in a closed loop; its slot in the
+// schedule with --rate, slept until), the time its latency counts from, so
+// that a request the workers could not send on time counts its wait (no
+// coordinated omission).
+using Taker = std::function<bool(absl::Time* start)>;
+
 // One worker's unary loop: `call(context, request, response)` per request.
 template <typename Request, typename Response, typename Call>
 void UnaryLoop(const std::vector<PooledRequest>& pool, size_t next, int64_t deadline_ms,
-               const std::function<bool()>& take, std::atomic<int64_t>* done, Call call,
-               WorkerStats* st) {
-  while (take()) {
+               const Taker& take, std::atomic<int64_t>* done, Call call, WorkerStats* st) {
+  absl::Time t0;
+  while (take(&t0)) {
     const PooledRequest& p = pool[next++ % pool.size()];
     grpc::ClientContext ctx;
     SetDeadline(&ctx, deadline_ms);
     Response response;
-    const absl::Time t0 = absl::Now();
     const grpc::Status status =
         call(&ctx, RequestOf(p, static_cast<const Request*>(nullptr)), &response);
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
@@ -161,16 +167,15 @@ constexpr int kMaxReopens = 3;
 
 template <typename Request, typename Response, typename Open>
 void StreamLoop(const std::vector<PooledRequest>& pool, size_t next, int64_t stream_deadline_ms,
-                const std::function<bool()>& take, std::atomic<int64_t>* done, Open open,
-                WorkerStats* st) {
+                const Taker& take, std::atomic<int64_t>* done, Open open, WorkerStats* st) {
   static constexpr absl::Duration kBackoff[kMaxReopens] = {
       absl::Milliseconds(50), absl::Milliseconds(200), absl::Milliseconds(500)};
   std::unique_ptr<grpc::ClientContext> ctx;
   std::unique_ptr<grpc::ClientReaderWriter<Request, Response>> stream;
-  while (take()) {
+  absl::Time t0;
+  while (take(&t0)) {
     const PooledRequest& p = pool[next++ % pool.size()];
     const Request& request = RequestOf(p, static_cast<const Request*>(nullptr));
-    const absl::Time t0 = absl::Now();
     Response response;
     ++*done;
     bool answered = false;
@@ -239,6 +244,9 @@ absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--protocol must be attention or kserve, got ", o.protocol));
   }
+  if (o.rate < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--rate must be >= 0, got ", o.rate));
+  }
   if (o.seq_len.min < 1 || o.batch < 1) {
     return absl::InvalidArgumentError("--seq_len and --batch must be at least 1");
   }
@@ -256,13 +264,26 @@ absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& o) {
     std::atomic<int64_t> done{0};
     const absl::Time start = absl::Now();
     const absl::Time end = o.requests > 0 ? absl::InfiniteFuture() : start + o.duration;
-    auto take = [&] { return absl::Now() < end && remaining.fetch_sub(1) > 0; };
+    std::atomic<int64_t> scheduled{0};
+    Taker take = [&](absl::Time* due) {
+      if (!(absl::Now() < end && remaining.fetch_sub(1) > 0)) return false;
+      if (o.rate <= 0) {
+        *due = absl::Now();
+        return true;
+      }
+      // Open loop: the k-th request of the level is due at start + k / rate.
+      *due = start + absl::Seconds(static_cast<double>(scheduled.fetch_add(1)) / o.rate);
+      if (*due >= end) return false;
+      const absl::Time now = absl::Now();
+      if (*due > now) absl::SleepFor(*due - now);
+      return true;
+    };
     std::vector<std::thread> workers;
     for (int w = 0; w < concurrency; ++w) {
       workers.emplace_back([&, w] {
         WorkerStats& st = stats[w];
         const size_t next = static_cast<size_t>(w) % pool.size();
-        const std::function<bool()> taker = take;
+        const Taker& taker = take;
         const bool kserve = o.protocol == "kserve";
         if (o.rpc == "unary") {
           if (kserve) {

@@ -1,9 +1,10 @@
 // File: client/cli/load_generator.h
 //
-// A closed-loop load generator in the manner of Triton's perf_analyzer: for
-// each concurrency level, that many workers each keep one request in flight
+// A load generator in the manner of Triton's perf_analyzer: for each
+// concurrency level, that many workers each keep one request in flight
 // (unary calls, or one bidi stream per worker), for a duration or a number
-// of requests; a stream the server closes is reopened and its request in
+// of requests, or (with `rate`) send requests on a fixed schedule, at most
+// that many in flight; a stream the server closes is reopened and its request in
 // flight re-sent. It measures client-side latency percentiles, throughput,
 // errors by status code, and the server's own split (queue vs compute, and
 // batch size, from the response timing fields). Every response's shape is
@@ -36,7 +37,11 @@ struct LoadOptions {
   int64_t deadline_ms = 10000;
   std::vector<int> concurrency = {1};
   absl::Duration duration = absl::Seconds(10);
-  int64_t requests = 0;       // Per level; > 0 replaces the duration.
+  int64_t requests = 0;  // Per level; > 0 replaces the duration.
+  // Requests per second in all, sent on a fixed schedule by the level's
+  // workers (an open loop; latency counts from each request's due time);
+  // 0: a closed loop, each worker sending its next request once answered.
+  double rate = 0;
   std::string rpc = "unary";  // "unary" or "stream".
   // "attention" (attention.v1 Infer / InferStream) or "kserve" (the Open
   // Inference Protocol's ModelInfer / ModelStreamInfer, raw contents).

@@ -84,6 +84,10 @@ ABSL_FLAG(std::string, service, "", "health: service name ('' = the whole server
 ABSL_FLAG(std::string, concurrency, "1", "load: comma-separated concurrency levels.");
 ABSL_FLAG(std::string, duration, "10s", "load: duration per level (e.g. 10s, 500ms).");
 ABSL_FLAG(int64_t, requests, 0, "load: requests per level instead of a duration.");
+ABSL_FLAG(double, rate, 0,
+          "load: requests per second, sent on a fixed schedule by the level's workers (an open "
+          "loop: latency counts from each request's due time, so a late send counts its wait); "
+          "0: a closed loop, each worker sending its next request once answered.");
 ABSL_FLAG(std::string, rpc, "unary", "load: unary or stream.");
 ABSL_FLAG(std::string, protocol, "attention",
           "load: attention (attention.v1 Infer/InferStream) or kserve (the Open Inference "
@@ -311,6 +315,8 @@ int Load() {
     return Fail("--duration: expected e.g. 10s or 500ms", 2);
   }
   o.requests = absl::GetFlag(FLAGS_requests);
+  o.rate = absl::GetFlag(FLAGS_rate);
+  if (o.rate < 0) return Fail("--rate: expected requests per second >= 0", 2);
   o.rpc = absl::GetFlag(FLAGS_rpc);
   o.protocol = absl::GetFlag(FLAGS_protocol);
   o.batch = absl::GetFlag(FLAGS_batch);

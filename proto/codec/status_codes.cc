@@ -1,6 +1,9 @@
 #include "proto/codec/status_codes.h"
 
+#include <optional>
 #include <string>
+
+#include "core/retry_after.h"
 
 namespace attention::wire {
 
@@ -15,6 +18,14 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (message.size() > kMaxMessageBytes) text += "... (message cut)";
   if (text.empty()) text = "error";  // Triton's clients take an empty message for success.
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::move(text));
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status, grpc::ServerContextBase* context) {
+  if (const std::optional<absl::Duration> after = RetryAfterOf(status); after.has_value()) {
+    context->AddTrailingMetadata("grpc-retry-pushback-ms",
+                                 std::to_string(absl::ToInt64Milliseconds(*after)));
+  }
+  return ToGrpcStatus(status);
 }
 
 absl::string_view StatusCodeName(absl::StatusCode code) {

@@ -13,6 +13,11 @@
 namespace attention::wire {
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
+// The same, for a unary call answered on `context`: a retry hint on the
+// status (core/retry_after.h: a rate's refusal) also goes out as the
+// `grpc-retry-pushback-ms` trailer (gRFC A6), which gRPC clients with a
+// retry policy honour.
+grpc::Status ToGrpcStatus(const absl::Status& status, grpc::ServerContextBase* context);
 
 // "OK", "INVALID_ARGUMENT", ... as Prometheus labels and logs spell them.
 absl::string_view StatusCodeName(absl::StatusCode code);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
+#include "core/status_macros.h"
 #include "server/batching/batch_runner.h"
 #include "server/batching/outcome_flush.h"
 
@@ -26,6 +27,98 @@ void FlushOutcomes(const Requests& requests, Get get) {
     flushed.push_back(f);
     f->Flush();
   }
+}
+
+// Session work: steps are packed, not padded, so only their tokens add up;
+// a cross session's creation goes alone.
+std::vector<FairQueue::Position> PickSessionBatch(const FairQueue& queue,
+                                                  const BatchingOptions& options, bool* ready) {
+  std::vector<FairQueue::Position> picked;
+  int64_t tokens = 0, working = 0;
+  queue.Visit([&](const PendingRequest& r, FairQueue::Position p) {
+    if (picked.empty()) {  // The head.
+      picked.push_back(p);
+      tokens = r.tokens();
+      working = r.working_bytes;
+      *ready = options.max_batch_size == 1 || r.session->kind == SessionWork::Kind::kInitCross;
+      return !*ready;
+    }
+    if (static_cast<int64_t>(picked.size()) >= options.max_batch_size) return false;
+    if (r.session == nullptr || r.session->kind != SessionWork::Kind::kAppend) return true;
+    if (tokens + r.tokens() > options.max_batch_tokens) {
+      *ready = true;
+      return false;
+    }
+    // Steps' working memory adds up; a step that does not fit waits.
+    if (working + r.working_bytes > options.max_working_bytes) return true;
+    working += r.working_bytes;
+    tokens += r.tokens();
+    picked.push_back(p);
+    return true;
+  });
+  if (static_cast<int64_t>(picked.size()) >= options.max_batch_size) *ready = true;
+  return picked;
+}
+
+// The next batch, head first: the fair queue's head, then, in fair order,
+// every request that can share its batch (the rules of the header). A request
+// that cannot join keeps its place for a later batch. *ready: it must go now
+// (full, or nothing more can join it). The queue must not be empty.
+std::vector<FairQueue::Position> PickBatch(const FairQueue& queue, const BatchingOptions& options,
+                                           const MhaEngine& engine, bool* ready) {
+  const PendingRequest& first = queue.Head();
+  *ready = false;
+  if (first.session != nullptr) return PickSessionBatch(queue, options, ready);
+  const bool self_attention = first.call.self_attention;
+  std::vector<FairQueue::Position> picked;
+  int64_t items = first.call.batch, max_l = first.call.queries, real = first.tokens();
+  int64_t max_s = first.call.keys, real_keys = first.key_tokens();
+  bool weights = first.inputs.need_weights;
+  const int64_t heads = engine.model().spec().num_heads;
+  queue.Visit([&](const PendingRequest& r, FairQueue::Position p) {
+    if (picked.empty()) {  // The head.
+      picked.push_back(p);
+      // A request that alone exceeds the key-token limit (long
+      // cross-attention keys) goes by itself: padding others to its keys
+      // could take any memory.
+      *ready = options.max_batch_size == 1 || first.key_tokens() > options.max_batch_tokens;
+      return !*ready;
+    }
+    if (static_cast<int64_t>(picked.size()) >= options.max_batch_size) return false;
+    if (r.call.self_attention != self_attention || r.session != nullptr) return true;
+    const int64_t l = std::max(max_l, r.call.queries);
+    const int64_t padded = (items + r.call.batch) * l;
+    if (padded > options.max_batch_tokens) {
+      *ready = true;  // The batch cannot grow past the token limit.
+      return false;
+    }
+    if (padded > options.max_padding_ratio * static_cast<double>(real + r.tokens())) {
+      return true;  // Leave it for a batch of its own length.
+    }
+    // The same two rules for keys: every item is padded to the longest key.
+    const int64_t s = std::max(max_s, r.call.keys);
+    const int64_t padded_keys = (items + r.call.batch) * s;
+    if (padded_keys > options.max_batch_tokens ||
+        padded_keys > options.max_padding_ratio * static_cast<double>(real_keys + r.key_tokens())) {
+      return true;
+    }
+    const bool with_weights = weights || r.inputs.need_weights;
+    if ((with_weights && padded * heads * s * 4 > options.max_batch_weights_bytes) ||
+        BatchWorkingBytes(engine, items + r.call.batch, l, s, self_attention, with_weights) >
+            options.max_working_bytes) {
+      return true;  // The batch's weights or working memory would grow too large.
+    }
+    max_s = s;
+    weights |= r.inputs.need_weights;
+    picked.push_back(p);
+    items += r.call.batch;
+    max_l = l;
+    real += r.tokens();
+    real_keys += r.key_tokens();
+    return true;
+  });
+  if (static_cast<int64_t>(picked.size()) >= options.max_batch_size) *ready = true;
+  return picked;
 }
 
 }  // namespace
@@ -57,7 +150,8 @@ DynamicBatcher::DynamicBatcher(const MhaEngine* engine, BatchingOptions options,
       options_(options),
       metrics_(metrics),
       compute_mutex_(compute_mutex),
-      compute_threads_(compute_threads) {
+      compute_threads_(compute_threads),
+      queue_(options.max_queue_size, metrics->tenants.get()) {
   // The model's gauges add up its versions' queues (several are resident
   // while one replaces another): each batcher adds its own share.
   metrics_->queue_capacity->Increment(static_cast<double>(options_.max_queue_size));
@@ -79,7 +173,7 @@ DynamicBatcher::~DynamicBatcher() {
 }
 
 void DynamicBatcher::ReportDepthLocked() {
-  const auto depth = static_cast<int64_t>(queue_.size());
+  const int64_t depth = queue_.size();
   metrics_->queue_depth->Increment(static_cast<double>(depth - depth_reported_));
   depth_reported_ = depth;
 }
@@ -94,7 +188,7 @@ void DynamicBatcher::Stop() {
 
 int64_t DynamicBatcher::queue_depth() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(queue_.size());
+  return queue_.size();
 }
 
 absl::Status DynamicBatcher::Enqueue(std::unique_ptr<PendingRequest> request) {
@@ -118,19 +212,22 @@ absl::Status DynamicBatcher::Enqueue(std::unique_ptr<PendingRequest> request) {
                        options_.max_batch_weights_bytes, " (its memory plan)"));
     }
   }
+  const double cost = request->cost > 0 ? request->cost
+                                        : ForwardFlops(engine_->model().spec(), request->call.batch,
+                                                       request->call.queries, request->call.keys);
   bool wake = false;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("server is shutting down");
-    if (static_cast<int64_t>(queue_.size()) >= options_.max_queue_size) {
-      return absl::ResourceExhaustedError(absl::StrCat("queue is full: ", queue_.size(),
-                                                       " requests waiting (max_queue_size ",
-                                                       options_.max_queue_size, ")"));
-    }
     request->enqueued = absl::Now();
-    queue_.push_back(std::move(request));
+    request->cost = cost;
+    const PendingRequest* added = request.get();
+    FairQueue::Evicted evicted;
+    RETURN_IF_ERROR(queue_.Push(request, cost, &evicted));
+    if (evicted.request != nullptr) evicted_.push_back(std::move(evicted));
     ReportDepthLocked();
-    wake = MustWake(*queue_.back());
+    // A pushed-out request is answered on the batcher's thread.
+    wake = MustWake(*added) || (!evicted_.empty() && sleeping_until_ != absl::InfinitePast());
   }
   if (wake) wake_.Signal();
   return absl::OkStatus();
@@ -143,110 +240,31 @@ bool DynamicBatcher::MustWake(const PendingRequest& added) const {
   if (queue_.size() == 1 || added.deadline < sleeping_until_) return true;
   // Asleep until the oldest request's delay runs out: only a batch that
   // must go now is worth waking for (one wake-up per batch, not per request).
-  if (static_cast<int64_t>(queue_.size()) >= options_.max_batch_size) return true;
+  if (queue_.size() >= options_.max_batch_size) return true;
   bool ready = false;
-  PickBatch(&ready);
+  PickBatch(queue_, options_, *engine_, &ready);
   return ready;
-}
-
-std::vector<size_t> DynamicBatcher::PickBatch(bool* ready) const {
-  const PendingRequest& first = *queue_.front();
-  if (first.session != nullptr) return PickSessionBatch(ready);
-  const bool self_attention = first.call.self_attention;
-  std::vector<size_t> picked = {0};
-  int64_t items = first.call.batch, max_l = first.call.queries, real = first.tokens();
-  int64_t max_s = first.call.keys, real_keys = first.key_tokens();
-  bool weights = first.inputs.need_weights;
-  // A request that alone exceeds the key-token limit (long cross-attention
-  // keys) goes by itself: padding others to its keys could take any memory.
-  *ready = options_.max_batch_size == 1 || first.key_tokens() > options_.max_batch_tokens;
-  for (size_t i = 1; i < queue_.size() && !*ready; ++i) {
-    if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) break;
-    const PendingRequest& r = *queue_[i];
-    if (r.call.self_attention != self_attention || r.session != nullptr) continue;
-    const int64_t l = std::max(max_l, r.call.queries);
-    const int64_t padded = (items + r.call.batch) * l;
-    if (padded > options_.max_batch_tokens) {
-      *ready = true;  // The batch cannot grow past the token limit.
-      break;
-    }
-    if (padded > options_.max_padding_ratio * static_cast<double>(real + r.tokens())) {
-      continue;  // Leave it for a batch of its own length.
-    }
-    // The same two rules for keys: every item is padded to the longest key.
-    const int64_t s = std::max(max_s, r.call.keys);
-    const int64_t padded_keys = (items + r.call.batch) * s;
-    if (padded_keys > options_.max_batch_tokens ||
-        padded_keys >
-            options_.max_padding_ratio * static_cast<double>(real_keys + r.key_tokens())) {
-      continue;
-    }
-    const bool with_weights = weights || r.inputs.need_weights;
-    if ((with_weights &&
-         padded * engine_->model().spec().num_heads * s * 4 > options_.max_batch_weights_bytes) ||
-        BatchWorkingBytes(*engine_, items + r.call.batch, l, s, self_attention, with_weights) >
-            options_.max_working_bytes) {
-      continue;  // The batch's weights or working memory would grow too large.
-    }
-    max_s = s;
-    weights |= r.inputs.need_weights;
-    picked.push_back(i);
-    items += r.call.batch;
-    max_l = l;
-    real += r.tokens();
-    real_keys += r.key_tokens();
-  }
-  if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) *ready = true;
-  return picked;
-}
-
-std::vector<size_t> DynamicBatcher::PickSessionBatch(bool* ready) const {
-  // Steps are packed, not padded: only their tokens add up. A cross
-  // session's creation goes alone.
-  std::vector<size_t> picked = {0};
-  int64_t tokens = queue_.front()->tokens();
-  int64_t working = queue_.front()->working_bytes;
-  *ready = options_.max_batch_size == 1 ||
-           queue_.front()->session->kind == SessionWork::Kind::kInitCross;
-  for (size_t i = 1; i < queue_.size() && !*ready; ++i) {
-    if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) break;
-    const PendingRequest& r = *queue_[i];
-    if (r.session == nullptr || r.session->kind != SessionWork::Kind::kAppend) continue;
-    if (tokens + r.tokens() > options_.max_batch_tokens) {
-      *ready = true;
-      break;
-    }
-    // Steps' working memory adds up; a step that does not fit waits.
-    if (working + r.working_bytes > options_.max_working_bytes) continue;
-    working += r.working_bytes;
-    tokens += r.tokens();
-    picked.push_back(i);
-  }
-  if (static_cast<int64_t>(picked.size()) >= options_.max_batch_size) *ready = true;
-  return picked;
 }
 
 void DynamicBatcher::DropDead(
     absl::Time now,
     std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>>* dropped) {
-  for (auto it = queue_.begin(); it != queue_.end();) {
-    PendingRequest& r = **it;
-    absl::Status why;
-    // The deadline first: gRPC also cancels a call whose deadline passed.
-    if (now >= r.deadline) {
-      why = absl::DeadlineExceededError(
-          absl::StrCat("deadline passed after ", absl::ToInt64Microseconds(now - r.enqueued),
-                       " us in the queue; the request was not computed"));
-    } else if (r.is_cancelled && r.is_cancelled()) {
-      why = absl::CancelledError("request was cancelled while queued");
-    }
-    if (why.ok()) {
-      ++it;
-      continue;
-    }
-    dropped->emplace_back(std::move(*it), why);
-    it = queue_.erase(it);
-  }
+  for (FairQueue::Evicted& e : evicted_) dropped->emplace_back(std::move(e.request), e.why);
+  evicted_.clear();
+  queue_.RemoveIf(
+      [now](const PendingRequest& r) {
+        // The deadline first: gRPC also cancels a call whose deadline passed.
+        if (now >= r.deadline) {
+          return absl::DeadlineExceededError(
+              absl::StrCat("deadline passed after ", absl::ToInt64Microseconds(now - r.enqueued),
+                           " us in the queue; the request was not computed"));
+        }
+        if (r.is_cancelled && r.is_cancelled()) {
+          return absl::CancelledError("request was cancelled while queued");
+        }
+        return absl::OkStatus();
+      },
+      dropped);
 }
 
 void DynamicBatcher::Loop() {
@@ -259,30 +277,25 @@ void DynamicBatcher::Loop() {
     std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>> dropped;
     {
       absl::MutexLock lock(&mu_);
-      while (queue_.empty() && !exit_) {
+      while (queue_.empty() && evicted_.empty() && !exit_) {
         sleeping_until_ = absl::InfiniteFuture();
         wake_.Wait(&mu_);
       }
       sleeping_until_ = absl::InfinitePast();
-      if (queue_.empty()) return;  // Exiting with nothing left to compute.
+      if (queue_.empty() && evicted_.empty()) return;  // Exiting with nothing left to do.
       const absl::Time now = absl::Now();
       DropDead(now, &dropped);
       if (!queue_.empty()) {
         bool ready = false;
-        std::vector<size_t> picked = PickBatch(&ready);
+        std::vector<FairQueue::Position> picked = PickBatch(queue_, options_, *engine_, &ready);
         const absl::Time send_at =
-            queue_.front()->enqueued + absl::Microseconds(options_.max_queue_delay_us);
+            queue_.OldestEnqueued() + absl::Microseconds(options_.max_queue_delay_us);
         if (ready || stopping_ || now >= send_at) {
-          for (auto it = picked.rbegin(); it != picked.rend(); ++it) {
-            batch.push_back(std::move(queue_[*it]));
-            queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(*it));
-          }
-          std::reverse(batch.begin(), batch.end());
+          batch = queue_.Take(picked);
         } else if (dropped.empty()) {
           // Sleep until the oldest request's delay runs out, the earliest
           // deadline passes, or a request arrives.
-          absl::Time wake_at = send_at;
-          for (const auto& r : queue_) wake_at = std::min(wake_at, r->deadline);
+          const absl::Time wake_at = std::min(send_at, queue_.EarliestDeadline());
           sleeping_until_ = wake_at;
           wake_.WaitWithDeadline(&mu_, wake_at);
           sleeping_until_ = absl::InfinitePast();
@@ -366,6 +379,10 @@ void DynamicBatcher::Execute(std::vector<std::unique_ptr<PendingRequest>> batch)
     outcomes[i].compute_us = absl::ToInt64Microseconds(compute);
     metrics_->queue_duration->Observe(absl::ToDoubleSeconds(start - batch[i]->enqueued));
     metrics_->stats->Queued(start - batch[i]->enqueued);
+    if (const TenantSeries* tenant = batch[i]->tenant_series; tenant != nullptr) {
+      tenant->queue_duration->Observe(absl::ToDoubleSeconds(start - batch[i]->enqueued));
+      tenant->flops->Increment(batch[i]->cost);
+    }
     batch[i]->done(std::move(outcomes[i]));
   }
   FlushOutcomes(batch, [](const auto& r) { return r.get(); });

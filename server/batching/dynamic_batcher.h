@@ -10,7 +10,10 @@
 // the key tokens, computed; padded key tokens (items x longest key) are
 // bounded by max_batch_tokens too, and a request whose own keys exceed it
 // runs alone.
-// The oldest request always goes first. Self-attention requests and requests
+// Requests queue per tenant (the caller's token) and are served in weighted
+// fair order (FairQueue): the head of that order goes first, and the batch
+// fills with the requests that can join it, of any tenant, in that order.
+// With one tenant (no tokens) the order is arrival. Self-attention requests and requests
 // with their own key/value are batched separately, and session work (steps
 // of different sessions, packed without padding up to max_batch_tokens) only
 // with session work, run by the session runner.
@@ -26,7 +29,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,6 +42,7 @@
 #include "absl/time/time.h"
 #include "core/mha_engine.h"
 #include "server/batching/batch_runner.h"
+#include "server/batching/fair_queue.h"
 #include "server/batching/pending_request.h"
 #include "server/metrics/metrics.h"
 
@@ -79,7 +82,9 @@ class DynamicBatcher {
   DynamicBatcher& operator=(const DynamicBatcher&) = delete;
 
   // Queues `request`. OK: the batcher owns it and will call its `done`
-  // exactly once. RESOURCE_EXHAUSTED when the queue is full, INVALID_ARGUMENT
+  // exactly once (RESOURCE_EXHAUSTED if it is later pushed out of the full
+  // queue for a tenant under its share). RESOURCE_EXHAUSTED when the queue is
+  // full and the request's tenant holds its share of it, INVALID_ARGUMENT
   // when the request alone exceeds max_batch_tokens, RESOURCE_EXHAUSTED
   // when its attention weights alone exceed max_batch_weights_bytes,
   // UNAVAILABLE after
@@ -116,11 +121,7 @@ class DynamicBatcher {
   void Loop();
   // Adds the change in queue_'s size to the model's queue_depth gauge.
   void ReportDepthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Picks the next batch from the queue (oldest first). Sets *ready when it
-  // must go now (full, or nothing more can join it).
-  std::vector<size_t> PickBatch(bool* ready) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<size_t> PickSessionBatch(bool* ready) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether Enqueue() of `added` (now the queue's last) must wake the
+  // Whether Enqueue() of `added` (now queued) must wake the
   // batcher: it sleeps on an empty queue, or `added` expires before the
   // batcher would wake, or a batch is ready to go.
   bool MustWake(const PendingRequest& added) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -146,7 +147,10 @@ class DynamicBatcher {
 
   mutable absl::Mutex mu_;
   absl::CondVar wake_;
-  std::deque<std::unique_ptr<PendingRequest>> queue_ ABSL_GUARDED_BY(mu_);
+  FairQueue queue_ ABSL_GUARDED_BY(mu_);
+  // Requests pushed out of a full queue for a tenant under its share, to be
+  // answered on the batcher's thread.
+  std::vector<FairQueue::Evicted> evicted_ ABSL_GUARDED_BY(mu_);
   // queue_'s size as last added to the model's queue_depth gauge.
   int64_t depth_reported_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

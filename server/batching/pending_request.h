@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/memory_meter.h"
 #include "core/mha_engine.h"
@@ -55,7 +56,18 @@ struct RequestOutcome {
   int64_t model_version = 0;
 };
 
+// Whom a request is queued for: the caller's token (its Principal), so that
+// FairQueue serves tenants fairly. Copying it copies one reference count;
+// `id` and `name` borrow the strings `owner` keeps alive.
+struct TenantTag {
+  std::shared_ptr<const void> owner;  // The caller's Principal; null: static strings.
+  absl::string_view id;               // Principal::id; "": the one tenant without tokens.
+  absl::string_view name = "-";       // Principal::name: the metrics label.
+  int64_t weight = 1;                 // The token's weight= (1 to 1000).
+};
+
 struct Session;
+struct TenantSeries;  // server/metrics/tenant_metrics.h
 class Admission;
 class OutcomeFlush;  // server/batching/outcome_flush.h
 
@@ -114,6 +126,13 @@ struct PendingRequest {
   // Session work: an upper bound of the working memory computing it takes
   // (the batcher keeps a batch's sum under its cap).
   int64_t working_bytes = 0;
+  TenantTag tenant;
+  // Its work in FLOPs, the fair queue's cost; 0: the batcher computes it
+  // from `call` (ForwardFlops).
+  double cost = 0;
+  // Set by the fair queue: the tenant's series, for the wait and work it
+  // observes when the request is computed (null without metrics).
+  const TenantSeries* tenant_series = nullptr;
 
   // Real query tokens: items x query length.
   int64_t tokens() const { return call.batch * call.queries; }

@@ -72,7 +72,8 @@ Metrics::Metrics(const std::string& version)
       inflight_bytes_limit_(&Register(prometheus::BuildGauge(), "attention_inflight_bytes_limit",
                                       "The in-flight byte budget (--max_inflight_bytes).",
                                       *registry_)
-                                 .Add({})) {
+                                 .Add({})),
+      tenant_families_(*registry_, DurationBuckets()) {
   auto& refusals = Register(prometheus::BuildCounter(), "attention_refusals_total",
                             "Calls refused before reaching a model, by code: UNAUTHENTICATED, "
                             "PERMISSION_DENIED, RESOURCE_EXHAUSTED (in-flight bytes).",
@@ -124,6 +125,7 @@ const ModelMetrics* Metrics::AddModel(const std::string& model) {
            {"code", std::string(wire::StatusCodeName(static_cast<absl::StatusCode>(code)))}});
     }
   }
+  m->tenants = std::make_unique<TenantMetrics>(&tenant_families_, model);
   slot = std::move(m);
   return slot.get();
 }

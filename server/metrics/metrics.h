@@ -23,6 +23,7 @@
 #include "prometheus/registry.h"
 #include "proto/codec/status_codes.h"
 #include "server/metrics/model_stats.h"
+#include "server/metrics/tenant_metrics.h"
 
 namespace attention::server {
 
@@ -84,6 +85,9 @@ struct ModelMetrics {
 
   // The same requests and batches in Triton's statistics form.
   std::unique_ptr<ModelStats> stats = std::make_unique<ModelStats>();
+  // attention_tenant_*{model, tenant}: each caller's queue, wait and work
+  // (null in tests that build a ModelMetrics by hand).
+  std::unique_ptr<TenantMetrics> tenants;
 
   void CountRequest(Method method, absl::StatusCode code) const {
     requests[static_cast<int>(method)][static_cast<int>(code)]->Increment();
@@ -144,6 +148,7 @@ class Metrics {
   prometheus::Gauge* inflight_bytes_;
   prometheus::Gauge* inflight_bytes_limit_;
   std::array<prometheus::Counter*, wire::kNumStatusCodes> refusals_{};
+  TenantFamilies tenant_families_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<ModelMetrics>> models_ ABSL_GUARDED_BY(mu_);
 };

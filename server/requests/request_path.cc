@@ -49,6 +49,26 @@ void RequestPath::Bind(const CallContext& call, PendingRequest* pending) {
   pending->is_cancelled = call.is_cancelled;
 }
 
+absl::Status RequestPath::Tag(const CallContext& call, const ServedModel& model,
+                              PendingRequest* pending) {
+  Bind(call, pending);
+  if (options_.authenticator == nullptr) return absl::OkStatus();  // One tenant.
+  ASSIGN_OR_RETURN(std::shared_ptr<const Principal> caller, Authenticate(call));
+  if (caller == nullptr) return absl::OkStatus();
+  absl::Status rate = rates_.Take(*caller, pending->tokens());
+  if (!rate.ok()) {
+    if (model.metrics != nullptr && model.metrics->tenants != nullptr) {
+      model.metrics->tenants->For(caller->name)->Refused(TenantRefusal::kRate);
+    }
+    return rate;
+  }
+  pending->tenant.id = caller->id;
+  pending->tenant.name = caller->name;
+  pending->tenant.weight = caller->weight;
+  pending->tenant.owner = std::move(caller);  // Keeps id and name alive.
+  return absl::OkStatus();
+}
+
 absl::Status RequestPath::CheckResponseSize(const ServedModel& model, const MhaInputs& in,
                                             const MhaCall& c, size_t id_bytes,
                                             int64_t* response_bytes) const {
@@ -254,7 +274,7 @@ absl::Status RequestPath::Finalize(std::unique_ptr<PendingRequest> pending, size
   pending->keep_alive = std::move(keep_alive);
   // Held by the call's leases since its lookup: the request now holds its own.
   pending->version_lease = prepared->model->shared_from_this();
-  Bind(call, pending.get());
+  RETURN_IF_ERROR(Tag(call, *prepared->model, pending.get()));
   prepared->pending = std::move(pending);
   return absl::OkStatus();
 }

@@ -34,6 +34,7 @@
 #include "server/requests/call_context.h"
 #include "server/requests/inflight_budget.h"
 #include "server/requests/request_log.h"
+#include "server/requests/tenant_rates.h"
 #include "server/security/token_authenticator.h"
 
 namespace attention::server {
@@ -185,6 +186,12 @@ class RequestPath {
   // Gives `pending` the deadline and the cancellation of `call`, which the
   // batcher checks while it is queued.
   static void Bind(const CallContext& call, PendingRequest* pending);
+  // Bind, then the tenant: the caller's token (its Principal) and weight, for
+  // the model's fair queue, after taking the request from the token's rate
+  // limits (RESOURCE_EXHAUSTED with a retry hint when over one, counted in
+  // attention_tenant_refusals_total{reason="rate"} of `model`). Without
+  // tokens every request is the one tenant.
+  absl::Status Tag(const CallContext& call, const ServedModel& model, PendingRequest* pending);
 
  private:
   // RESOURCE_EXHAUSTED, naming the sizes, when the response to `in` (output,
@@ -201,6 +208,7 @@ class RequestPath {
   std::atomic<ModelRepository*> repository_{nullptr};
   std::atomic<bool> draining_{false};
   InflightBudget budget_;
+  TenantRates rates_;  // The tokens' rate= and token_rate= limits.
   RequestLog log_;
   absl::Mutex mu_;
   int64_t inflight_ ABSL_GUARDED_BY(mu_) = 0;

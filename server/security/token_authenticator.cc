@@ -10,8 +10,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/status_macros.h"
 
 namespace attention::server {
 namespace {
@@ -49,6 +51,43 @@ int HexValue(char c) {
   return -1;
 }
 
+// One of an entry's optional `key=value` fields: weight (1 to 1000),
+// rate (requests per second) or token_rate (query tokens per second), each
+// at most once.
+absl::Status ParseOption(absl::string_view field, const std::string& where, bool seen[3],
+                         Principal* principal) {
+  const size_t eq = field.find('=');
+  const absl::string_view key = field.substr(0, eq);
+  const int which = key == "weight" ? 0 : key == "rate" ? 1 : key == "token_rate" ? 2 : -1;
+  if (eq == absl::string_view::npos || which < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "unknown field '", field.substr(0, 64),
+                     "'; after the models an entry takes weight=N, rate=R and token_rate=T"));
+  }
+  if (seen[which]) {
+    return absl::InvalidArgumentError(absl::StrCat(where, key, ": given twice"));
+  }
+  seen[which] = true;
+  const absl::string_view value = field.substr(eq + 1);
+  if (which == 0) {
+    int64_t weight = 0;
+    if (!absl::SimpleAtoi(value, &weight) || weight < 1 || weight > 1000) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "weight: expected an integer from 1 to 1000, got '", value.substr(0, 64), "'"));
+    }
+    principal->weight = weight;
+    return absl::OkStatus();
+  }
+  double rate = 0;
+  if (!absl::SimpleAtod(value, &rate) || !(rate > 0) || rate > 1e9) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, key, ": expected a number above 0 (per second), at most 1e9, got '",
+                     value.substr(0, 64), "'"));
+  }
+  (which == 1 ? principal->rate : principal->token_rate) = rate;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 TokenAuthenticator::Sha256 TokenAuthenticator::Hash(absl::string_view token) {
@@ -69,9 +108,12 @@ absl::StatusOr<std::vector<TokenAuthenticator::Entry>> TokenAuthenticator::Parse
         absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
     if (fields.empty()) continue;
     const std::string where = absl::StrCat(path, ":", line_number, ": ");
-    if (fields.size() != 3) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, "expected 3 fields '<sha256 hex> <name> <models or *>', got ", fields.size()));
+    if (fields.size() < 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       "expected '<sha256 hex> <name> <models or *> [weight=N] [rate=R] "
+                       "[token_rate=T]', got ",
+                       fields.size(), " fields"));
     }
     Entry entry;
     if (fields[0].size() != 64) {
@@ -110,6 +152,10 @@ absl::StatusOr<std::vector<TokenAuthenticator::Entry>> TokenAuthenticator::Parse
       } else {
         principal->models.insert(std::string(model));
       }
+    }
+    bool seen[3] = {false, false, false};
+    for (size_t i = 3; i < fields.size(); ++i) {
+      RETURN_IF_ERROR(ParseOption(fields[i], where, seen, principal.get()));
     }
     if (!principal->all_models && principal->models.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(

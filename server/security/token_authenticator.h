@@ -10,7 +10,14 @@
 //
 // The file, one entry per line ('#' starts a comment):
 //
-//   <sha256 of the token, 64 hex digits>  <name>  <models: a,b,c or *>
+//   <sha256 of the token, 64 hex digits>  <name>  <models: a,b,c or *>  [options]
+//
+// Options, each at most once: weight=N (1 to 1000, default 1), the token's
+// share of a busy model's compute against other tokens' (fair queuing,
+// server/batching/fair_queue.h); rate=R, at most R requests a second;
+// token_rate=T, at most T query tokens a second (a request's batch x query
+// length, an append's tokens). Over a rate, requests are refused
+// RESOURCE_EXHAUSTED with a retry hint. Without them: weight 1, no limit.
 //
 // A name is 1 to 128 characters of [A-Za-z0-9._:@/-], so that it can be
 // written into a log line as it is; names may repeat (hashes may not).
@@ -54,6 +61,9 @@ struct Principal {
   std::string name;
   bool all_models = false;
   absl::flat_hash_set<std::string> models;
+  int64_t weight = 1;     // weight=: the share of a busy model's compute.
+  double rate = 0;        // rate=: requests per second; 0: no limit.
+  double token_rate = 0;  // token_rate=: query tokens per second; 0: no limit.
 
   bool MayUse(absl::string_view model) const { return all_models || models.contains(model); }
 };

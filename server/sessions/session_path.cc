@@ -139,8 +139,15 @@ absl::Status SessionPath::PrepareStep(const Step& step, const SessionModel& m, b
   pending->call.batch = 1;
   pending->call.queries = t;
   pending->call.keys = t;
+  // The fair queue's cost: its projections and its rows over `columns` keys.
+  {
+    const double tokens = static_cast<double>(t), e = static_cast<double>(spec.embed_dim);
+    pending->cost = 4.0 * tokens * e * e +
+                    2.0 * tokens * static_cast<double>(spec.kdim + spec.vdim) * e +
+                    4.0 * tokens * static_cast<double>(columns) * e;
+  }
   pending->keep_alive = std::move(keep_alive);
-  RequestPath::Bind(call, pending.get());
+  RETURN_IF_ERROR(requests_->Tag(call, *m.served, pending.get()));
   work->kind = SessionWork::Kind::kAppend;
   work->max_response_bytes = max_response;
   work->id_bytes = static_cast<int64_t>(step.id_bytes);

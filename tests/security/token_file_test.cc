@@ -158,7 +158,7 @@ TEST(TokenFileTest, ParseErrorsNameTheLine) {
               HasSubstr("f:1: expected a SHA-256 hash of 64 hex digits"));
   const std::string hash = HashHex("x");
   EXPECT_THAT(TokenAuthenticator::Parse("# c\n\n" + hash + " alice\n", "f").status().message(),
-              HasSubstr("f:3: expected 3 fields"));
+              HasSubstr("f:3: expected '<sha256 hex> <name> <models or *> [weight=N]"));
   EXPECT_THAT(TokenAuthenticator::Parse(hash + " a *\n" + hash + " b *\n", "f").status().message(),
               HasSubstr("f:2: the same token hash as entry 'a'"));
   auto parsed = TokenAuthenticator::Parse(hash + " a m1,m2\n", "f");
@@ -166,6 +166,38 @@ TEST(TokenFileTest, ParseErrorsNameTheLine) {
   ASSERT_EQ(parsed->size(), 1u);
   EXPECT_TRUE((*parsed)[0].principal->MayUse("m2"));
   EXPECT_FALSE((*parsed)[0].principal->MayUse("m3"));
+}
+
+// Optional fields after the models: weight=, rate=, token_rate=.
+TEST(TokenFileTest, OptionsGiveWeightsAndRates) {
+  const std::string a = HashHex("a"), b = HashHex("b"), c = HashHex("c");
+  auto parsed = TokenAuthenticator::Parse(
+      a + " alice * weight=3\n" + b + " bob demo rate=20 token_rate=65536\n" + c + " carol *\n",
+      "f");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->size(), 3u);
+  EXPECT_EQ((*parsed)[0].principal->weight, 3);
+  EXPECT_EQ((*parsed)[0].principal->rate, 0);
+  EXPECT_EQ((*parsed)[1].principal->weight, 1);
+  EXPECT_EQ((*parsed)[1].principal->rate, 20);
+  EXPECT_EQ((*parsed)[1].principal->token_rate, 65536);
+  EXPECT_EQ((*parsed)[2].principal->weight, 1);
+  EXPECT_EQ((*parsed)[2].principal->token_rate, 0);
+  const std::pair<std::string, std::string> bad[] = {
+      {"weight=0", "f:1: weight: expected an integer from 1 to 1000, got '0'"},
+      {"weight=1001", "f:1: weight: expected an integer from 1 to 1000, got '1001'"},
+      {"weight=2.5", "f:1: weight: expected an integer from 1 to 1000, got '2.5'"},
+      {"rate=-1", "f:1: rate: expected a number above 0"},
+      {"token_rate=x", "f:1: token_rate: expected a number above 0"},
+      {"color=red", "f:1: unknown field 'color=red'"},
+      {"weight", "f:1: unknown field 'weight'"},
+      {"weight=2 weight=3", "f:1: weight: given twice"},
+  };
+  for (const auto& [fields, message] : bad) {
+    auto refused = TokenAuthenticator::Parse(a + " alice * " + fields + "\n", "f");
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << fields;
+    EXPECT_THAT(refused.status().message(), HasSubstr(message)) << fields;
+  }
 }
 
 }  // namespace

@@ -111,9 +111,10 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::ModelInfer(
     grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
     inference::ModelInferResponse* response) {
   auto* reactor = new AdmittedUnaryReactor();
-  protocol_->Infer(
-      CallOf(context, Method::kModelInfer), *request, response, reactor,
-      [reactor](const absl::Status& status) { reactor->Finish(wire::ToGrpcStatus(status)); });
+  protocol_->Infer(CallOf(context, Method::kModelInfer), *request, response, reactor,
+                   [reactor, context](const absl::Status& status) {
+                     reactor->Finish(wire::ToGrpcStatus(status, context));
+                   });
   return reactor;
 }
 

@@ -55,9 +55,10 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
   const CallRef call = CallOf(context, Method::kCreateSession);
   const ServedModel* served = nullptr;
   absl::Status status;
-  auto finish = [this, reactor, received, call](const ServedModel* model, const absl::Status& s) {
+  auto finish = [this, reactor, received, call, context](const ServedModel* model,
+                                                         const absl::Status& s) {
     requests_->Answered(model, *call, s, received);
-    reactor->Finish(wire::ToGrpcStatus(s));
+    reactor->Finish(wire::ToGrpcStatus(s, context));
   };
   SessionManager* manager = sessions_->ReadyManager(&status);
   if (manager != nullptr && requests_->draining()) {
@@ -128,6 +129,11 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
         "tokens are its keys");
   }
   if (status.ok() && !cross) status = session_model->engine->SupportsSelf();
+  // A cross session's keys are projected on the batcher: its tenant and rate
+  // first, so that a call over the caller's rate holds, creates and evicts
+  // nothing (creating may evict the caller's own idle sessions).
+  auto pending = std::make_unique<PendingRequest>();
+  if (status.ok() && cross) status = requests_->Tag(*call, *served, pending.get());
   // A cross session's keys and values are held until projected.
   const int64_t admitted = cross ? static_cast<int64_t>(request->ByteSizeLong()) : 0;
   if (status.ok() && cross) status = requests_->Admit(admitted);
@@ -150,9 +156,13 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
     return reactor;
   }
   // The keys are projected on the batcher; the request's bytes live until Finish.
-  auto pending = std::make_unique<PendingRequest>();
-  RequestPath::Bind(*call, pending.get());
   pending->working_bytes = session_model->engine->CrossWorkingBytes(work->key_count);
+  {  // The fair queue's cost: projecting the fixed keys and values.
+    const MhaSpec& spec = session_model->engine->spec();
+    pending->cost = 2.0 * static_cast<double>(work->key_count) *
+                    static_cast<double>(spec.kdim + spec.vdim) *
+                    static_cast<double>(spec.embed_dim);
+  }
   work->kind = SessionWork::Kind::kInitCross;
   work->session = session;
   pending->session = std::move(work);
@@ -255,7 +265,7 @@ grpc::ServerUnaryReactor* SessionServiceImpl::Append(grpc::CallbackServerContext
   }
   if (!status.ok()) {
     requests_->Answered(model, *call, status, received);
-    reactor->Finish(wire::ToGrpcStatus(status));
+    reactor->Finish(wire::ToGrpcStatus(status, context));
   }
   return reactor;
 }

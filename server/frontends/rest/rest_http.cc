@@ -1,6 +1,8 @@
 // File: server/frontends/rest/rest_http.cc
 #include "server/frontends/rest/rest_http.h"
 
+#include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -8,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/retry_after.h"
 #include "server/frontends/rest/rest_json.h"
 
 namespace attention::server {
@@ -24,6 +27,12 @@ void ReplyError(HttpResponse& res, const absl::Status& status) {
   res.SetHeader("Content-Type", "application/json");
   if (status.code() == absl::StatusCode::kUnauthenticated) {
     res.SetHeader("WWW-Authenticate", "Bearer");
+  }
+  // A rate's retry hint, in whole seconds (RFC 9110 10.2.3), at least 1.
+  if (const std::optional<absl::Duration> after = RetryAfterOf(status); after.has_value()) {
+    res.SetHeader("Retry-After",
+                  absl::StrCat(std::max<int64_t>(
+                      1, absl::ToInt64Seconds(absl::Ceil(*after, absl::Seconds(1))))));
   }
 }
 
