@@ -285,12 +285,9 @@ TEST_F(TenantsTest, ARateLimitedTokenGetsARetryHint) {
   EXPECT_GE(Refusals(Series("rater"), TenantRefusal::kRate), 2);
 }
 
-// KNOWN GAP (review of issue 37), disabled until fixed: attention.v1 Infer
-// (server/frontends/grpc/async_infer_call.cc, FinishWithError with
-// wire::ToGrpcStatus(status_)) sends no grpc-retry-pushback-ms trailer, as
-// ModelInfer, Append and CreateSession do. The fix there: ToGrpcStatus(status_,
-// &context) before FinishWithError. Fails today.
-TEST_F(TenantsTest, DISABLED_AnInferOverTheRateCarriesTheRetryTrailer) {
+// attention.v1 Infer (the async path) carries the retry hint as a trailer
+// too, as ModelInfer, Append and CreateSession do.
+TEST_F(TenantsTest, AnInferOverTheRateCarriesTheRetryTrailer) {
   ASSERT_TRUE(Infer("s-secret").ok());  // The one request its rate allows.
   AsyncInfer call;
   call.Start(stub_.get(), "s-secret");

@@ -175,7 +175,7 @@ void AsyncInferCall::Finish() {
   if (status_.ok()) {
     responder_.Finish(response_bytes_, grpc::Status::OK, &finished_);
   } else {
-    responder_.FinishWithError(wire::ToGrpcStatus(status_), &finished_);
+    responder_.FinishWithError(wire::ToGrpcStatus(status_, &context_), &finished_);
   }
   // gRPC holds its own reference to the serialized bytes; a refused
   // request's echoed id goes too.
