@@ -23,7 +23,9 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "server/frontends/rest/http_server.h"
 #include "tests/fuzz/fuzz_entries.h"
 
@@ -79,19 +81,36 @@ int Port() {
 
 }  // namespace
 
-absl::Status FuzzOneHttpRequest(const uint8_t* data, size_t size) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+// A connection to the fuzzed server. Thousands of inputs a second open as
+// many connections: a connect that fails for want of a local resource (ports
+// or descriptors still held by connections closing) is tried again, for up
+// to 5 s, before it counts as the server's fault.
+absl::StatusOr<int> Connect() {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(Port()));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return absl::UnavailableError("cannot connect to the fuzzed server");
+  int error = 0;
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0) {
+      const timeval timeout{10, 0};
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+      if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
+      error = errno;
+      close(fd);
+    } else {
+      error = errno;
+    }
+    usleep(10000);
   }
+  return absl::UnavailableError(
+      absl::StrCat("cannot connect to the fuzzed server: ", std::strerror(error)));
+}
+
+absl::Status FuzzOneHttpRequest(const uint8_t* data, size_t size) {
+  ASSIGN_OR_RETURN(const int fd, Connect());
   for (size_t sent = 0; sent < size;) {  // Stops once the server closes.
     const ssize_t n = send(fd, data + sent, size - sent, MSG_NOSIGNAL);
     if (n <= 0) break;
