@@ -51,6 +51,16 @@ bool Eventually(const std::function<bool()>& probe) {
   return probe();
 }
 
+// A REST infer body: one (1, 2, 16) query of the model "small".
+std::string RestInferBody() {
+  return json{{"inputs",
+               {{{"name", "query"},
+                 {"datatype", "FP32"},
+                 {"shape", {1, 2, 16}},
+                 {"data", std::vector<float>(32, 0.5f)}}}}}
+      .dump();
+}
+
 // An Infer sent asynchronously with a token.
 struct AsyncInfer {
   grpc::ClientContext ctx;
@@ -190,12 +200,7 @@ TEST_F(TenantsTest, AFloodingTokenIsRefusedAndAModestOneNever) {
 TEST_F(TenantsTest, AModestRestRequestAndAppendGetInWhileTheQueueIsFull) {
   std::vector<std::unique_ptr<AsyncInfer>> alice;
   testing::HttpTestClient http("127.0.0.1", server_->http_port());
-  const std::string body = json{{"inputs",
-                                 {{{"name", "query"},
-                                   {"datatype", "FP32"},
-                                   {"shape", {1, 2, 16}},
-                                   {"data", std::vector<float>(32, 0.5f)}}}}}
-                               .dump();
+  const std::string body = RestInferBody();
   testing::HttpTestResult rest(absl::UnknownError("not sent"));
   auto sessions = v1::SessionService::NewStub(testing::PlainChannel(*server_));
   grpc::Status append;
@@ -271,12 +276,7 @@ TEST_F(TenantsTest, ARateLimitedTokenGetsARetryHint) {
   EXPECT_GT(ms, 0);
   EXPECT_LE(ms, 1000);
   testing::HttpTestClient http("127.0.0.1", server_->http_port());
-  const std::string body = json{{"inputs",
-                                 {{{"name", "query"},
-                                   {"datatype", "FP32"},
-                                   {"shape", {1, 2, 16}},
-                                   {"data", std::vector<float>(32, 0.5f)}}}}}
-                               .dump();
+  const std::string body = RestInferBody();
   auto res = http.Post("/v2/models/small/infer", {{"Authorization", "Bearer r-secret"}}, body,
                        "application/json");
   ASSERT_TRUE(res) << res.error();
