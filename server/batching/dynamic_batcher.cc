@@ -278,6 +278,7 @@ void DynamicBatcher::Loop() {
     {
       absl::MutexLock lock(&mu_);
       while (queue_.empty() && evicted_.empty() && !exit_) {
+        queue_.Idle();  // The last batch has been computed and answered.
         sleeping_until_ = absl::InfiniteFuture();
         wake_.Wait(&mu_);
       }

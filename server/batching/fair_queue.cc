@@ -119,8 +119,11 @@ void FairQueue::Shrunk(uint32_t t, int64_t removed) {
   size_ -= removed;
   SetDepth(tenants_[t], -removed);
   if (tenants_[t].fifo.empty()) active_.erase(std::find(active_.begin(), active_.end(), t));
+}
+
+void FairQueue::Idle() {
   if (size_ != 0) return;
-  // Idle: every debt is forgiven, so tags restart from zero.
+  // Every debt is forgiven, so tags restart from zero.
   v_ = 0;
   if (tenants_.size() > kKeptTenants) {
     tenants_.clear();

@@ -77,6 +77,12 @@ class FairQueue {
   // tenant's next request is tagged as if they had never been queued.
   void RemoveIf(absl::FunctionRef<absl::Status(const PendingRequest&)> why,
                 std::vector<std::pair<std::unique_ptr<PendingRequest>, absl::Status>>* removed);
+  // The server is idle: nothing queued and nothing computing. Every tenant's
+  // debt is forgiven and tags restart from zero (a busy period ends). The
+  // queue emptying is not enough: while the batch just taken computes, its
+  // tenant's next request still starts after that batch's finish tag, so a
+  // tenant arriving meanwhile goes first. No-op unless empty.
+  void Idle();
   // The earliest `enqueued` and `deadline` of the requests queued
   // (InfiniteFuture when empty).
   absl::Time OldestEnqueued() const;
@@ -110,8 +116,8 @@ class FairQueue {
   uint32_t TenantOf(const TenantTag& tag);
   // RESOURCE_EXHAUSTED, or OK after pushing out another tenant's request.
   absl::Status MakeRoom(uint32_t t, Evicted* evicted);
-  // Book-keeping after a tenant's FIFO lost requests: the active list, the
-  // depth gauge, and the rebase once the whole queue is empty.
+  // Book-keeping after a tenant's FIFO lost requests: the active list and
+  // the depth gauge.
   void Shrunk(uint32_t t, int64_t removed);
   void SetDepth(const Tenant& t, int64_t change) const;
 

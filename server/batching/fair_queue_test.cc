@@ -160,7 +160,27 @@ TEST_F(FairQueueTest, OneTenantIsAFifoWithTheOldMessage) {
     TakeHead(q);
   }
   EXPECT_TRUE(q.empty());
+  EXPECT_GT(q.virtual_time(), 0);  // Until the batcher says it is idle.
+  q.Idle();
   EXPECT_EQ(q.virtual_time(), 0);
+}
+
+TEST_F(FairQueueTest, ATenantArrivingWhileTheLastBatchComputesGoesFirst) {
+  FairQueue q(100, nullptr);
+  ASSERT_TRUE(Push(q, "a", 10).ok());
+  EXPECT_EQ(TakeHead(q), "a");  // Taken: the queue is empty, a's batch computes.
+  ASSERT_TRUE(Push(q, "a", 10).ok());
+  ASSERT_TRUE(Push(q, "b", 10).ok());
+  // a's second request starts after its first finishes; b owes nothing.
+  EXPECT_EQ(TakeHead(q), "b");
+  EXPECT_EQ(TakeHead(q), "a");
+  // Once the batcher is idle, debts are forgiven: arrival order again.
+  q.Idle();
+  ASSERT_TRUE(Push(q, "a", 10).ok());
+  ASSERT_TRUE(Push(q, "b", 10).ok());
+  q.Idle();  // Not idle while anything is queued: a no-op.
+  EXPECT_EQ(TakeHead(q), "a");
+  EXPECT_EQ(TakeHead(q), "b");
 }
 
 TEST_F(FairQueueTest, AFullQueueRefusesTheTenantAtItsShareAndPushesOutForOneUnder) {
