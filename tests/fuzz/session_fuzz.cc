@@ -22,7 +22,7 @@
 // - float32 compute and cache: tol 1e-4. Both paths compute the same float32
 //   projections and softmax; they differ in summation order (GEMM blocking,
 //   per-row kernels vs batched matmuls) and exp implementation: a few ulp
-//   (6e-8) times sqrt(terms) (E, S <= 48), about 1e-6.
+//   (6e-8) times sqrt(terms) (E <= 256, S <= 48), about 1e-6.
 // - bfloat16 compute or cache: tol 4e-2. Each path rounds different
 //   intermediates to bfloat16 (unit roundoff u = 2^-8 = 3.9e-3): the cache
 //   rounds keys and values, the stateless path its matmul operands and
@@ -124,6 +124,14 @@ MhaSpec ReadSpec(FuzzInput& in, uint64_t* seed) {
   s.add_zero_attn = (flags & 4) != 0;
   s.compute_dtype = (flags & 8) != 0 ? DType::kBFloat16 : DType::kFloat32;
   *seed = (flags >> 4) & 3;
+  if ((flags & 64) != 0) {
+    // Head dims of 16 to 64, which the AVX-512 decode kernel takes
+    // (session_decode.h; the dims above, 1 to 8, never reach it).
+    const int64_t wide = s.num_heads * 16 * in.Range(1, 4);
+    if (s.kdim == s.embed_dim) s.kdim = wide;
+    if (s.vdim == s.embed_dim) s.vdim = wide;
+    s.embed_dim = wide;
+  }
   return s;
 }
 
