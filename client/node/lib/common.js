@@ -43,13 +43,18 @@ function protoRoot() {
 }
 
 let loaded = null;
+// The protos' packages: attention.v1 (loadProtos()) and the Open Inference Protocol's
+// inference package (loadProtos().inference: RepositoryIndex).
 function loadProtos() {
   if (!loaded) {
     const definition = protoLoader.loadSync(
-        ['attention/v1/attention.proto', 'attention/v1/sessions.proto'],
+        ['attention/v1/attention.proto', 'attention/v1/sessions.proto',
+         'inference/grpc_predict_v2.proto'],
         {keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true,
          includeDirs: [protoRoot()]});
-    loaded = grpc.loadPackageDefinition(definition).attention.v1;
+    const root = grpc.loadPackageDefinition(definition);
+    loaded = root.attention.v1;
+    Object.defineProperty(loaded, 'inference', {value: root.inference, enumerable: false});
   }
   return loaded;
 }
@@ -57,10 +62,12 @@ function loadProtos() {
 // ---------------------------------------------------------------------------------------------
 // Errors.
 
+// summary: what the message says instead of the raw details (e.g. "cannot connect to
+// host:port (connection refused)" for grpc-js's "No connection established. Last error: ...").
 class AttentionError extends Error {
-  constructor(code, details, hint) {
+  constructor(code, details, hint, summary) {
     const codeName = STATUS_NAMES[code] || `CODE_${code}`;
-    super(`${codeName}: ${details}${hint ? ` (${hint})` : ''}`);
+    super(`${codeName}: ${summary || details}${hint ? ` (${hint})` : ''}`);
     this.name = 'AttentionError';
     this.code = code;
     this.codeName = codeName;
@@ -141,8 +148,8 @@ const PREFACE = Buffer.concat([Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n'),
                                Buffer.from([0, 0, 0, 4, 0, 0, 0, 0, 0])]);
 
 // What listens at host:port, from one plaintext HTTP/2 preface: 'http2' (a SETTINGS frame
-// came back: a plaintext gRPC server), 'tls' (a TLS record, or a hang-up without a byte), or
-// null (no connection or no answer).
+// came back: a plaintext gRPC server), 'tls' (a TLS record, or a hang-up without a byte),
+// 'none' (the connection was refused: nothing listens there), or null (no answer).
 function probeHttp2(host, port, timeoutMs = 1000) {
   return new Promise((resolve) => {
     let data = Buffer.alloc(0);
@@ -163,7 +170,10 @@ function probeHttp2(host, port, timeoutMs = 1000) {
       else if (data[0] === 0x15 || data[0] === 0x16) done('tls');
       else if (data.length >= 9) done(null);
     });
-    socket.on('error', (err) => done(connected && err.code === 'ECONNRESET' ? 'tls' : null));
+    socket.on('error', (err) => {
+      if (!connected && err.code === 'ECONNREFUSED') done('none');
+      else done(connected && err.code === 'ECONNRESET' ? 'tls' : null);
+    });
     socket.on('end', () => done(connected && data.length === 0 ? 'tls' : null));
   });
 }
@@ -172,9 +182,19 @@ const CONNECT_FAILURE = /failed to connect|Socket closed|reset by peer|[Hh]andsh
 const TOO_LARGE = /(Sent|Received) message larger than max \((\d+) vs\.? (\d+)\)/;
 
 // A hint for a failed call (null when there is none). `client`: {target, tls,
-// clientCertificate, maxMessageBytes}.
+// clientCertificate, maxMessageBytes, hasToken, deadlineMs}.
 async function advise(code, details, client) {
-  details = details || '';
+  return (await adviseCall(code, details, client)).hint;
+}
+
+// {hint, summary}: the hint (null when there is none) and, when nothing listens at the
+// target, a summary to show instead of grpc-js's text.
+async function adviseCall(code, details, client) {
+  const hint = await adviseHint(code, details || '', client);
+  return typeof hint === 'object' && hint !== null ? hint : {hint, summary: null};
+}
+
+async function adviseHint(code, details, client) {
   const sendLimit = /Attempted to send message with a size larger than (\d+)/.exec(details);
   if (sendLimit) {  // grpc-js's own words for its send limit.
     return `the request is over this client's limit of ${sendLimit[1]} bytes: raise ` +
@@ -192,6 +212,17 @@ async function advise(code, details, client) {
     return `${what} is ${size} bytes, over the server's limit of ${limit}: send less per ` +
            `request, or start the server with --max_message_bytes=${size} or more`;
   }
+  if (code === grpc.status.UNAUTHENTICATED) {
+    return client.hasToken ?
+        "the server refused this client's bearer token (the token or tokenFile option, else " +
+            "$ATTENTION_TOKEN): use one the server's --auth_tokens_file lists" :
+        "the server wants a bearer token: pass the option token: '<token>' or tokenFile: " +
+            "'<file>' to new AttentionClient(), or set ATTENTION_TOKEN";
+  }
+  if (code === grpc.status.DEADLINE_EXCEEDED && client.deadlineMs) {
+    return `the call took longer than deadlineMs=${client.deadlineMs}: raise it (the ` +
+           'deadlineMs option of new AttentionClient()) if the server is busy or the request large';
+  }
   if (![grpc.status.UNAVAILABLE, grpc.status.UNKNOWN, grpc.status.INTERNAL].includes(code) ||
       !CONNECT_FAILURE.test(details)) {
     return null;
@@ -202,6 +233,12 @@ async function advise(code, details, client) {
   }
   const address = firstAddress(client.target);
   const answer = address ? await probeHttp2(address.host, address.port) : null;
+  if (answer === 'none') {
+    const at = `${address.host.includes(':') ? `[${address.host}]` : address.host}:${address.port}`;
+    return {summary: `cannot connect to ${at}: connection refused`,
+            hint: `nothing is listening at ${at}? start attention-server there, or pass the ` +
+                  "host:port of a running one as the target: new AttentionClient('host:port')"};
+  }
   if (!client.tls && answer === 'tls') {
     return 'the server speaks TLS: pass tls: true (and tlsCaFile: its CA unless the system ' +
            'trusts it)';
@@ -307,7 +344,7 @@ function channelSecurity(opts = {}, env = process.env) {
   const token = readToken(opts.token, opts.tokenFile, env);
   if (!(opts.tls || opts.tlsCaFile || opts.tlsCertFile || opts.tlsServerName)) {
     return {tls: false, credentials: grpc.credentials.createInsecure(), options: {},
-            metadata: bearerMetadata(token)};
+            metadata: bearerMetadata(token), hasToken: !!token};
   }
   const read = (option) => (opts[option] ? readFile(option, opts[option]) : null);
   let credentials = grpc.credentials.createSsl(read('tlsCaFile'), read('tlsKeyFile'),
@@ -318,7 +355,7 @@ function channelSecurity(opts = {}, env = process.env) {
   }
   const options = opts.tlsServerName ?
       {'grpc.ssl_target_name_override': opts.tlsServerName} : {};
-  return {tls: true, credentials, options, metadata: new grpc.Metadata()};
+  return {tls: true, credentials, options, metadata: new grpc.Metadata(), hasToken: !!token};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -381,12 +418,23 @@ function toFloat32(tensor) {
   return out;
 }
 
+// modelVersion: a whole number >= 0 (0 or absent: the newest serving version).
+function modelVersionOf(version) {
+  if (version === undefined || version === null) return 0;
+  if (!Number.isInteger(version) || version < 0) {
+    throw new TypeError(`modelVersion: expected a whole number >= 0 (0: the newest serving ` +
+                        `version), got ${JSON.stringify(version)}`);
+  }
+  return version;
+}
+
 function inferRequest(opts) {
   const request = {
     model: opts.model || '', request_id: opts.requestId || '',
     query: toProtoTensor(opts.query, 'query'), is_causal: !!opts.isCausal,
     need_weights: !!opts.needWeights, per_head_weights: !!opts.perHeadWeights,
     output_dtype: opts.outputDtype ? DTYPES[opts.outputDtype] : 'DATA_TYPE_UNSPECIFIED',
+    model_version: modelVersionOf(opts.modelVersion),
   };
   for (const [name, field] of [['key', 'key'], ['value', 'value'],
                                ['keyPaddingMask', 'key_padding_mask'],
@@ -403,7 +451,8 @@ function inferResult(response) {
     requestId: response.request_id, output: error ? null : fromProtoTensor(response.output),
     attnWeights: error ? null : fromProtoTensor(response.attn_weights),
     queueUs: Number(response.queue_us), computeUs: Number(response.compute_us),
-    batchRequests: Number(response.batch_requests), error,
+    batchRequests: Number(response.batch_requests), modelVersion: Number(response.model_version),
+    error,
   };
 }
 
@@ -415,7 +464,8 @@ function appendResult(response) {
     output: error ? null : fromProtoTensor(response.output),
     attnWeights: error ? null : fromProtoTensor(response.attn_weights),
     length: Number(response.length), queueUs: Number(response.queue_us),
-    computeUs: Number(response.compute_us), batchRequests: Number(response.batch_requests), error,
+    computeUs: Number(response.compute_us), batchRequests: Number(response.batch_requests),
+    modelVersion: Number(response.model_version), error,
   };
 }
 
@@ -426,7 +476,14 @@ function sessionInfo(info) {
     length: Number(info.length), keys: Number(info.keys), bytes: Number(info.bytes),
     createdUnixMs: Number(info.created_unix_ms), lastUsedUnixMs: Number(info.last_used_unix_ms),
     ttlS: Number(info.ttl_s), maxTokens: Number(info.max_tokens),
+    modelVersion: Number(info.model_version),
   };
+}
+
+// One entry of the repository index (RepositoryIndexResponse.ModelIndex): version 0 when the
+// server names none.
+function repositoryModel(m) {
+  return {name: m.name, version: Number(m.version) || 0, state: m.state, reason: m.reason};
 }
 
 function modelInfo(m) {
@@ -434,7 +491,10 @@ function modelInfo(m) {
     name: m.name, embedDim: Number(m.embed_dim), numHeads: Number(m.num_heads),
     kdim: Number(m.kdim), vdim: Number(m.vdim), bias: m.bias, addBiasKv: m.add_bias_kv,
     addZeroAttn: m.add_zero_attn, computeDtype: DTYPE_NAMES[m.compute_dtype] || m.compute_dtype,
-    isDefault: m.is_default,
+    isDefault: m.is_default, version: Number(m.version),
+    versions: (m.versions || []).map((v) => ({version: Number(v.version), state: v.state,
+                                              reason: v.reason})),
+    batchFirst: m.batch_first !== false,
     batching: {
       maxBatchSize: Number(m.batching.max_batch_size),
       maxBatchTokens: Number(m.batching.max_batch_tokens),
@@ -456,8 +516,10 @@ function healthStatus(bytes) {
 
 module.exports = {
   VERSION, MAX_MESSAGE_BYTES, RETRY_POLICY, RETRIED_SESSION_METHODS, STATUS_NAMES,
-  AttentionError, checkTarget, firstAddress, probeHttp2, advise, serviceConfig, channelOptions,
+  AttentionError, checkTarget, firstAddress, probeHttp2, advise, adviseCall, serviceConfig,
+  channelOptions,
   readToken, channelSecurity, DTYPES, float32, bool, toFloat32, toProtoTensor, fromProtoTensor,
   loadProtos, protoRoot,
-  inferRequest, inferResult, appendResult, sessionInfo, modelInfo, healthRequest, healthStatus,
+  inferRequest, inferResult, appendResult, sessionInfo, modelInfo, repositoryModel,
+  modelVersionOf, healthRequest, healthStatus,
 };
