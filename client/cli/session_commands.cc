@@ -152,7 +152,8 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
   std::vector<std::vector<double>> step_ms(o.sessions);
   std::vector<double> batch_sum(o.sessions, 0);
   std::atomic<int64_t> errors{0};
-  std::atomic<int64_t> resent{0};  // Appends sent again after UNAVAILABLE.
+  std::atomic<int64_t> resent{0};   // Appends sent again after UNAVAILABLE.
+  std::atomic<int64_t> unready{0};  // Sessions not created or not prefilled: they skip the steps.
   absl::Mutex error_mu;
   std::string first_error;
   auto failed = [&](const absl::Status& status, bool prefill) {
@@ -193,25 +194,30 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
         resent += sent_again;
         return response;
       };
-      for (int64_t at = 0; info.ok() && at < o.context; at += chunk) {
+      bool ready = info.ok();  // Created and prefilled: it steps.
+      for (int64_t at = 0; ready && at < o.context; at += chunk) {
         auto prefill = append(at, std::min(chunk, o.context - at));
         if (!prefill.ok() && prefill.status().code() != absl::StatusCode::kDataLoss) {
           failed(prefill.status(), true);
-          break;
+          ready = false;
         }
       }
       if (!info.ok()) failed(info.status(), false);
-      prefill_progress.Done();
+      if (ready) {
+        prefill_progress.Done();
+      } else {
+        ++unready;
+      }
       if (prefilled->Block()) delete prefilled;
-      for (int64_t i = 0; info.ok() && i < o.steps; ++i) {
+      for (int64_t i = 0; ready && i < o.steps; ++i) {
         const absl::Time start = absl::Now();
         auto response = append(o.context + i, 1);
-        step_progress.Done();
-        if (!response.ok() && response.status().code() == absl::StatusCode::kDataLoss) continue;
-        if (!response.ok()) {
+        if (!response.ok() && response.status().code() != absl::StatusCode::kDataLoss) {
           failed(response.status(), false);
           break;
         }
+        step_progress.Done();
+        if (!response.ok()) continue;  // Applied; its answer was lost.
         step_ms[s].push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
         batch_sum[s] += response->batch_requests();
       }
@@ -220,13 +226,23 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
     });
   }
   if (prefilled->Block()) delete prefilled;
+  if (unready.load() > 0) {
+    absl::MutexLock lock(&error_mu);
+    std::fprintf(stderr,
+                 "%lld of %lld sessions failed to be created or prefilled; first error: %s\n",
+                 static_cast<long long>(unready.load()), static_cast<long long>(o.sessions),
+                 first_error.c_str());
+  }
   std::fprintf(stderr, "decode load: %lld sessions stepping %lld tokens each\n",
-               static_cast<long long>(o.sessions), static_cast<long long>(o.steps));
+               static_cast<long long>(o.sessions - unready.load()),
+               static_cast<long long>(o.steps));
   const absl::Time start = absl::Now();
   if (finished->Block()) delete finished;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   for (auto& t : threads) t.join();
-  if (!first_error.empty()) std::fprintf(stderr, "first error: %s\n", first_error.c_str());
+  if (!first_error.empty() && unready.load() == 0) {  // Else reported after the prefill.
+    std::fprintf(stderr, "first error: %s\n", first_error.c_str());
+  }
   std::vector<double> all;
   double batches = 0;
   for (int64_t s = 0; s < o.sessions; ++s) {
