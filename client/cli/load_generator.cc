@@ -248,7 +248,8 @@ absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--rate must be >= 0, got ", o.rate));
   }
   if (o.seq_len.min < 1 || o.batch < 1) {
-    return absl::InvalidArgumentError("--seq_len and --batch must be at least 1");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--seq_len=", o.seq_len.min, " --batch=", o.batch, ": both must be at least 1"));
   }
   auto channel = MakeChannel(o.target, o.lb_policy);
   auto stub = v1::AttentionService::NewStub(channel);

@@ -100,7 +100,9 @@ int Infer() {
     if (!model.ok()) return Fail(std::string(model.status().message()));
     auto l = ParseRange(absl::GetFlag(FLAGS_seq_len));
     auto s = ParseRange(absl::GetFlag(FLAGS_kv_seq_len));
-    if (!l.ok() || !s.ok()) return Fail("--seq_len/--kv_seq_len: expected a number", 2);
+    if (!l.ok()) return Fail(absl::StrCat("--seq_len: ", l.status().message()), 2);
+    if (!s.ok()) return Fail(absl::StrCat("--kv_seq_len: ", s.status().message()), 2);
+    if (l->min < 1) return Fail(absl::StrCat("--seq_len=", l->min, ": expected at least 1"), 2);
     std::mt19937 rng(absl::GetFlag(FLAGS_seed));
     const int64_t n = absl::GetFlag(FLAGS_batch);
     wire::EncodeTensor(RandomNormal({n, l->min, model->embed_dim()}, rng), request.mutable_query());
@@ -222,11 +224,20 @@ int Load() {
   o.concurrency.clear();
   for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
     int v;
-    if (!absl::SimpleAtoi(c, &v) || v < 1) return Fail("--concurrency: expected e.g. 1,8,64", 2);
+    if (!absl::SimpleAtoi(c, &v) || v < 1) {
+      return Fail(absl::StrCat("--concurrency=", absl::GetFlag(FLAGS_concurrency),
+                               ": expected counts of at least 1, e.g. 1,8,64"),
+                  2);
+    }
     o.concurrency.push_back(v);
   }
   if (!absl::ParseDuration(absl::GetFlag(FLAGS_duration), &o.duration)) {
     return Fail("--duration: expected e.g. 10s or 500ms", 2);
+  }
+  if (o.duration <= absl::ZeroDuration()) {
+    return Fail(absl::StrCat("--duration=", absl::GetFlag(FLAGS_duration),
+                             ": expected a positive duration, e.g. 10s or 500ms"),
+                2);
   }
   o.requests = absl::GetFlag(FLAGS_requests);
   o.rate = absl::GetFlag(FLAGS_rate);

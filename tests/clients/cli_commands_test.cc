@@ -160,7 +160,9 @@ TEST(ClientCliFlagsTest, HelpExitsZeroAndOutOfRangeNumbersAreRefused) {
            {"--requests=-5", "--requests=-5: expected a number >= 0"},
            {"--deadline_ms=0", "--deadline_ms=0: expected a number >= 1"},
            {"--rate=-2", "--rate=-2: expected requests per second >= 0"},
-           {"--pad_share=1.5", "--pad_share=1.5: expected a share from 0 to 1"}}) {
+           {"--pad_share=1.5", "--pad_share=1.5: expected a share from 0 to 1"},
+           {"--concurrency=0,4", "--concurrency=0,4: expected counts of at least 1"},
+           {"--duration=-1s", "--duration=-1s: expected a positive duration"}}) {
     EXPECT_EQ(Cli("load " + flag + " --server=127.0.0.1:1", &out), 2) << flag;
     EXPECT_THAT(out, HasSubstr(message)) << flag;
   }
