@@ -336,6 +336,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string model_arg = args.size() == 3 ? args[2] : "";
+  // `load MODEL` is model control; a load-generator flag beside it means the
+  // name is a stray value (e.g. `--concurrency 1,8 64`).
+  for (int i = 1; command == "load" && !model_arg.empty() && i < argc; ++i) {
+    for (const char* flag : {"concurrency", "duration", "requests", "rate", "rpc", "protocol",
+                             "sessions", "steps", "context", "csv", "json", "pad_share"}) {
+      const std::string arg = argv[i], name = absl::StrCat("--", flag);
+      if (arg == name || absl::StartsWith(arg, name + "=")) {
+        std::cerr << "attention-client: load " << model_arg << ": load MODEL loads a model, but "
+                  << name << " is a load-generator flag; to generate load, leave out '" << model_arg
+                  << "' (flags are --name=value)\n";
+        return 2;
+      }
+    }
+  }
   if (const absl::Status range = attention::client::CheckFlagRanges(); !range.ok()) {
     std::cerr << "attention-client: " << range.message() << "\n";
     return 2;

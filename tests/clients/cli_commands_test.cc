@@ -166,6 +166,10 @@ TEST(ClientCliFlagsTest, HelpExitsZeroAndOutOfRangeNumbersAreRefused) {
     EXPECT_EQ(Cli("load " + flag + " --server=127.0.0.1:1", &out), 2) << flag;
     EXPECT_THAT(out, HasSubstr(message)) << flag;
   }
+  // `load MODEL` beside a load-generator flag: the name is a stray value.
+  EXPECT_EQ(Cli("load --concurrency 1,8 64 --server=127.0.0.1:1", &out), 2);
+  EXPECT_THAT(out, HasSubstr("load 64: load MODEL loads a model, but --concurrency is a "
+                             "load-generator flag"));
 }
 
 }  // namespace
