@@ -115,5 +115,41 @@ TEST(CallAdviceTest, TlsMismatchesFromTheProbe) {
               HasSubstr("does not trust the server's certificate"));
 }
 
+// Nothing listening, no token or a refused one, a deadline passed: each hint
+// names the flag that fixes it (issue 38).
+TEST(CallAdviceTest, HintsNameServerTokenFileAndDeadlineMs) {
+  CallAdvice::Call call;
+  {
+    // A port that was free: a refused connection.
+    OneShotListener* const taken = new OneShotListener(std::string("\0\0\0\4\0\0\0\0\0", 9));
+    const int port = taken->port();
+    EXPECT_EQ(CallAdvice::Probe("127.0.0.1", port), CallAdvice::Listener::kHttp2);
+    delete taken;
+    EXPECT_EQ(CallAdvice::Probe("127.0.0.1", port), CallAdvice::Listener::kNothing);
+    call.target = "127.0.0.1:" + std::to_string(port);
+    EXPECT_EQ(CallAdvice::Describe("GetModel", 14,
+                                   "connections to all backends failing; last error: UNKNOWN: "
+                                   "ipv4:127.0.0.1:1: Failed to connect to remote host: "
+                                   "Connection refused",
+                                   call),
+              "GetModel failed: UNAVAILABLE: cannot connect to " + call.target +
+                  " (connection refused)\n  hint: nothing is listening at " + call.target +
+                  "? start attention-server there (its --port), or pass --server HOST:PORT of a "
+                  "running one");
+  }
+  EXPECT_THAT(CallAdvice::For(16, "send the metadata 'authorization: Bearer <token>'", call),
+              HasSubstr("pass --token_file=FILE (a file holding the token) or set the "
+                        "ATTENTION_TOKEN environment variable"));
+  call.token = true;
+  EXPECT_THAT(CallAdvice::For(16, "unknown token", call),
+              HasSubstr("refused this client's bearer token (read from --token_file, else the "
+                        "ATTENTION_TOKEN environment variable)"));
+  call.deadline_ms = 1500;
+  EXPECT_THAT(CallAdvice::For(4, "Deadline Exceeded", call),
+              HasSubstr("the call took longer than --deadline_ms=1500: raise it"));
+  EXPECT_EQ(CallAdvice::Describe("Infer", 3, "query: bad", call),
+            "Infer failed: INVALID_ARGUMENT: query: bad");
+}
+
 }  // namespace
 }  // namespace attention::client

@@ -48,6 +48,8 @@ struct ResolvedSecurity {
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   std::string server_name;
   std::string token;
+  bool tls = false;
+  bool client_certificate = false;
 };
 ResolvedSecurity& Security() {
   static ResolvedSecurity* security = new ResolvedSecurity;
@@ -103,6 +105,8 @@ absl::Status SetChannelSecurity(const ChannelSecurity& s) {
       ssl.pem_private_key = *key;
     }
     resolved.credentials = grpc::SslCredentials(ssl);
+    resolved.tls = true;
+    resolved.client_certificate = !s.cert_file.empty();
   }
   Security() = std::move(resolved);
   return absl::OkStatus();
@@ -201,8 +205,26 @@ std::string CodeName(grpc::StatusCode code) {
   return std::string(wire::StatusCodeName(static_cast<absl::StatusCode>(code)));
 }
 
+CallAdvice::Call CallOf(const std::string& target, int64_t deadline_ms) {
+  const ResolvedSecurity& security = Security();
+  CallAdvice::Call call;
+  call.target = target;
+  call.tls = security.tls;
+  call.client_certificate = security.client_certificate;
+  call.token = !security.token.empty();
+  call.max_message_bytes = MaxMessageBytes();
+  call.deadline_ms = deadline_ms;
+  return call;
+}
+
+std::string DescribeFailure(const std::string& method, const grpc::Status& status,
+                            const std::string& target, int64_t deadline_ms) {
+  return CallAdvice::Describe(method, status.error_code(), status.error_message(),
+                              CallOf(target, deadline_ms));
+}
+
 absl::StatusOr<v1::ModelInfo> FetchModel(v1::AttentionService::Stub* stub, const std::string& name,
-                                         int64_t deadline_ms) {
+                                         int64_t deadline_ms, const std::string& target) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, deadline_ms);
   v1::GetModelRequest request;
@@ -210,9 +232,8 @@ absl::StatusOr<v1::ModelInfo> FetchModel(v1::AttentionService::Stub* stub, const
   v1::ModelInfo info;
   const grpc::Status status = stub->GetModel(&ctx, request, &info);
   if (!status.ok()) {
-    return absl::Status(
-        static_cast<absl::StatusCode>(status.error_code()),
-        absl::StrCat("GetModel: ", CodeName(status.error_code()), ": ", status.error_message()));
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        DescribeFailure("GetModel", status, target, deadline_ms));
   }
   return info;
 }

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "attention/v1/attention.grpc.pb.h"
+#include "client/cli/call_advice.h"
 #include "core/tensor.h"
 
 namespace attention::client {
@@ -77,9 +78,20 @@ double Percentile(const std::vector<double>& sorted, double q);
 // "OK", "INVALID_ARGUMENT", ... for a gRPC status code.
 std::string CodeName(grpc::StatusCode code);
 
-// The model description (GetModel; empty name: the default model).
+// How a call to `target` with `deadline_ms` is made, for CallAdvice: the
+// security set by SetChannelSecurity and the limit of SetMaxMessageBytes.
+CallAdvice::Call CallOf(const std::string& target, int64_t deadline_ms);
+
+// The report of a failed call of `method` to `target`: CallAdvice::Describe
+// with CallOf(target, deadline_ms).
+std::string DescribeFailure(const std::string& method, const grpc::Status& status,
+                            const std::string& target, int64_t deadline_ms);
+
+// The model description (GetModel; empty name: the default model). On
+// failure, the status keeps the call's code and its message is
+// DescribeFailure's ("GetModel failed: UNAVAILABLE: ...", with a hint).
 absl::StatusOr<v1::ModelInfo> FetchModel(v1::AttentionService::Stub* stub, const std::string& name,
-                                         int64_t deadline_ms);
+                                         int64_t deadline_ms, const std::string& target);
 
 }  // namespace attention::client
 

@@ -248,17 +248,19 @@ absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--rate must be >= 0, got ", o.rate));
   }
   if (o.seq_len.min < 1 || o.batch < 1) {
-    return absl::InvalidArgumentError("--seq_len and --batch must be at least 1");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--seq_len=", o.seq_len.min, " --batch=", o.batch, ": both must be at least 1"));
   }
   auto channel = MakeChannel(o.target, o.lb_policy);
   auto stub = v1::AttentionService::NewStub(channel);
   auto oip = inference::GRPCInferenceService::NewStub(channel);
-  auto model = FetchModel(stub.get(), o.model, o.deadline_ms);
+  auto model = FetchModel(stub.get(), o.model, o.deadline_ms, o.target);
   if (!model.ok()) return model.status();
   const std::vector<PooledRequest> pool = BuildPool(o, *model);
 
   std::vector<LevelResult> results;
   for (int concurrency : o.concurrency) {
+    if (o.on_level_start) o.on_level_start(static_cast<int>(results.size()), concurrency);
     std::vector<WorkerStats> stats(concurrency);
     std::atomic<int64_t> remaining{o.requests > 0 ? o.requests : INT64_MAX};
     std::atomic<int64_t> done{0};
@@ -367,6 +369,7 @@ absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& o) {
       r.compute_us = compute / static_cast<double>(r.ok);
       r.batch_requests = batch / static_cast<double>(r.ok);
     }
+    if (o.on_level_done) o.on_level_done(r);
     results.push_back(std::move(r));
   }
   return results;

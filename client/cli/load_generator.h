@@ -13,6 +13,7 @@
 #define ATTENTION_CLIENT_CLI_LOAD_GENERATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <ostream>
 #include <string>
@@ -29,6 +30,8 @@ struct Range {
 
 // "64" or "16:128".
 absl::StatusOr<Range> ParseRange(const std::string& text);
+
+struct LevelResult;
 
 struct LoadOptions {
   std::string target = "localhost:50051";
@@ -54,6 +57,10 @@ struct LoadOptions {
   bool need_weights = false;
   uint32_t seed = 1;
   bool progress = false;  // Live progress on stderr.
+  // Called from RunLoad's thread as each level starts (its index from 0)
+  // and as it ends (its result); empty: not called.
+  std::function<void(int level, int concurrency)> on_level_start;
+  std::function<void(const LevelResult&)> on_level_done;
 };
 
 struct LevelResult {
@@ -79,7 +86,10 @@ struct LevelResult {
 // model cannot be described, or the options are inconsistent.
 absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& options);
 
-// The results as an aligned text table, CSV, or a JSON array.
+// The results as an aligned text table (its header line and one row per
+// level: FormatTable is the header and every row), CSV, or a JSON array.
+std::string FormatTableHeader();
+std::string FormatTableRow(const LevelResult& result);
 std::string FormatTable(const std::vector<LevelResult>& results);
 std::string FormatCsv(const std::vector<LevelResult>& results);
 std::string FormatJson(const std::vector<LevelResult>& results);

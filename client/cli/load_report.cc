@@ -22,19 +22,23 @@ std::string ErrorsText(const LevelResult& r) {
 
 }  // namespace
 
+std::string FormatTableHeader() {
+  return absl::StrFormat("%-11s %9s %10s %12s %8s %8s %8s %8s %8s %9s %10s %7s %12s  %s\n",
+                         "concurrency", "requests", "req/s", "tokens/s", "p50_ms", "p90_ms",
+                         "p95_ms", "p99_ms", "max_ms", "queue_us", "compute_us", "batch",
+                         "overhead_p50", "errors");
+}
+
+std::string FormatTableRow(const LevelResult& r) {
+  return absl::StrFormat(
+      "%-11d %9d %10.1f %12.0f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f %10.0f %7.2f %10.0fus  %s\n",
+      r.concurrency, r.ok, r.requests_per_s, r.tokens_per_s, r.p50_ms, r.p90_ms, r.p95_ms, r.p99_ms,
+      r.max_ms, r.queue_us, r.compute_us, r.batch_requests, r.overhead_p50_us, ErrorsText(r));
+}
+
 std::string FormatTable(const std::vector<LevelResult>& results) {
-  std::string out = absl::StrFormat(
-      "%-11s %9s %10s %12s %8s %8s %8s %8s %8s %9s %10s %7s %12s  %s\n", "concurrency", "requests",
-      "req/s", "tokens/s", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms", "queue_us",
-      "compute_us", "batch", "overhead_p50", "errors");
-  for (const LevelResult& r : results) {
-    absl::StrAppend(
-        &out, absl::StrFormat("%-11d %9d %10.1f %12.0f %8.3f %8.3f %8.3f %8.3f %8.3f %9.0f "
-                              "%10.0f %7.2f %10.0fus  %s\n",
-                              r.concurrency, r.ok, r.requests_per_s, r.tokens_per_s, r.p50_ms,
-                              r.p90_ms, r.p95_ms, r.p99_ms, r.max_ms, r.queue_us, r.compute_us,
-                              r.batch_requests, r.overhead_p50_us, ErrorsText(r)));
-  }
+  std::string out = FormatTableHeader();
+  for (const LevelResult& r : results) absl::StrAppend(&out, FormatTableRow(r));
   return out;
 }
 

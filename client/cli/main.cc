@@ -2,7 +2,9 @@
 // service.
 //
 //   attention-client infer  [--query q.npy ... | --batch 2 --seq_len 16] [options]
-//   attention-client models
+//   attention-client models                        # versions and their state
+//   attention-client repository                    # the repository index
+//   attention-client load MODEL | unload MODEL     # model control (explicit mode)
 //   attention-client health [--service NAME]      # exit 0 only when SERVING
 //   attention-client load   --concurrency 1,8,64 --duration 10s --seq_len 16:128
 //   attention-client load   --sessions 64 --context 512 --steps 32   # decode load
@@ -18,9 +20,12 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/program_name.h"
+#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
@@ -34,74 +39,14 @@
 #include "client/cli/call_advice.h"
 #include "client/cli/client_util.h"
 #include "client/cli/load_generator.h"
+#include "client/cli/model_commands.h"
 #include "client/cli/npy.h"
 #include "client/cli/session_commands.h"
 #include "client/cli/target_check.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "proto/codec/tensor_codec.h"
 
-ABSL_FLAG(std::string, server, "localhost:50051",
-          "gRPC target: host:port, dns:///host:port, ipv4:127.0.0.1:1,127.0.0.1:2, ...");
-ABSL_FLAG(int64_t, deadline_ms, 10000, "Deadline of every call, in milliseconds.");
-ABSL_FLAG(std::string, lb_policy, "round_robin",
-          "Load-balancing policy: round_robin (with client-side health checking, so retries "
-          "and new calls skip draining replicas) or pick_first.");
-ABSL_FLAG(bool, tls, false, "Use TLS (implied by any --tls_*_file flag).");
-ABSL_FLAG(std::string, tls_ca_file, "",
-          "PEM CA bundle that signed the server's certificate; empty: the system's roots.");
-ABSL_FLAG(std::string, tls_cert_file, "", "PEM client certificate (mutual TLS).");
-ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
-ABSL_FLAG(std::string, tls_server_name, "",
-          "Name the server's certificate must carry; empty: the host of --server.");
-ABSL_FLAG(std::string, token_file, "",
-          "File holding a bearer token, sent as 'authorization: Bearer <token>'; empty: the "
-          "ATTENTION_TOKEN environment variable, if set.");
-ABSL_FLAG(int, max_message_bytes, attention::client::kMaxMessageBytes,
-          "Largest message this client sends or receives, in bytes (the server has its own "
-          "--max_message_bytes, 64 MiB by default).");
-ABSL_FLAG(std::string, model, "", "Model name; empty: the server's default model.");
-// infer
-ABSL_FLAG(std::string, query, "", "infer: query .npy file (N, L, E) or (L, E).");
-ABSL_FLAG(std::string, key, "", "infer: key .npy file; absent: the query.");
-ABSL_FLAG(std::string, value, "", "infer: value .npy file; absent: the key.");
-ABSL_FLAG(std::string, key_padding_mask, "", "infer: key_padding_mask .npy file (bool or float).");
-ABSL_FLAG(std::string, attn_mask, "", "infer: attn_mask .npy file (bool or float).");
-ABSL_FLAG(int64_t, batch, 1, "infer/load: random inputs' batch size N.");
-ABSL_FLAG(std::string, seq_len, "32", "infer/load: random query length L, or MIN:MAX for load.");
-ABSL_FLAG(std::string, kv_seq_len, "0",
-          "infer/load: random key/value length S (0: self-attention), or MIN:MAX for load.");
-ABSL_FLAG(uint32_t, seed, 1, "infer/load: seed of the random inputs.");
-ABSL_FLAG(bool, is_causal, false, "Apply the causal mask.");
-ABSL_FLAG(bool, need_weights, false, "Ask for attention weights.");
-ABSL_FLAG(bool, per_head_weights, false, "Weights per head instead of averaged.");
-ABSL_FLAG(std::string, output_dtype, "", "float32, bfloat16 or float16; empty: the query's.");
-ABSL_FLAG(std::string, output, "", "infer: save the output to this .npy file.");
-ABSL_FLAG(std::string, weights_output, "", "infer: save the attention weights to this .npy file.");
-ABSL_FLAG(std::string, request_id, "cli", "infer: request id.");
-// health
-ABSL_FLAG(std::string, service, "", "health: service name ('' = the whole server).");
-// load
-ABSL_FLAG(std::string, concurrency, "1", "load: comma-separated concurrency levels.");
-ABSL_FLAG(std::string, duration, "10s", "load: duration per level (e.g. 10s, 500ms).");
-ABSL_FLAG(int64_t, requests, 0, "load: requests per level instead of a duration.");
-ABSL_FLAG(double, rate, 0,
-          "load: requests per second, sent on a fixed schedule by the level's workers (an open "
-          "loop: latency counts from each request's due time, so a late send counts its wait); "
-          "0: a closed loop, each worker sending its next request once answered.");
-ABSL_FLAG(std::string, rpc, "unary", "load: unary or stream.");
-ABSL_FLAG(std::string, protocol, "attention",
-          "load: attention (attention.v1 Infer/InferStream) or kserve (the Open Inference "
-          "Protocol's ModelInfer/ModelStreamInfer).");
-ABSL_FLAG(double, pad_share, 0.0, "load: share of each request's keys masked as padding.");
-ABSL_FLAG(std::string, csv, "", "load: also write the table as CSV to this file.");
-ABSL_FLAG(std::string, json, "", "load: also write the table as JSON to this file.");
-// session, load --sessions
-ABSL_FLAG(int64_t, tokens, 64, "session: tokens in the generated sequence.");
-ABSL_FLAG(int64_t, chunk, 1, "session: tokens per append.");
-ABSL_FLAG(int64_t, sessions, 0,
-          "load: run a decode load over this many concurrent sessions instead of Infer.");
-ABSL_FLAG(int64_t, steps, 32, "load --sessions: one-token steps per session.");
-ABSL_FLAG(int64_t, context, 0, "load --sessions: tokens each session prefills first.");
+#include "client/cli/cli_flags.h"
 
 namespace attention::client {
 namespace {
@@ -116,21 +61,10 @@ std::unique_ptr<v1::AttentionService::Stub> Stub() {
       MakeChannel(absl::GetFlag(FLAGS_server), absl::GetFlag(FLAGS_lb_policy)));
 }
 
-// "CODE: message", and what to do about it when the client can tell.
-std::string RpcError(int code, const std::string& message) {
-  CallAdvice::Call call;
-  call.target = absl::GetFlag(FLAGS_server);
-  call.tls = absl::GetFlag(FLAGS_tls) || !absl::GetFlag(FLAGS_tls_ca_file).empty() ||
-             !absl::GetFlag(FLAGS_tls_cert_file).empty();
-  call.client_certificate = !absl::GetFlag(FLAGS_tls_cert_file).empty();
-  call.max_message_bytes = MaxMessageBytes();
-  const std::string hint = CallAdvice::For(code, message, call);
-  return absl::StrCat(CodeName(static_cast<grpc::StatusCode>(code)), ": ", message,
-                      hint.empty() ? "" : absl::StrCat("\n  hint: ", hint));
-}
-
-std::string RpcError(const grpc::Status& status) {
-  return RpcError(status.error_code(), status.error_message());
+// The report of a failed call of `method`, with a hint when the client has one.
+std::string CallFailure(const std::string& method, const grpc::Status& status) {
+  return DescribeFailure(method, status, absl::GetFlag(FLAGS_server),
+                         absl::GetFlag(FLAGS_deadline_ms));
 }
 
 // Loads `flag`'s .npy file into `out` when given.
@@ -147,6 +81,7 @@ int Infer() {
   v1::InferRequest request;
   request.set_model(absl::GetFlag(FLAGS_model));
   request.set_request_id(absl::GetFlag(FLAGS_request_id));
+  request.set_model_version(absl::GetFlag(FLAGS_model_version));
   if (!absl::GetFlag(FLAGS_query).empty()) {
     for (auto [path, field] : std::vector<std::pair<std::string, v1::Tensor*>>{
              {absl::GetFlag(FLAGS_query), request.mutable_query()},
@@ -160,16 +95,14 @@ int Infer() {
     if (absl::GetFlag(FLAGS_key).empty()) request.clear_key();
     if (absl::GetFlag(FLAGS_value).empty()) request.clear_value();
   } else {
-    auto model =
-        FetchModel(stub.get(), absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_deadline_ms));
-    if (!model.ok()) {
-      return Fail(
-          absl::StrCat("GetModel failed: ", RpcError(static_cast<int>(model.status().code()),
-                                                     std::string(model.status().message()))));
-    }
+    auto model = FetchModel(stub.get(), absl::GetFlag(FLAGS_model),
+                            absl::GetFlag(FLAGS_deadline_ms), absl::GetFlag(FLAGS_server));
+    if (!model.ok()) return Fail(std::string(model.status().message()));
     auto l = ParseRange(absl::GetFlag(FLAGS_seq_len));
     auto s = ParseRange(absl::GetFlag(FLAGS_kv_seq_len));
-    if (!l.ok() || !s.ok()) return Fail("--seq_len/--kv_seq_len: expected a number", 2);
+    if (!l.ok()) return Fail(absl::StrCat("--seq_len: ", l.status().message()), 2);
+    if (!s.ok()) return Fail(absl::StrCat("--kv_seq_len: ", s.status().message()), 2);
+    // --seq_len=0 goes to the server, which judges the empty query.
     std::mt19937 rng(absl::GetFlag(FLAGS_seed));
     const int64_t n = absl::GetFlag(FLAGS_batch);
     wire::EncodeTensor(RandomNormal({n, l->min, model->embed_dim()}, rng), request.mutable_query());
@@ -205,10 +138,11 @@ int Infer() {
   const absl::Time start = absl::Now();
   const grpc::Status status = stub->Infer(&ctx, request, &response);
   const double rtt_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
-  if (!status.ok()) return Fail(absl::StrCat("Infer failed: ", RpcError(status)));
+  if (!status.ok()) return Fail(CallFailure("Infer", status));
   auto output = wire::DecodeTensorCopy(response.output(), "output");
   if (!output.ok()) return Fail(std::string(output.status().message()));
   std::printf("request_id  %s\n", response.request_id().c_str());
+  std::printf("model       version %ld\n", static_cast<long>(response.model_version()));
   std::printf(
       "query       %s\n",
       ShapeToString({request.query().shape().begin(), request.query().shape().end()}).c_str());
@@ -238,30 +172,12 @@ int Infer() {
   return 0;
 }
 
-int Models() {
-  auto stub = Stub();
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, absl::GetFlag(FLAGS_deadline_ms));
-  v1::ListModelsResponse response;
-  const grpc::Status status = stub->ListModels(&ctx, {}, &response);
-  if (!status.ok()) return Fail(absl::StrCat("ListModels failed: ", RpcError(status)));
-  std::printf("%-16s %6s %5s %5s %5s %5s %7s %9s %9s | %9s %10s %9s %10s\n", "name", "embed",
-              "heads", "kdim", "vdim", "bias", "bias_kv", "zero_attn", "compute", "max_batch",
-              "max_tokens", "delay_us", "max_queue");
-  for (const v1::ModelInfo& m : response.models()) {
-    const std::string name = m.name() + (m.is_default() ? " *" : "");
-    std::printf("%-16s %6ld %5ld %5ld %5ld %5s %7s %9s %9s | %9ld %10ld %9ld %10ld\n", name.c_str(),
-                static_cast<long>(m.embed_dim()), static_cast<long>(m.num_heads()),
-                static_cast<long>(m.kdim()), static_cast<long>(m.vdim()), m.bias() ? "yes" : "no",
-                m.add_bias_kv() ? "yes" : "no", m.add_zero_attn() ? "yes" : "no",
-                m.compute_dtype() == v1::DATA_TYPE_BFLOAT16 ? "bfloat16" : "float32",
-                static_cast<long>(m.batching().max_batch_size()),
-                static_cast<long>(m.batching().max_batch_tokens()),
-                static_cast<long>(m.batching().max_queue_delay_us()),
-                static_cast<long>(m.batching().max_queue_size()));
-  }
-  std::printf("(* = default model)\n");
-  return 0;
+ModelCommandOptions ModelOptionsFromFlags() {
+  ModelCommandOptions o;
+  o.target = absl::GetFlag(FLAGS_server);
+  o.lb_policy = absl::GetFlag(FLAGS_lb_policy);
+  o.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
+  return o;
 }
 
 int Health() {
@@ -275,7 +191,7 @@ int Health() {
   request.set_service(absl::GetFlag(FLAGS_service));
   grpc::health::v1::HealthCheckResponse response;
   const grpc::Status status = stub->Check(&ctx, request, &response);
-  if (!status.ok()) return Fail(absl::StrCat("health check failed: ", RpcError(status)));
+  if (!status.ok()) return Fail(CallFailure("health check", status));
   const std::string name =
       grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
   std::printf("%s\n", name.c_str());
@@ -308,11 +224,20 @@ int Load() {
   o.concurrency.clear();
   for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_concurrency), ',')) {
     int v;
-    if (!absl::SimpleAtoi(c, &v) || v < 1) return Fail("--concurrency: expected e.g. 1,8,64", 2);
+    if (!absl::SimpleAtoi(c, &v) || v < 1) {
+      return Fail(absl::StrCat("--concurrency=", absl::GetFlag(FLAGS_concurrency),
+                               ": expected counts of at least 1, e.g. 1,8,64"),
+                  2);
+    }
     o.concurrency.push_back(v);
   }
   if (!absl::ParseDuration(absl::GetFlag(FLAGS_duration), &o.duration)) {
     return Fail("--duration: expected e.g. 10s or 500ms", 2);
+  }
+  if (o.duration <= absl::ZeroDuration()) {
+    return Fail(absl::StrCat("--duration=", absl::GetFlag(FLAGS_duration),
+                             ": expected a positive duration, e.g. 10s or 500ms"),
+                2);
   }
   o.requests = absl::GetFlag(FLAGS_requests);
   o.rate = absl::GetFlag(FLAGS_rate);
@@ -331,9 +256,22 @@ int Load() {
   o.need_weights = absl::GetFlag(FLAGS_need_weights);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.progress = isatty(STDERR_FILENO) != 0;
+  // Each level's row as it completes, after a line on stderr as it starts.
+  o.on_level_start = [&](int level, int concurrency) {
+    std::fprintf(stderr, "load: level %d of %zu: concurrency %d, %s\n", level + 1,
+                 o.concurrency.size(), concurrency,
+                 o.requests > 0 ? absl::StrCat(o.requests, " requests").c_str()
+                                : absl::StrCat("for ", absl::FormatDuration(o.duration)).c_str());
+  };
+  bool header = false;
+  o.on_level_done = [&](const LevelResult& r) {
+    if (!header) std::printf("%s", FormatTableHeader().c_str());
+    header = true;
+    std::printf("%s", FormatTableRow(r).c_str());
+    std::fflush(stdout);
+  };
   auto results = RunLoad(o);
   if (!results.ok()) return Fail(std::string(results.status().message()));
-  std::printf("%s", FormatTable(*results).c_str());
   for (auto [path, text] : std::vector<std::pair<std::string, std::string>>{
            {absl::GetFlag(FLAGS_csv), FormatCsv(*results)},
            {absl::GetFlag(FLAGS_json), FormatJson(*results)}}) {
@@ -352,30 +290,70 @@ int Load() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "attention-client {infer|models|health|load|session} [--flags]\n"
-      "  infer   send one request (inputs from .npy files or random) and print the result\n"
-      "  models  list the served models and their batching settings\n"
-      "  health  check grpc.health.v1; exit 0 only when SERVING\n"
-      "  load    closed-loop load generator: throughput and latency per concurrency level\n"
-      "          (--sessions N: a decode load of N sessions stepping one token at a time)\n"
-      "  session append a generated sequence to a session and check it against Infer");
+      "attention-client {infer|models|repository|load|unload|health|session} [--flags]\n"
+      "  infer        send one request (inputs from .npy files or random) and print the result\n"
+      "  models       list the served models: version, state of each version, batching\n"
+      "  repository   the repository index: every model version, its state and reason\n"
+      "  load MODEL   load (or re-read) MODEL from the server's repository (the server runs\n"
+      "               with --model_control=explicit); unload MODEL stops serving it\n"
+      "  health       check grpc.health.v1; exit 0 only when SERVING\n"
+      "  load         (no MODEL) load generator: throughput and latency per concurrency\n"
+      "               level (--sessions N: a decode load of N sessions stepping one token)\n"
+      "  session      append a generated sequence to a session and check it against Infer\n"
+      "Every command takes --server HOST:PORT (default localhost:50051) and --deadline_ms.");
   absl::FlagsUsageConfig usage;  // --help lists this binary's own flags.
   usage.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "cli/main.cc");
+    return absl::EndsWith(path, "cli/cli_flags.cc");
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   usage.version_string = [] { return std::string("attention-client " ATTENTION_VERSION "\n"); };
   absl::SetFlagsUsageConfig(usage);
+  // --help is a question answered, not an error: usage on stdout, exit 0
+  // (abseil's own handling exits 1).
+  for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-help" || arg == "--helpshort" || arg == "-helpshort" ||
+        arg == "-h") {
+      absl::flags_internal::SetProgramInvocationName(argv[0]);
+      absl::flags_internal::FlagsHelp(std::cout, "cli/cli_flags.cc",
+                                      absl::flags_internal::HelpFormat::kHumanReadable,
+                                      absl::ProgramUsageMessage());
+      return 0;
+    }
+  }
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2) {
-    if (args.size() > 2) {
-      std::cerr << "attention-client: unexpected argument '" << args[2]
+  const std::string command = args.size() > 1 ? args[1] : "";
+  // load and unload take a model name; other commands nothing more.
+  const size_t most = command == "load" || command == "unload" ? 3 : 2;
+  if (args.size() < 2 || args.size() > most || (command == "unload" && args.size() != 3)) {
+    if (args.size() > most) {
+      std::cerr << "attention-client: unexpected argument '" << args[most]
                 << "' (flags are --name=value; see --help)\n";
+    } else if (command == "unload") {
+      std::cerr << "attention-client: unload: which model? (attention-client unload MODEL)\n";
     }
     std::cerr << absl::ProgramUsageMessage() << "\n";
     return 2;
   }
-  const std::string command = args[1];
+  const std::string model_arg = args.size() == 3 ? args[2] : "";
+  // `load MODEL` is model control; a load-generator flag beside it means the
+  // name is a stray value (e.g. `--concurrency 1,8 64`).
+  for (int i = 1; command == "load" && !model_arg.empty() && i < argc; ++i) {
+    for (const char* flag : {"concurrency", "duration", "requests", "rate", "rpc", "protocol",
+                             "sessions", "steps", "context", "csv", "json", "pad_share"}) {
+      const std::string arg = argv[i], name = absl::StrCat("--", flag);
+      if (arg == name || absl::StartsWith(arg, name + "=")) {
+        std::cerr << "attention-client: load " << model_arg << ": load MODEL loads a model, but "
+                  << name << " is a load-generator flag; to generate load, leave out '" << model_arg
+                  << "' (flags are --name=value)\n";
+        return 2;
+      }
+    }
+  }
+  if (const absl::Status range = attention::client::CheckFlagRanges(); !range.ok()) {
+    std::cerr << "attention-client: " << range.message() << "\n";
+    return 2;
+  }
   attention::client::ChannelSecurity security;
   security.tls = absl::GetFlag(FLAGS_tls);
   security.ca_file = absl::GetFlag(FLAGS_tls_ca_file);
@@ -399,7 +377,18 @@ int main(int argc, char** argv) {
   }
   attention::client::SetMaxMessageBytes(absl::GetFlag(FLAGS_max_message_bytes));
   if (command == "infer") return attention::client::Infer();
-  if (command == "models") return attention::client::Models();
+  if (command == "models") {
+    return attention::client::ListModels(attention::client::ModelOptionsFromFlags());
+  }
+  if (command == "repository") {
+    return attention::client::ShowRepository(attention::client::ModelOptionsFromFlags());
+  }
+  if (command == "load" && !model_arg.empty()) {
+    return attention::client::LoadModel(attention::client::ModelOptionsFromFlags(), model_arg);
+  }
+  if (command == "unload") {
+    return attention::client::UnloadModel(attention::client::ModelOptionsFromFlags(), model_arg);
+  }
   if (command == "health") return attention::client::Health();
   if (command == "load") return attention::client::Load();
   if (command == "session") {

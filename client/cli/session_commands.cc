@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/cli/client_util.h"
+#include "client/cli/progress_line.h"
 #include "client/cli/session_client.h"
 #include "nlohmann/json.hpp"
 #include "proto/codec/tensor_codec.h"
@@ -45,12 +46,27 @@ std::string Latencies(std::vector<double> ms) {
                       Percentile(ms, 0.99), " ms, max ", ms.empty() ? 0 : ms.back(), " ms");
 }
 
+// "CODE: message", with CallAdvice's hint when it has one.
+std::string WithHint(const absl::Status& status, const SessionCommandOptions& o) {
+  const std::string hint =
+      CallAdvice::For(static_cast<int>(status.code()), std::string(status.message()),
+                      CallOf(o.target, o.deadline_ms));
+  return absl::StrCat(status.ToString(), hint.empty() ? "" : absl::StrCat("\n  hint: ", hint));
+}
+
 }  // namespace
+
+std::string PrefillDeadlineMessage(int64_t sessions, int64_t context, int64_t deadline_ms) {
+  return absl::StrCat("prefilling ", sessions, " x ", context,
+                      " tokens took longer than --deadline_ms=", deadline_ms,
+                      "; raise it (each append of the prefill has that long, queued behind the "
+                      "other sessions'), or prefill less (--sessions, --context)");
+}
 
 int RunSessionCheck(const SessionCommandOptions& o) {
   if (o.tokens < 1 || o.chunk < 1) return Fail("--tokens and --chunk must be >= 1");
   auto attention = v1::AttentionService::NewStub(MakeChannel(o.target, o.lb_policy));
-  auto model = FetchModel(attention.get(), o.model, o.deadline_ms);
+  auto model = FetchModel(attention.get(), o.model, o.deadline_ms, o.target);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   std::mt19937 rng(o.seed);
   const Tensor x = RandomNormal({o.tokens, model->embed_dim()}, rng);
@@ -60,7 +76,7 @@ int RunSessionCheck(const SessionCommandOptions& o) {
   create.set_model(model->name());
   create.set_kind(v1::SESSION_KIND_SELF);
   auto info = client.Create(create);
-  if (!info.ok()) return Fail(absl::StrCat("CreateSession: ", info.status().ToString()));
+  if (!info.ok()) return Fail(absl::StrCat("CreateSession: ", WithHint(info.status(), o)));
   const std::string id = info->session_id();
   std::vector<float> outputs;
   std::vector<double> step_ms;
@@ -71,7 +87,7 @@ int RunSessionCheck(const SessionCommandOptions& o) {
     const absl::Time start = absl::Now();
     auto response = client.Append(request);
     step_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-    if (!response.ok()) return Fail(absl::StrCat("Append: ", response.status().ToString()));
+    if (!response.ok()) return Fail(absl::StrCat("Append: ", WithHint(response.status(), o)));
     if (response->length() != at + t) {
       return Fail(
           absl::StrCat("Append: session length ", response->length(), ", expected ", at + t));
@@ -92,7 +108,7 @@ int RunSessionCheck(const SessionCommandOptions& o) {
   SetDeadline(&context, o.deadline_ms);
   v1::InferResponse whole;
   const grpc::Status status = attention->Infer(&context, infer, &whole);
-  if (!status.ok()) return Fail(absl::StrCat("Infer: ", status.error_message()));
+  if (!status.ok()) return Fail(DescribeFailure("Infer", status, o.target, o.deadline_ms));
   auto want = wire::DecodeTensorCopy(whole.output(), "output");
   if (!want.ok() || want->num_elements() != static_cast<int64_t>(outputs.size())) {
     return Fail("Infer: unexpected output");
@@ -121,10 +137,11 @@ int RunSessionCheck(const SessionCommandOptions& o) {
 
 int RunDecodeLoad(const SessionCommandOptions& o) {
   if (o.sessions < 1 || o.steps < 1 || o.context < 0) {
-    return Fail("--sessions and --steps must be >= 1, --context >= 0");
+    return Fail(absl::StrCat("--sessions and --steps must be >= 1, --context >= 0; got --sessions=",
+                             o.sessions, " --steps=", o.steps, " --context=", o.context));
   }
   auto attention = v1::AttentionService::NewStub(MakeChannel(o.target, o.lb_policy));
-  auto model = FetchModel(attention.get(), o.model, o.deadline_ms);
+  auto model = FetchModel(attention.get(), o.model, o.deadline_ms, o.target);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   const int64_t e = model->embed_dim();
   const int64_t chunk =
@@ -135,14 +152,27 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
   std::vector<std::vector<double>> step_ms(o.sessions);
   std::vector<double> batch_sum(o.sessions, 0);
   std::atomic<int64_t> errors{0};
-  std::atomic<int64_t> resent{0};  // Appends sent again after UNAVAILABLE.
+  std::atomic<int64_t> resent{0};   // Appends sent again after UNAVAILABLE.
+  std::atomic<int64_t> unready{0};  // Sessions not created or not prefilled: they skip the steps.
   absl::Mutex error_mu;
   std::string first_error;
-  auto failed = [&](const absl::Status& status) {
+  auto failed = [&](const absl::Status& status, bool prefill) {
     ++errors;
     absl::MutexLock lock(&error_mu);
-    if (first_error.empty()) first_error = status.ToString();
+    if (!first_error.empty()) return;
+    first_error = prefill && status.code() == absl::StatusCode::kDeadlineExceeded
+                      ? absl::StrCat(status.ToString(), "\n  hint: ",
+                                     PrefillDeadlineMessage(o.sessions, o.context, o.deadline_ms))
+                      : WithHint(status, o);
   };
+  std::fprintf(stderr, "decode load: creating %lld sessions%s\n",
+               static_cast<long long>(o.sessions),
+               o.context > 0 ? absl::StrCat(", each prefilling ", o.context, " tokens (",
+                                            o.sessions, " x ", o.context, " tokens)")
+                                   .c_str()
+                             : "");
+  ProgressLine prefill_progress(stderr, "prefilled ", o.sessions, " sessions");
+  ProgressLine step_progress(stderr, "decoded ", o.sessions * o.steps, " tokens");
   std::vector<std::thread> threads;
   for (int64_t s = 0; s < o.sessions; ++s) {
     threads.emplace_back([&, s] {
@@ -164,23 +194,30 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
         resent += sent_again;
         return response;
       };
-      for (int64_t at = 0; info.ok() && at < o.context; at += chunk) {
+      bool ready = info.ok();  // Created and prefilled: it steps.
+      for (int64_t at = 0; ready && at < o.context; at += chunk) {
         auto prefill = append(at, std::min(chunk, o.context - at));
         if (!prefill.ok() && prefill.status().code() != absl::StatusCode::kDataLoss) {
-          failed(prefill.status());
-          break;
+          failed(prefill.status(), true);
+          ready = false;
         }
       }
-      if (!info.ok()) failed(info.status());
+      if (!info.ok()) failed(info.status(), false);
+      if (ready) {
+        prefill_progress.Done();
+      } else {
+        ++unready;
+      }
       if (prefilled->Block()) delete prefilled;
-      for (int64_t i = 0; info.ok() && i < o.steps; ++i) {
+      for (int64_t i = 0; ready && i < o.steps; ++i) {
         const absl::Time start = absl::Now();
         auto response = append(o.context + i, 1);
-        if (!response.ok() && response.status().code() == absl::StatusCode::kDataLoss) continue;
-        if (!response.ok()) {
-          failed(response.status());
+        if (!response.ok() && response.status().code() != absl::StatusCode::kDataLoss) {
+          failed(response.status(), false);
           break;
         }
+        step_progress.Done();
+        if (!response.ok()) continue;  // Applied; its answer was lost.
         step_ms[s].push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
         batch_sum[s] += response->batch_requests();
       }
@@ -189,11 +226,23 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
     });
   }
   if (prefilled->Block()) delete prefilled;
+  if (unready.load() > 0) {
+    absl::MutexLock lock(&error_mu);
+    std::fprintf(stderr,
+                 "%lld of %lld sessions failed to be created or prefilled; first error: %s\n",
+                 static_cast<long long>(unready.load()), static_cast<long long>(o.sessions),
+                 first_error.c_str());
+  }
+  std::fprintf(stderr, "decode load: %lld sessions stepping %lld tokens each\n",
+               static_cast<long long>(o.sessions - unready.load()),
+               static_cast<long long>(o.steps));
   const absl::Time start = absl::Now();
   if (finished->Block()) delete finished;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   for (auto& t : threads) t.join();
-  if (!first_error.empty()) std::fprintf(stderr, "first error: %s\n", first_error.c_str());
+  if (!first_error.empty() && unready.load() == 0) {  // Else reported after the prefill.
+    std::fprintf(stderr, "first error: %s\n", first_error.c_str());
+  }
   std::vector<double> all;
   double batches = 0;
   for (int64_t s = 0; s < o.sessions; ++s) {

@@ -7,7 +7,8 @@
 //     per-step latency percentiles. Exit 1 on any mismatch or error.
 //   load --sessions N: a decode load. N sessions each prefill C tokens, then
 //     step K times one token at a time, all concurrently; prints tokens/s and
-//     step latency percentiles.
+//     step latency percentiles, and its progress on stderr as it goes
+//     ("prefilled 16/64 sessions", "decoded 2048/8192 tokens").
 // Both print to stdout and return the process exit code.
 #ifndef ATTENTION_CLIENT_CLI_SESSION_COMMANDS_H_
 #define ATTENTION_CLIENT_CLI_SESSION_COMMANDS_H_
@@ -35,6 +36,11 @@ struct SessionCommandOptions {
 
 int RunSessionCheck(const SessionCommandOptions& options);
 int RunDecodeLoad(const SessionCommandOptions& options);
+
+// What the decode load says when a prefill append passed its deadline:
+// "prefilling 64 x 4096 tokens took longer than --deadline_ms=10000; raise
+// it ...".
+std::string PrefillDeadlineMessage(int64_t sessions, int64_t context, int64_t deadline_ms);
 
 }  // namespace attention::client
 

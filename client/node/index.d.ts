@@ -11,9 +11,12 @@ export interface Tensor {
 }
 
 /** A failed call: the gRPC status (number and name), its message, and what to do about it
- * when the client can tell (a TLS/plaintext mismatch, a message over a size limit). */
+ * when the client can tell (nothing listening at the target, a TLS/plaintext mismatch, a
+ * message over a size limit, a missing or refused token, a deadline passed). The message shows
+ * `summary` instead of the raw details when there is one ("cannot connect to host:port:
+ * connection refused"); `details` keeps gRPC's text. */
 export class AttentionError extends Error {
-  constructor(code: number, details: string, hint?: string | null);
+  constructor(code: number, details: string, hint?: string | null, summary?: string | null);
   readonly code: number;
   /** 'UNAVAILABLE', 'INVALID_ARGUMENT', ... */
   readonly codeName: string;
@@ -52,6 +55,8 @@ export interface InferOptions {
   perHeadWeights?: boolean;
   /** '' or absent: the server's default model. */
   model?: string;
+  /** The model version to run (a whole number); 0 or absent: the newest serving version. */
+  modelVersion?: number;
   outputDtype?: 'float32' | 'float16' | 'bfloat16';
   requestId?: string;
 }
@@ -64,6 +69,8 @@ export interface InferResult {
   queueUs: number;
   computeUs: number;
   batchRequests: number;
+  /** The model version that computed it. */
+  modelVersion: number;
   /** inferStream(): this request failed (the stream went on). */
   error: AttentionError | null;
 }
@@ -73,6 +80,23 @@ export interface BatchingConfig {
   maxBatchTokens: number;
   maxQueueDelayUs: number;
   maxQueueSize: number;
+}
+
+/** One version of a model and its state. */
+export interface ModelVersionState {
+  version: number;
+  state: 'READY' | 'UNAVAILABLE' | string;
+  /** Why not READY (a refused load names the file and what was wrong); '' when READY. */
+  reason: string;
+}
+
+/** One entry of the repository index (Triton's get_model_repository_index). */
+export interface RepositoryModel {
+  name: string;
+  /** 0 when the server names no version (a folder with none loadable). */
+  version: number;
+  state: 'READY' | 'UNAVAILABLE' | string;
+  reason: string;
 }
 
 export interface ModelInfo {
@@ -86,6 +110,12 @@ export interface ModelInfo {
   addZeroAttn: boolean;
   computeDtype: string;
   isDefault: boolean;
+  /** The version described: the newest serving, or the one asked of getModel(). */
+  version: number;
+  /** Every known version of the model and its state. */
+  versions: ModelVersionState[];
+  /** The layout of query, key, value and output: true (N, L, E), false (L, N, E). */
+  batchFirst: boolean;
   batching: BatchingConfig;
 }
 
@@ -122,6 +152,8 @@ export interface AppendResult {
   queueUs: number;
   computeUs: number;
   batchRequests: number;
+  /** The session's model version, which computes all its appends. */
+  modelVersion: number;
   error: AttentionError | null;
 }
 
@@ -136,6 +168,8 @@ export interface SessionInfo {
   lastUsedUnixMs: number;
   ttlS: number;
   maxTokens: number;
+  /** The model version the session was created on. */
+  modelVersion: number;
 }
 
 export class Session {
@@ -168,7 +202,15 @@ export class AttentionClient {
   inferStream(requests: Iterable<InferOptions> | AsyncIterable<InferOptions>,
               deadlineMs?: number): AsyncGenerator<InferResult, void, undefined>;
   models(): Promise<ModelInfo[]>;
-  getModel(name?: string): Promise<ModelInfo>;
+  /** version: 0 or absent: the newest serving. */
+  getModel(name?: string, version?: number): Promise<ModelInfo>;
+  /** Every model version of the server's repository and its state; ready: only READY ones. */
+  repositoryIndex(ready?: boolean): Promise<RepositoryModel[]>;
+  /** Loads (or re-reads) a model (a server with --model_control=explicit); the versions
+   * serving after it. */
+  loadModel(name: string): Promise<number[]>;
+  /** Stops serving every version of a model. */
+  unloadModel(name: string): Promise<void>;
   health(service?: string, deadlineMs?: number): Promise<HealthStatus>;
   waitReady(timeoutMs?: number, service?: string, pollMs?: number): Promise<boolean>;
   session(opts: SessionOptions & {replay: true}): Promise<ReplayingSession>;

@@ -29,6 +29,9 @@ class AttentionClient {
                                          this._options(this.lbPolicy));
     this._sessions = new v1.SessionService(target, this.security.credentials,
                                            this._options(this.lbPolicy));
+    this._inference = new v1.inference.GRPCInferenceService(target, this.security.credentials,
+                                                            this._options(this.lbPolicy));
+    this.hasToken = this.security.hasToken;
     this._replicas = new Map();  // address -> SessionService client (pick_first).
   }
 
@@ -44,8 +47,8 @@ class AttentionClient {
   async _error(err) {
     if (err instanceof AttentionError) return err;
     if (err.code === undefined) return err;
-    const hint = await common.advise(err.code, err.details, this);
-    return new AttentionError(err.code, err.details, hint);
+    const {hint, summary} = await common.adviseCall(err.code, err.details, this);
+    return new AttentionError(err.code, err.details, hint, summary);
   }
 
   // routingKey: sent as the x-attention-session header (sessions behind a gateway).
@@ -76,12 +79,14 @@ class AttentionClient {
   close() {
     this._stub.close();
     this._sessions.close();
+    this._inference.close();
     for (const replica of this._replicas.values()) replica.close();
     this._replicas.clear();
   }
 
   // One Infer. opts: query (required), key, value, keyPaddingMask, attnMask (tensors),
-  // isCausal, needWeights, perHeadWeights, model, outputDtype, requestId.
+  // isCausal, needWeights, perHeadWeights, model, modelVersion (0: the newest serving),
+  // outputDtype, requestId. The result's modelVersion says which version computed it.
   async infer(opts) {
     return common.inferResult(await this._unary(this._stub, 'Infer', common.inferRequest(opts)));
   }
@@ -112,8 +117,34 @@ class AttentionClient {
     return response.models.map(common.modelInfo);
   }
 
-  async getModel(name = '') {
-    return common.modelInfo(await this._unary(this._stub, 'GetModel', {name}));
+  // version: 0 (the newest serving) or the version to describe.
+  async getModel(name = '', version = 0) {
+    return common.modelInfo(await this._unary(this._stub, 'GetModel',
+                                              {name, version: common.modelVersionOf(version)}));
+  }
+
+  // Every model of the server's repository, served or not, one entry per version: {name,
+  // version, state ('READY' | 'UNAVAILABLE'), reason} (the Open Inference Protocol's
+  // RepositoryIndex, Triton's get_model_repository_index). ready: only READY ones.
+  async repositoryIndex(ready = false) {
+    const response = await this._unary(this._inference, 'RepositoryIndex',
+                                       {repository_name: '', ready: !!ready});
+    return response.models.map(common.repositoryModel);
+  }
+
+  // Loads (or re-reads) a model from the repository; the versions serving after it. Needs a
+  // server run with --model_control=explicit (FAILED_PRECONDITION otherwise) and, with tokens,
+  // an admin one (its --admin_tokens_file).
+  async loadModel(name) {
+    const response = await this._unary(this._stub, 'LoadModel',
+                                       {name: modelName(name, 'loadModel')});
+    return response.versions.map(Number);
+  }
+
+  // Stops serving every version of a model: admitted requests finish, its sessions end.
+  // NOT_FOUND when no version of it serves.
+  async unloadModel(name) {
+    await this._unary(this._stub, 'UnloadModel', {name: modelName(name, 'unloadModel')});
   }
 
   // grpc.health.v1 Check over a pick_first channel of its own: 'SERVING', 'NOT_SERVING', ...
@@ -175,6 +206,14 @@ class AttentionClient {
                                        {session_id: sessionId}, routingKeyOf(sessionId));
     return Number(response.freed_bytes);
   }
+}
+
+function modelName(name, method) {
+  if (typeof name !== 'string' || !name) {
+    throw new TypeError(`${method}: expected a model name (a non-empty string), got ` +
+                        `${JSON.stringify(name)}`);
+  }
+  return name;
 }
 
 const KINDS = {self: 'SESSION_KIND_SELF', cross: 'SESSION_KIND_CROSS'};

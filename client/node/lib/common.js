@@ -1,5 +1,6 @@
-// attention-client's shared pieces: errors and hints, target checks, channel settings and
-// security, tensors, and the message conversions the client classes (client.js) use.
+// attention-client's shared pieces: channel settings and security, tensors, and the message
+// conversions the client classes (client.js) use; with errors.js's errors, target checks and
+// hints, re-exported.
 //
 // The package (index.js):
 //   const {AttentionClient, float32} = require('attention-client');
@@ -20,10 +21,12 @@
 // URL, no port) is refused by the constructor. index.d.ts has the types.
 'use strict';
 const fs = require('fs');
-const net = require('net');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
+const errors = require('./errors.js');
+
+const {AttentionError} = errors;
 
 const VERSION = require('../package.json').version;
 const MAX_MESSAGE_BYTES = 256 << 20;  // The largest message sent or received (default).
@@ -33,7 +36,6 @@ const RETRY_POLICY = {
   retryableStatusCodes: ['UNAVAILABLE'],
 };
 const RETRIED_SESSION_METHODS = ['CreateSession', 'GetSession', 'CloseSession'];
-const STATUS_NAMES = Object.fromEntries(Object.entries(grpc.status).map(([k, v]) => [v, k]));
 
 // The protos: bundled in the package (proto/, copied by `npm pack`), else the repository's.
 function protoRoot() {
@@ -43,188 +45,20 @@ function protoRoot() {
 }
 
 let loaded = null;
+// The protos' packages: attention.v1 (loadProtos()) and the Open Inference Protocol's
+// inference package (loadProtos().inference: RepositoryIndex).
 function loadProtos() {
   if (!loaded) {
     const definition = protoLoader.loadSync(
-        ['attention/v1/attention.proto', 'attention/v1/sessions.proto'],
+        ['attention/v1/attention.proto', 'attention/v1/sessions.proto',
+         'inference/grpc_predict_v2.proto'],
         {keepCase: true, longs: Number, enums: String, defaults: true, oneofs: true,
          includeDirs: [protoRoot()]});
-    loaded = grpc.loadPackageDefinition(definition).attention.v1;
+    const root = grpc.loadPackageDefinition(definition);
+    loaded = root.attention.v1;
+    Object.defineProperty(loaded, 'inference', {value: root.inference, enumerable: false});
   }
   return loaded;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Errors.
-
-class AttentionError extends Error {
-  constructor(code, details, hint) {
-    const codeName = STATUS_NAMES[code] || `CODE_${code}`;
-    super(`${codeName}: ${details}${hint ? ` (${hint})` : ''}`);
-    this.name = 'AttentionError';
-    this.code = code;
-    this.codeName = codeName;
-    this.details = details;
-    this.hint = hint || null;
-  }
-}
-
-const OTHER_SCHEMES = ['unix:', 'unix-abstract:', 'vsock:', 'xds:', 'google-c2p:'];
-const HOST_PORT = /^(\[[^\]]*\]|[^:[\]/]*)(?::([^:/]*))?$/;
-
-function invalidTarget(target, what) {
-  return new AttentionError(grpc.status.INVALID_ARGUMENT, `target '${target}': ${what}`);
-}
-
-function checkHostPort(target, hostPort, default443 = true) {
-  const m = HOST_PORT.exec(hostPort);
-  if (!m || !m[1]) {
-    if ((hostPort.match(/:/g) || []).length > 1 && !hostPort.startsWith('[')) {
-      throw invalidTarget(target, `an IPv6 address goes in brackets: '[${hostPort}]:50051'`);
-    }
-    throw invalidTarget(target, "expected host:port, e.g. 'localhost:50051'");
-  }
-  if (m[2] === undefined || m[2] === '') {
-    throw invalidTarget(target, `no port${default443 ? ' (gRPC would use 443)' : ''}: give ` +
-                                `host:port, e.g. '${m[1]}:50051'`);
-  }
-  if (!/^\d+$/.test(m[2]) || Number(m[2]) < 1 || Number(m[2]) > 65535) {
-    throw invalidTarget(target, `port '${m[2]}': expected a number from 1 to 65535`);
-  }
-}
-
-// Throws AttentionError (INVALID_ARGUMENT) for a target gRPC would misread: a URL, or
-// host:port without the port (gRPC's DNS resolver would use 443).
-function checkTarget(target) {
-  if (typeof target !== 'string' || !target) {
-    throw invalidTarget(target, "expected host:port, e.g. 'localhost:50051'");
-  }
-  const url = /^([A-Za-z][A-Za-z0-9+.-]*):\/\/(.*)$/.exec(target);
-  if (url && url[1].toLowerCase() !== 'dns') {
-    const scheme = url[1].toLowerCase();
-    if (OTHER_SCHEMES.includes(`${scheme}:`)) return;
-    const rest = url[2].split('/')[0];
-    const example = /:\d+$/.test(rest) ? rest : `${rest}:50051`;
-    const tls = scheme === 'https' || scheme === 'grpcs' ? ' and tls: true' : '';
-    throw invalidTarget(target, `a URL; a gRPC target is host:port: use '${example}'${tls}`);
-  }
-  if (OTHER_SCHEMES.some((s) => target.startsWith(s))) return;
-  if (target.startsWith('dns:')) {
-    let rest = target.slice(4);
-    if (rest.startsWith('//')) rest = rest.slice(2).includes('/') ? rest.slice(2).split('/').slice(1).join('/') : '';
-    checkHostPort(target, rest);
-    return;
-  }
-  for (const scheme of ['ipv4:', 'ipv6:']) {
-    if (target.startsWith(scheme)) {
-      for (const address of target.slice(5).split(',')) checkHostPort(target, address, false);
-      return;
-    }
-  }
-  checkHostPort(target, target);
-}
-
-function firstAddress(target) {
-  let rest = target;
-  if (rest.startsWith('dns:')) {
-    rest = rest.slice(4);
-    if (rest.startsWith('//')) rest = rest.slice(2).split('/').slice(1).join('/');
-  } else if (rest.startsWith('ipv4:') || rest.startsWith('ipv6:')) {
-    rest = rest.slice(5).split(',')[0];
-  }
-  const m = HOST_PORT.exec(rest);
-  if (!m || !/^\d+$/.test(m[2] || '')) return null;
-  return {host: m[1].replace(/^\[|\]$/g, ''), port: Number(m[2])};
-}
-
-const PREFACE = Buffer.concat([Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n'),
-                               Buffer.from([0, 0, 0, 4, 0, 0, 0, 0, 0])]);
-
-// What listens at host:port, from one plaintext HTTP/2 preface: 'http2' (a SETTINGS frame
-// came back: a plaintext gRPC server), 'tls' (a TLS record, or a hang-up without a byte), or
-// null (no connection or no answer).
-function probeHttp2(host, port, timeoutMs = 1000) {
-  return new Promise((resolve) => {
-    let data = Buffer.alloc(0);
-    let connected = false;
-    const socket = net.connect({host, port});
-    const done = (answer) => {
-      socket.destroy();
-      resolve(answer);
-    };
-    socket.setTimeout(timeoutMs, () => done(null));
-    socket.on('connect', () => {
-      connected = true;
-      socket.write(PREFACE);
-    });
-    socket.on('data', (chunk) => {
-      data = Buffer.concat([data, chunk]);
-      if (data.length >= 4 && data[3] === 0x04) done('http2');
-      else if (data[0] === 0x15 || data[0] === 0x16) done('tls');
-      else if (data.length >= 9) done(null);
-    });
-    socket.on('error', (err) => done(connected && err.code === 'ECONNRESET' ? 'tls' : null));
-    socket.on('end', () => done(connected && data.length === 0 ? 'tls' : null));
-  });
-}
-
-const CONNECT_FAILURE = /failed to connect|Socket closed|reset by peer|[Hh]andshake|backends failing|Broken pipe|End of TCP stream|SSL|TLS|No connection established|ECONNRESET/;
-const TOO_LARGE = /(Sent|Received) message larger than max \((\d+) vs\.? (\d+)\)/;
-
-// A hint for a failed call (null when there is none). `client`: {target, tls,
-// clientCertificate, maxMessageBytes}.
-async function advise(code, details, client) {
-  details = details || '';
-  const sendLimit = /Attempted to send message with a size larger than (\d+)/.exec(details);
-  if (sendLimit) {  // grpc-js's own words for its send limit.
-    return `the request is over this client's limit of ${sendLimit[1]} bytes: raise ` +
-           "maxMessageBytes (the server's limit is its --max_message_bytes)";
-  }
-  const tooLarge = TOO_LARGE.exec(details);
-  if (tooLarge) {
-    const [, direction, size, limit] = tooLarge;
-    if (Number(limit) === client.maxMessageBytes) {
-      const what = direction === 'Sent' ? 'the request' : 'the response';
-      return `${what} is ${size} bytes, over this client's limit of ${limit}: raise ` +
-             "maxMessageBytes (the server's limit is its --max_message_bytes)";
-    }
-    const what = direction === 'Received' ? 'the request' : 'the response';
-    return `${what} is ${size} bytes, over the server's limit of ${limit}: send less per ` +
-           `request, or start the server with --max_message_bytes=${size} or more`;
-  }
-  if (![grpc.status.UNAVAILABLE, grpc.status.UNKNOWN, grpc.status.INTERNAL].includes(code) ||
-      !CONNECT_FAILURE.test(details)) {
-    return null;
-  }
-  if (client.tls && /certificate[ _]verify[ _]failed|self.signed|unable to (get|verify)/i.test(details)) {
-    return "the client does not trust the server's certificate: pass tlsCaFile (the CA that " +
-           'signed it), or tlsServerName (a name it carries)';
-  }
-  const address = firstAddress(client.target);
-  const answer = address ? await probeHttp2(address.host, address.port) : null;
-  if (!client.tls && answer === 'tls') {
-    return 'the server speaks TLS: pass tls: true (and tlsCaFile: its CA unless the system ' +
-           'trusts it)';
-  }
-  if (client.tls && answer === 'http2') {
-    return 'the server speaks plaintext, not TLS: leave out tls and the tls* options';
-  }
-  if (client.tls && /certificate[ _]required/i.test(details)) {
-    return 'the server requires a client certificate (mutual TLS): pass tlsCertFile and ' +
-           'tlsKeyFile';
-  }
-  if (client.tls && /unknown[ _]ca|bad[ _]certificate|certificate[ _]unknown|decrypt[ _]error/i.test(details)) {
-    return 'the server did not accept the client certificate: use one signed by a CA the ' +
-           'server trusts (its --tls_client_ca_file)';
-  }
-  if (client.tls && answer === 'tls') {
-    return client.clientCertificate ?
-        'the TLS handshake failed: the server did not accept the client certificate; use one ' +
-            'signed by a CA the server trusts (its --tls_client_ca_file)' :
-        'the TLS handshake failed: if the server requires a client certificate (mutual TLS), ' +
-            'pass tlsCertFile and tlsKeyFile';
-  }
-  return null;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -307,7 +141,7 @@ function channelSecurity(opts = {}, env = process.env) {
   const token = readToken(opts.token, opts.tokenFile, env);
   if (!(opts.tls || opts.tlsCaFile || opts.tlsCertFile || opts.tlsServerName)) {
     return {tls: false, credentials: grpc.credentials.createInsecure(), options: {},
-            metadata: bearerMetadata(token)};
+            metadata: bearerMetadata(token), hasToken: !!token};
   }
   const read = (option) => (opts[option] ? readFile(option, opts[option]) : null);
   let credentials = grpc.credentials.createSsl(read('tlsCaFile'), read('tlsKeyFile'),
@@ -318,7 +152,7 @@ function channelSecurity(opts = {}, env = process.env) {
   }
   const options = opts.tlsServerName ?
       {'grpc.ssl_target_name_override': opts.tlsServerName} : {};
-  return {tls: true, credentials, options, metadata: new grpc.Metadata()};
+  return {tls: true, credentials, options, metadata: new grpc.Metadata(), hasToken: !!token};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -381,12 +215,23 @@ function toFloat32(tensor) {
   return out;
 }
 
+// modelVersion: a whole number >= 0 (0 or absent: the newest serving version).
+function modelVersionOf(version) {
+  if (version === undefined || version === null) return 0;
+  if (!Number.isInteger(version) || version < 0) {
+    throw new TypeError(`modelVersion: expected a whole number >= 0 (0: the newest serving ` +
+                        `version), got ${JSON.stringify(version)}`);
+  }
+  return version;
+}
+
 function inferRequest(opts) {
   const request = {
     model: opts.model || '', request_id: opts.requestId || '',
     query: toProtoTensor(opts.query, 'query'), is_causal: !!opts.isCausal,
     need_weights: !!opts.needWeights, per_head_weights: !!opts.perHeadWeights,
     output_dtype: opts.outputDtype ? DTYPES[opts.outputDtype] : 'DATA_TYPE_UNSPECIFIED',
+    model_version: modelVersionOf(opts.modelVersion),
   };
   for (const [name, field] of [['key', 'key'], ['value', 'value'],
                                ['keyPaddingMask', 'key_padding_mask'],
@@ -403,7 +248,8 @@ function inferResult(response) {
     requestId: response.request_id, output: error ? null : fromProtoTensor(response.output),
     attnWeights: error ? null : fromProtoTensor(response.attn_weights),
     queueUs: Number(response.queue_us), computeUs: Number(response.compute_us),
-    batchRequests: Number(response.batch_requests), error,
+    batchRequests: Number(response.batch_requests), modelVersion: Number(response.model_version),
+    error,
   };
 }
 
@@ -415,7 +261,8 @@ function appendResult(response) {
     output: error ? null : fromProtoTensor(response.output),
     attnWeights: error ? null : fromProtoTensor(response.attn_weights),
     length: Number(response.length), queueUs: Number(response.queue_us),
-    computeUs: Number(response.compute_us), batchRequests: Number(response.batch_requests), error,
+    computeUs: Number(response.compute_us), batchRequests: Number(response.batch_requests),
+    modelVersion: Number(response.model_version), error,
   };
 }
 
@@ -426,7 +273,14 @@ function sessionInfo(info) {
     length: Number(info.length), keys: Number(info.keys), bytes: Number(info.bytes),
     createdUnixMs: Number(info.created_unix_ms), lastUsedUnixMs: Number(info.last_used_unix_ms),
     ttlS: Number(info.ttl_s), maxTokens: Number(info.max_tokens),
+    modelVersion: Number(info.model_version),
   };
+}
+
+// One entry of the repository index (RepositoryIndexResponse.ModelIndex): version 0 when the
+// server names none.
+function repositoryModel(m) {
+  return {name: m.name, version: Number(m.version) || 0, state: m.state, reason: m.reason};
 }
 
 function modelInfo(m) {
@@ -434,7 +288,10 @@ function modelInfo(m) {
     name: m.name, embedDim: Number(m.embed_dim), numHeads: Number(m.num_heads),
     kdim: Number(m.kdim), vdim: Number(m.vdim), bias: m.bias, addBiasKv: m.add_bias_kv,
     addZeroAttn: m.add_zero_attn, computeDtype: DTYPE_NAMES[m.compute_dtype] || m.compute_dtype,
-    isDefault: m.is_default,
+    isDefault: m.is_default, version: Number(m.version),
+    versions: (m.versions || []).map((v) => ({version: Number(v.version), state: v.state,
+                                              reason: v.reason})),
+    batchFirst: m.batch_first !== false,
     batching: {
       maxBatchSize: Number(m.batching.max_batch_size),
       maxBatchTokens: Number(m.batching.max_batch_tokens),
@@ -455,9 +312,10 @@ function healthStatus(bytes) {
 }
 
 module.exports = {
-  VERSION, MAX_MESSAGE_BYTES, RETRY_POLICY, RETRIED_SESSION_METHODS, STATUS_NAMES,
-  AttentionError, checkTarget, firstAddress, probeHttp2, advise, serviceConfig, channelOptions,
+  ...errors, VERSION, MAX_MESSAGE_BYTES, RETRY_POLICY, RETRIED_SESSION_METHODS, serviceConfig,
+  channelOptions,
   readToken, channelSecurity, DTYPES, float32, bool, toFloat32, toProtoTensor, fromProtoTensor,
   loadProtos, protoRoot,
-  inferRequest, inferResult, appendResult, sessionInfo, modelInfo, healthRequest, healthStatus,
+  inferRequest, inferResult, appendResult, sessionInfo, modelInfo, repositoryModel,
+  modelVersionOf, healthRequest, healthStatus,
 };

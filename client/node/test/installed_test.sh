@@ -30,8 +30,11 @@ tarball=$(ls "$work"/attention-client-*.tgz)
 # its match before tar has written everything (tar dies of SIGPIPE).
 listing=$(tar -tzf "$tarball")
 sed 's/^/  /' <<<"$listing"
-grep -qx 'package/proto/attention/v1/sessions.proto' <<<"$listing" \
-  || { echo "FAIL: the tarball lacks the protos" >&2; exit 1; }
+for proto in attention/v1/sessions.proto inference/grpc_predict_v2.proto \
+             inference/model_config.proto; do
+  grep -qx "package/proto/$proto" <<<"$listing" \
+    || { echo "FAIL: the tarball lacks proto/$proto" >&2; exit 1; }
+done
 
 cd "$work/app"
 echo '{"name": "attention-client-user", "private": true}' > package.json

@@ -1,7 +1,7 @@
 // Compiled by `tsc --noEmit` against the installed package (node_package_test): the
 // declarations (index.d.ts) must describe a typical use; nothing here runs.
-import {AttentionClient, AttentionError, ReplayingSession, Tensor, bool, float32,
-        toFloat32} from 'attention-client';
+import {AttentionClient, AttentionError, ModelVersionState, RepositoryModel, ReplayingSession,
+        Tensor, bool, float32, toFloat32} from 'attention-client';
 
 async function use(target: string): Promise<number> {
   const client = new AttentionClient(target, {tlsCaFile: 'ca.pem', tokenFile: 'token',
@@ -12,8 +12,14 @@ async function use(target: string): Promise<number> {
   const mask: Tensor = bool([false, false, true, true, false, false, false, false], [1, 8]);
   try {
     const r = await client.infer({query, keyPaddingMask: mask, isCausal: true, needWeights: true,
-                                  outputDtype: 'bfloat16'});
+                                  outputDtype: 'bfloat16', modelVersion: model.version});
     const values: Float32Array = toFloat32(r.output!);
+    const version: number = r.modelVersion;
+    const states: ModelVersionState[] = (await client.getModel(model.name, version)).versions;
+    const index: RepositoryModel[] = await client.repositoryIndex(true);
+    const serving: number[] = await client.loadModel(index[0].name);
+    await client.unloadModel(model.name);
+    console.log(states.map((s) => `${s.version}:${s.state} ${s.reason}`), serving, model.batchFirst);
     for await (const s of client.inferStream([{query, requestId: 'a'}, {query}])) {
       if (s.error) console.log(s.error.codeName, s.error.hint);
       else console.log(s.requestId, s.output?.shape, s.batchRequests);
