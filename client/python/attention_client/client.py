@@ -4,16 +4,20 @@ import json
 import os
 import threading
 import time
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Iterable, Iterator, List, Mapping, Optional
 
 import grpc
 
 from . import _lifetime, _streams
 # The codec's and the errors' names stay importable from attention_client.client too.
 from ._codec import (_OUTPUT_DTYPES, InferResult, _decode, _encode,  # noqa: F401
-                     _infer_result, bfloat16_to_float32, float32_to_bfloat16)
+                     _infer_result, bfloat16_to_float32, float32_to_bfloat16, model_version_of,
+                     output_dtype_of)
 from ._stubs import attention_pb2, attention_pb2_grpc, sessions_pb2, sessions_pb2_grpc
+from ._stubs import grpc_predict_v2_pb2_grpc
 from .errors import AttentionError, check_target, from_rpc_error, status_code  # noqa: F401
+from .models import (RepositoryModel, index_request, load_request, model_dict,
+                     repository_models, unload_request)
 from .session import AppendResult, ReplayingSession, Session, SessionInfo
 
 
@@ -270,6 +274,8 @@ class AttentionClient:
         self._channel = self._make_channel(target, self.service_config)
         self._stub = attention_pb2_grpc.AttentionServiceStub(self._channel)
         self._session_stub = sessions_pb2_grpc.SessionServiceStub(self._channel)
+        # The Open Inference Protocol's repository calls (repository_index) on the same channel.
+        self._oip_stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._replicas = {}  # address -> (channel, SessionServiceStub)
         self._replicas_lock = threading.Lock()
         self._health_channel = self._make_channel(target, self.health_service_config,
@@ -310,7 +316,7 @@ class AttentionClient:
             channels += [channel for channel, _ in self._replicas.values()]
             self._replicas = {}
             self._channel = self._health_channel = closed
-            self._stub = self._session_stub = self._health_check = closed
+            self._stub = self._session_stub = self._health_check = self._oip_stub = closed
         for channel in channels:
             if not isinstance(channel, _lifetime.Closed):
                 channel.close()
@@ -323,19 +329,23 @@ class AttentionClient:
 
     def infer(self, query, key=None, value=None, key_padding_mask=None, attn_mask=None,
               is_causal=False, need_weights=False, per_head_weights=False, model="",
-              output_dtype=None, request_id="", bfloat16=False):
-        """Runs torch.nn.MultiheadAttention(query, key, value, ...) (batch-first) on the server.
+              output_dtype=None, request_id="", bfloat16=False, model_version=0):
+        """Runs torch.nn.MultiheadAttention(query, key, value, ...) on the server, in the
+        model's layout (batch-first unless it was exported from a batch_first=False layer).
 
         query (N, L, E) or (L, E); key (N, S, kdim) and value (N, S, vdim), absent for
         self-attention; key_padding_mask (N, S) bool (True = ignore) or float (added);
         attn_mask (L, S) or (N*H, L, S), bool (True = not allowed) or float (added).
-        output_dtype: "float32", "float16" or "bfloat16" (returned as float32 values);
-        default: the query's. bfloat16=True sends query/key/value as bfloat16.
+        output_dtype: "float32", "float16" or "bfloat16" (returned as float32 values), or
+        np.float32, np.float16, torch.float32/bfloat16/float16; default: the query's (other
+        values raise ValueError naming the ones accepted). bfloat16=True sends
+        query/key/value as bfloat16. model_version: the version to run (an int, or a string
+        of digits); 0: the newest serving. The result's model_version says which computed it.
         Raises AttentionError on failure.
         """
         request = self._infer_request(query, key, value, key_padding_mask, attn_mask, is_causal,
                                       need_weights, per_head_weights, model, output_dtype,
-                                      request_id, bfloat16)
+                                      request_id, bfloat16, model_version)
         try:
             response = self._stub.Infer(request, timeout=self.timeout)
         except grpc.RpcError as e:
@@ -345,20 +355,24 @@ class AttentionClient:
     @staticmethod
     def _infer_request(query, key=None, value=None, key_padding_mask=None, attn_mask=None,
                        is_causal=False, need_weights=False, per_head_weights=False, model="",
-                       output_dtype=None, request_id="", bfloat16=False):
+                       output_dtype=None, request_id="", bfloat16=False, model_version=0):
+        if not isinstance(model, str):
+            raise TypeError(f"model: expected a model name (str; '' for the server's default), "
+                            f"got {type(model).__name__} {model!r}")
         request = attention_pb2.InferRequest(model=model, request_id=request_id,
                                              is_causal=is_causal, need_weights=need_weights,
                                              per_head_weights=per_head_weights,
-                                             output_dtype=_OUTPUT_DTYPES[output_dtype])
-        _encode(query, request.query, bfloat16)
+                                             output_dtype=output_dtype_of(output_dtype),
+                                             model_version=model_version_of(model_version))
+        _encode(query, request.query, bfloat16, "query")
         if key is not None:
-            _encode(key, request.key, bfloat16)
+            _encode(key, request.key, bfloat16, "key")
         if value is not None:
-            _encode(value, request.value, bfloat16)
+            _encode(value, request.value, bfloat16, "value")
         if key_padding_mask is not None:
-            _encode(key_padding_mask, request.key_padding_mask)
+            _encode(key_padding_mask, request.key_padding_mask, argument="key_padding_mask")
         if attn_mask is not None:
-            _encode(attn_mask, request.attn_mask)
+            _encode(attn_mask, request.attn_mask, argument="attn_mask")
         return request
 
     def session(self, model="", kind="self", ttl_s=0, key=None, value=None,
@@ -413,30 +427,44 @@ class AttentionClient:
             raise self._error(e) from None
 
     def models(self):
-        """The served models: a list of dicts mirroring attention.v1.ModelInfo."""
+        """The served models: a list of dicts mirroring attention.v1.ModelInfo, with "version"
+        (the newest serving) and "versions" (every known version: version, state, reason)."""
+        response = self._call("ListModels", attention_pb2.ListModelsRequest())
+        return [model_dict(m) for m in response.models]
+
+    _model_dict = staticmethod(model_dict)
+
+    def repository_index(self, ready=False) -> List[RepositoryModel]:
+        """Every model of the server's repository, served or not, one entry per version
+        (name, version, state "READY"/"UNAVAILABLE", reason): the Open Inference Protocol's
+        RepositoryIndex, Triton's get_model_repository_index. ready=True: only READY ones."""
+        request = index_request(ready)
         try:
-            response = self._stub.ListModels(attention_pb2.ListModelsRequest(),
-                                             timeout=self.timeout)
+            response = self._oip_stub.RepositoryIndex(request, timeout=self.timeout)
         except grpc.RpcError as e:
             raise self._error(e) from None
-        return [self._model_dict(m) for m in response.models]
+        return repository_models(response)
 
-    @staticmethod
-    def _model_dict(m):
-        return {
-            "name": m.name, "embed_dim": m.embed_dim, "num_heads": m.num_heads,
-            "kdim": m.kdim, "vdim": m.vdim, "bias": m.bias, "add_bias_kv": m.add_bias_kv,
-            "add_zero_attn": m.add_zero_attn,
-            # False: the model takes (L, N, E) tensors (torch's batch_first=False); unset on
-            # servers before the field: True.
-            "batch_first": m.batch_first if m.HasField("batch_first") else True,
-            "compute_dtype": attention_pb2.DataType.Name(m.compute_dtype),
-            "is_default": m.is_default,
-            "batching": {"max_batch_size": m.batching.max_batch_size,
-                         "max_batch_tokens": m.batching.max_batch_tokens,
-                         "max_queue_delay_us": m.batching.max_queue_delay_us,
-                         "max_queue_size": m.batching.max_queue_size},
-        }
+    def load_model(self, model_name) -> List[int]:
+        """Loads (or re-reads) a model from the repository per its version policy and returns
+        the versions serving after it (attention.v1 LoadModel). Needs a server run with
+        --model_control=explicit (FAILED_PRECONDITION otherwise) and, with tokens, the admin
+        permission; a model with no folder is NOT_FOUND; a load that serves no version raises
+        the load's error (the repository index has its reason)."""
+        return list(self._call("LoadModel", load_request(model_name)).versions)
+
+    def unload_model(self, model_name) -> None:
+        """Stops serving every version of a model (attention.v1 UnloadModel): requests admitted
+        finish, its sessions end. Same mode and permission as load_model; NOT_FOUND when no
+        version of it serves."""
+        self._call("UnloadModel", unload_request(model_name))
+
+    def _call(self, method, request):
+        """One AttentionService call with the client's deadline; AttentionError on failure."""
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise self._error(e) from None
 
     def health_status(self, service=""):
         """grpc.health.v1 Check: "SERVING", "NOT_SERVING" (e.g. loading or draining),
