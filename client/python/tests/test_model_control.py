@@ -24,17 +24,18 @@ REPO = os.environ.get("ATTENTION_REPO",
 SERVER = os.environ.get("ATTENTION_SERVER_BINARY",
                         os.path.join(REPO, "build", "bin", "attention-server"))
 
-try:
+try:  # Third-party modules: their absence is a skip with the reason.
     import grpc
     import numpy as np
     import torch
+    MISSING = None
+except ImportError as e:
+    MISSING = str(e)
+if not MISSING:  # The package's own names: missing ones fail the test.
     from attention_client import (AttentionClient, AttentionError, InferenceClient,
                                   RepositoryModel)
     from attention_client.aio import AsyncAttentionClient
     from attention_client.export import export_mha
-    MISSING = None
-except ImportError as e:  # Reported as a skip with the reason.
-    MISSING = str(e)
 
 
 def free_port():
