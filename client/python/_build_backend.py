@@ -193,6 +193,33 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     files = package_sources()
     files.update(generated_stubs())
     files[f"{NAME}/_version.py"] = f'__version__ = "{version}"\n'.encode()
+    return _write_wheel(wheel_directory, version, files)
+
+
+def get_requires_for_build_editable(config_settings=None):
+    return get_requires_for_build_wheel(config_settings)
+
+
+def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
+    return prepare_metadata_for_build_wheel(metadata_directory, config_settings)
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    """`pip install -e`: a wheel whose .pth puts client/python on sys.path; the stubs are
+    generated into the source tree's attention_client/_proto (ignored by git), again on each
+    `pip install -e` (after a proto/ change)."""
+    for path, data in generated_stubs().items():
+        target = os.path.join(HERE, *path.split("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(data)
+    return _write_wheel(wheel_directory, project_version(),
+                        {f"__editable__.{NAME}.pth": (HERE + "\n").encode()})
+
+
+def _write_wheel(wheel_directory, version, files):
+    """Writes the wheel of `files` ({path: bytes}) and its .dist-info; returns its name."""
+    files = dict(files)
     dist_info = f"{NAME}-{version}.dist-info"
     files.update({f"{dist_info}/{name}": data for name, data in _dist_info(version).items()})
     record = [_record_line(path, data) for path, data in files.items()]

@@ -141,11 +141,11 @@ def main(argv=None):
             if args.command == "models":
                 for m in client.models():
                     versions = ", ".join(f"{v['version']} {v['state']}" for v in m["versions"])
-                    print(f"{m['name']}{' *' if m['is_default'] else ''}: version "
-                          f"{m['version']} ({versions or 'no versions reported'}), embed_dim "
+                    print(f"{m['name']}{' *' if m['is_default'] else ''}: embed_dim "
                           f"{m['embed_dim']}, num_heads {m['num_heads']}, kdim {m['kdim']}, "
                           f"vdim {m['vdim']}, {m['compute_dtype']}, max_batch_size "
-                          f"{m['batching']['max_batch_size']}")
+                          f"{m['batching']['max_batch_size']}, version {m['version']} "
+                          f"({versions or 'no versions reported'})")
                 print("(* = default model)")
                 return 0
             if args.command == "repository":

@@ -154,7 +154,8 @@ class ModelControlTest(unittest.TestCase):
                                    self.target], capture_output=True, text=True, timeout=60)
         models = cli("models")
         self.assertEqual(models.returncode, 0, models.stderr)
-        self.assertIn("enc *: version 2 (1 READY, 2 READY)", models.stdout)
+        self.assertRegex(models.stdout,
+                         r"enc \*: embed_dim 16, .*, version 2 \(1 READY, 2 READY\)")
         repository = cli("repository")
         self.assertEqual(repository.returncode, 0, repository.stderr)
         self.assertRegex(repository.stdout, r"enc +1  READY")
