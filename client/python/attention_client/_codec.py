@@ -57,12 +57,32 @@ def model_version_of(value, argument="model_version"):
     digits (the Open Inference Protocol's "2"; "" or None: 0)."""
     if value is None or value == "":
         return 0
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isdigit() and int(value) < 2**63:
         return int(value)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0:
+    if (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+            and 0 <= value < 2**63):
         return int(value)
     raise ValueError(f"{argument}: expected a version number >= 1 (an int or a string of "
                      f"digits; 0, '' or None: the newest serving version), got {value!r}")
+
+
+def checked(**arguments):
+    """Checks request arguments by their kind, before protobuf refuses them without naming
+    them: flags (is_causal, need_weights, ...) are bools (or NumPy bools, ints, None), ids and
+    names (request_id, model) strs, ttl_s an int. TypeError names the argument."""
+    for argument, value in arguments.items():
+        if argument in ("request_id", "model"):
+            ok, expected = isinstance(value, str), "a str"
+        elif argument == "ttl_s":
+            ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+            expected = "an int (seconds; 0: the model's default)"
+        else:
+            ok = value is None or isinstance(value, (bool, np.bool_, int, np.integer))
+            expected = "a bool"
+        if not ok:
+            raise TypeError(f"{argument}: expected {expected}, got {type(value).__name__} "
+                            f"{value!r}")
+    return arguments
 
 
 @dataclass

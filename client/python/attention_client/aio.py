@@ -28,7 +28,7 @@ import grpc
 from . import _lifetime, _reopen
 from ._stubs import attention_pb2, attention_pb2_grpc, sessions_pb2, sessions_pb2_grpc
 from ._stubs import grpc_predict_v2_pb2_grpc
-from ._codec import InferResult, _decode, _encode, _infer_result
+from ._codec import InferResult, _decode, _encode, _infer_result, checked
 from .client import (MAX_MESSAGE_BYTES, _channel_options, _health_request, _health_status,
                      _HEALTH_STATUS_NAMES, AttentionClient, channel_security, service_config)
 from .errors import AttentionError, advise, check_target
@@ -227,6 +227,7 @@ class AsyncAttentionClient:
         """Creates a session (as AttentionClient.session, without replay): an AsyncSession."""
         if kind not in _KINDS:
             raise ValueError(f"kind: expected 'self' or 'cross', got {kind!r}")
+        checked(model=model, ttl_s=ttl_s, is_causal=is_causal)
         request = sessions_pb2.CreateSessionRequest(model=model, kind=_KINDS[kind],
                                                     is_causal=is_causal, ttl_s=ttl_s)
         for name, array, tensor in (("key", key, request.key), ("value", value, request.value)):

@@ -9,8 +9,8 @@ import grpc
 from . import _lifetime, _streams
 # The codec's and the errors' names stay importable from attention_client.client too.
 from ._codec import (_OUTPUT_DTYPES, InferResult, _decode, _encode,  # noqa: F401
-                     _infer_result, bfloat16_to_float32, float32_to_bfloat16, model_version_of,
-                     output_dtype_of)
+                     _infer_result, bfloat16_to_float32, checked, float32_to_bfloat16,
+                     model_version_of, output_dtype_of)
 from ._stubs import attention_pb2, attention_pb2_grpc, sessions_pb2, sessions_pb2_grpc
 from ._stubs import grpc_predict_v2_pb2_grpc
 from .errors import AttentionError, check_target, from_rpc_error, status_code  # noqa: F401
@@ -240,6 +240,8 @@ class AttentionClient:
         if not isinstance(model, str):
             raise TypeError(f"model: expected a model name (str; '' for the server's default), "
                             f"got {type(model).__name__} {model!r}")
+        checked(request_id=request_id, is_causal=is_causal, need_weights=need_weights,
+                per_head_weights=per_head_weights)
         request = attention_pb2.InferRequest(model=model, request_id=request_id,
                                              is_causal=is_causal, need_weights=need_weights,
                                              per_head_weights=per_head_weights,

@@ -36,7 +36,7 @@ from typing import Optional
 import grpc
 import numpy as np
 
-from ._codec import _decode, _encode, output_dtype_of
+from ._codec import _decode, _encode, checked, output_dtype_of
 from ._stubs import attention_pb2, sessions_pb2
 from .errors import AttentionError
 
@@ -61,6 +61,7 @@ class AppendResult:
 def _append_request(session_id, tokens, not_key=None, need_weights=False,
                     per_head_weights=False, output_dtype=None, bfloat16=False, request_id=""):
     """The AppendRequest of Session.append()'s arguments (also session_stream()'s)."""
+    checked(request_id=request_id, need_weights=need_weights, per_head_weights=per_head_weights)
     request = sessions_pb2.AppendRequest(session_id=session_id, request_id=request_id,
                                          need_weights=need_weights,
                                          per_head_weights=per_head_weights,
@@ -113,6 +114,7 @@ class Session:
                  key_padding_mask=None, is_causal=False, bfloat16=False):
         if kind not in _KINDS:
             raise ValueError(f"kind: expected 'self' or 'cross', got {kind!r}")
+        checked(model=model, ttl_s=ttl_s, is_causal=is_causal)
         self._client = client
         request = sessions_pb2.CreateSessionRequest(model=model, kind=_KINDS[kind],
                                                     is_causal=is_causal, ttl_s=ttl_s)

@@ -1,8 +1,8 @@
 """Arguments the Python client cannot send raise ValueError or TypeError naming the argument
 and what it accepts, never a bare KeyError (issue 38, wall 3): output_dtype (a name, or a
 NumPy or PyTorch dtype that maps to float32, bfloat16 or float16), model_version, arrays of
-other dtypes (named: query, key, key_padding_mask, tokens...), the model name, session kinds
-and model control's model_name. The accepted spellings reach the request as the DataType
+other dtypes (named: query, key, key_padding_mask, tokens...), the model name, flags
+(is_causal, need_weights...), request_id, ttl_s, session kinds and model control's model_name. The accepted spellings reach the request as the DataType
 they name.
 
 Needs no server (the arguments are refused before any call; the requests are built with the
@@ -83,7 +83,7 @@ class ArgumentErrorsTest(unittest.TestCase):
                                 (np.int64(4), 4)):
             self.assertEqual(AttentionClient._infer_request(
                 self.query, model_version=given).model_version, expected)
-        for bad in ("latest", -1, 1.5, True):
+        for bad in ("latest", -1, 1.5, True, 2**70):
             message = self.refused(ValueError, self.client.infer, self.query,
                                    model_version=bad)
             self.assertTrue(message.startswith("model_version: expected a version number"),
@@ -107,6 +107,24 @@ class ArgumentErrorsTest(unittest.TestCase):
                       self.refused(TypeError, self.client.unload_model, 3))
         self.assertIn("kind: expected 'self' or 'cross', got 'decoder'",
                       self.refused(ValueError, self.client.session, kind="decoder"))
+
+    def test_flags_ids_and_ttl_name_the_argument(self):
+        # protobuf's own TypeError ("'yes' has type str, but expected one of: int, bool")
+        # names no field.
+        for argument, bad, expected in (("is_causal", "yes", "a bool"),
+                                        ("need_weights", "no", "a bool"),
+                                        ("per_head_weights", 0.5, "a bool"),
+                                        ("request_id", 5, "a str")):
+            message = self.refused(TypeError, self.client.infer, self.query, **{argument: bad})
+            self.assertTrue(message.startswith(f"{argument}: expected {expected}, got "),
+                            message)
+        message = self.refused(TypeError, _append_request, "s", self.query[0],
+                               need_weights="yes")
+        self.assertTrue(message.startswith("need_weights: expected a bool"), message)
+        message = self.refused(TypeError, self.client.session, ttl_s="60")
+        self.assertTrue(message.startswith("ttl_s: expected an int"), message)
+        self.assertEqual(AttentionClient._infer_request(self.query, is_causal=np.bool_(True))
+                         .is_causal, True)
 
 
 if __name__ == "__main__":
