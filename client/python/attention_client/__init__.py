@@ -1,7 +1,8 @@
 """attention-client: the Python client of attention-service (attention.v1 and the Open
 Inference Protocol over gRPC).
 
-    pip install --no-build-isolation ./client/python     # in a venv: see the README
+    /usr/bin/python3 -m venv --system-site-packages ~/attention-venv   # sees Debian's grpcio
+    ~/attention-venv/bin/pip install ./client/python   # docs/clients/python.md#install
 
     import numpy as np
     from attention_client import AttentionClient, AttentionError
@@ -9,8 +10,13 @@ Inference Protocol over gRPC).
     client = AttentionClient("localhost:50051")
     client.wait_ready(timeout=30)                     # True once the server reports SERVING
     query = np.random.rand(1, 16, 256).astype(np.float32)
-    result = client.infer(query, is_causal=True, need_weights=True)
-    result.output, result.attn_weights, result.queue_us, result.compute_us
+    result = client.infer(query, is_causal=True, need_weights=True)  # model_version=2: that one
+    result.output, result.attn_weights, result.queue_us, result.compute_us, result.model_version
+
+    # Models, versions and model control (load/unload: --model_control=explicit).
+    client.models()                           # dicts: name, version, versions (state, reason)...
+    client.repository_index()                 # [RepositoryModel(name, version, state, reason)]
+    client.load_model("encoder"); client.unload_model("encoder")
 
     # Many requests on one stream (answers may come out of order: match request_id).
     for r in client.infer_stream({"query": q, "request_id": str(i)} for i, q in enumerate(qs)):
@@ -31,17 +37,23 @@ Inference Protocol over gRPC).
 
 Also: InferenceClient (the Open Inference Protocol, KServe v2: infer, stream_infer,
 sequences), attention_client.aio.AsyncAttentionClient (asyncio), attention_client.stubs (the
-generated messages and stubs), and `python -m attention_client health|models|infer`.
+generated messages and stubs), attention_client.export (export_mha: a torch layer as a model
+folder; the attention-export command), and `python -m attention_client health|models|
+repository|load|unload|infer`.
 
 Inputs and outputs are NumPy arrays: float32 or float16 tensors, bool masks (bfloat16 is sent
-as raw 16-bit words with `bfloat16=True`). Failed calls raise AttentionError (.code, a
-grpc.StatusCode; .details; .hint, what to do when the client can tell: a TLS/plaintext mismatch,
-a message over a size limit); a malformed target (a URL, no port) raises it at construction.
+as raw 16-bit words with `bfloat16=True`). An argument the client cannot send (an
+output_dtype or a model_version it does not know, an array of another dtype) raises
+ValueError or TypeError naming it and what it accepts. Failed calls raise AttentionError
+(.code, a grpc.StatusCode; .details; .hint, what to do when the client can tell: a
+TLS/plaintext mismatch, a message over a size limit); a malformed target (a URL, no port)
+raises it at construction.
 """
 from .client import (AttentionClient, InferResult, add_security_flags,  # noqa: F401
                      security_kwargs)
 from .errors import AttentionError, check_target  # noqa: F401
 from .inference import BF16, InferenceClient, InferenceResult, Sequence  # noqa: F401
+from .models import ModelVersionState, RepositoryModel  # noqa: F401
 from .session import AppendResult, ReplayingSession, Session, SessionInfo  # noqa: F401
 
 try:
@@ -51,4 +63,4 @@ except ImportError:  # A source checkout used without installing.
 
 __all__ = ["AttentionClient", "AttentionError", "InferResult", "Session", "ReplayingSession",
            "AppendResult", "SessionInfo", "InferenceClient", "InferenceResult", "Sequence",
-           "BF16", "add_security_flags", "security_kwargs", "check_target", "__version__"]
+           "BF16", "RepositoryModel", "ModelVersionState", "add_security_flags", "security_kwargs", "check_target", "__version__"]

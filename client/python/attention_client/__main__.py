@@ -1,7 +1,10 @@
-"""python -m attention_client {health,models,infer} [--server HOST:PORT] [flags]
+"""python -m attention_client {health,models,repository,load,unload,infer} [--server HOST:PORT]
 
     python -m attention_client health --wait 30     # waits until SERVING; exit 0 only then
-    python -m attention_client models
+    python -m attention_client models               # with each model's versions and their state
+    python -m attention_client repository           # every model folder: version, state, reason
+    python -m attention_client load encoder         # --model_control=explicit servers
+    python -m attention_client unload encoder
     python -m attention_client infer --batch 2 --seq_len 16 --need_weights
     python -m attention_client infer --query q.npy --output out.npy
 
@@ -43,10 +46,22 @@ def _parser():
     health.add_argument("--service", default="", help="service name ('' = the whole server)")
     health.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                         help="wait up to this long for SERVING (polls every 0.1 s)")
-    commands.add_parser("models", parents=[common], help="the served models")
+    commands.add_parser("models", parents=[common],
+                        help="the served models, with their versions and states")
+    repository = commands.add_parser("repository", parents=[common],
+                                     help="the repository index: every model folder's versions, "
+                                          "state and reason")
+    repository.add_argument("--ready", action="store_true", help="only READY versions")
+    for name, text in (("load", "load (or re-read) a model from the repository"),
+                       ("unload", "stop serving every version of a model")):
+        command = commands.add_parser(name, parents=[common],
+                                      help=f"{text} (--model_control=explicit)")
+        command.add_argument("model_name", help="the model's folder name in the repository")
     infer = commands.add_parser("infer", parents=[common],
                                 help="one request (random inputs, or .npy files)")
     infer.add_argument("--model", default="", help="model name (default: the server's)")
+    infer.add_argument("--model_version", type=int, default=0,
+                       help="the version to run (default 0: the newest serving)")
     infer.add_argument("--query", help=".npy query (N, L, E) or (L, E); default: random")
     infer.add_argument("--key", help=".npy key; absent: the query")
     infer.add_argument("--value", help=".npy value; absent: the key")
@@ -84,8 +99,10 @@ def _infer(client, args):
                                     dtype=np.float32)
     result = client.infer(query, key=key, value=value, key_padding_mask=mask,
                           is_causal=args.is_causal, need_weights=args.need_weights,
-                          model=args.model, request_id="python-cli")
+                          model=args.model, request_id="python-cli",
+                          model_version=args.model_version)
     print(f"request_id   {result.request_id}")
+    print(f"model        {args.model or '(default)'} version {result.model_version}")
     print(f"query        {list(np.shape(query))}")
     print(f"output       {list(result.output.shape)} {result.output.dtype}")
     print(f"  {_summary(result.output)}")
@@ -123,16 +140,36 @@ def main(argv=None):
                 return 0 if status == "SERVING" else 1
             if args.command == "models":
                 for m in client.models():
+                    versions = ", ".join(f"{v['version']} {v['state']}" for v in m["versions"])
                     print(f"{m['name']}{' *' if m['is_default'] else ''}: embed_dim "
                           f"{m['embed_dim']}, num_heads {m['num_heads']}, kdim {m['kdim']}, "
                           f"vdim {m['vdim']}, {m['compute_dtype']}, max_batch_size "
-                          f"{m['batching']['max_batch_size']}")
+                          f"{m['batching']['max_batch_size']}, version {m['version']} "
+                          f"({versions or 'no versions reported'})")
                 print("(* = default model)")
+                return 0
+            if args.command == "repository":
+                entries = client.repository_index(ready=args.ready)
+                print(f"{'MODEL':<24} {'VERSION':>7}  {'STATE':<11}  REASON")
+                for e in entries:
+                    print(f"{e.name:<24} {e.version or '-':>7}  {e.state:<11}  {e.reason}")
+                return 0
+            if args.command == "load":
+                versions = client.load_model(args.model_name)
+                print(f"loaded {args.model_name}: serving version(s) "
+                      f"{', '.join(map(str, versions))}")
+                return 0
+            if args.command == "unload":
+                client.unload_model(args.model_name)
+                print(f"unloaded {args.model_name}")
                 return 0
             return _infer(client, args)
     except AttentionError as e:
         print(f"attention_client: {args.command} failed: {e}", file=sys.stderr)
         return 1
+    except (TypeError, ValueError) as e:  # An argument the client cannot send: named.
+        print(f"attention_client: {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -107,7 +107,8 @@ def session_stream(client, appends, timeout):
                                length=response.length, queue_us=response.queue_us,
                                compute_us=response.compute_us,
                                batch_requests=response.batch_requests,
-                               request_id=response.request_id, session_id=response.session_id)
+                               request_id=response.request_id, session_id=response.session_id,
+                               model_version=response.model_version)
     except grpc.RpcError as e:
         raise client._error(e) from None
     finally:

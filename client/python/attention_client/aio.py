@@ -21,16 +21,19 @@ a session id naming a replica ("...@host:port") go to that replica.
 """
 import asyncio
 import time
-from typing import Any, AsyncIterator, Iterable, Mapping, Optional
+from typing import Any, AsyncIterator, Iterable, List, Mapping, Optional
 
 import grpc
 
 from . import _lifetime, _reopen
 from ._stubs import attention_pb2, attention_pb2_grpc, sessions_pb2, sessions_pb2_grpc
-from ._codec import InferResult, _decode, _encode, _infer_result
+from ._stubs import grpc_predict_v2_pb2_grpc
+from ._codec import InferResult, _decode, _encode, _infer_result, checked
 from .client import (MAX_MESSAGE_BYTES, _channel_options, _health_request, _health_status,
                      _HEALTH_STATUS_NAMES, AttentionClient, channel_security, service_config)
 from .errors import AttentionError, advise, check_target
+from .models import (RepositoryModel, index_request, load_request, model_dict,
+                     repository_models, unload_request)
 from .session import _KINDS, AppendResult, SessionInfo, _append_request
 
 
@@ -58,6 +61,7 @@ class AsyncAttentionClient:
         self._channel = self._make_channel(target, service_config(load_balancing))
         self._stub = attention_pb2_grpc.AttentionServiceStub(self._channel)
         self._session_stub = sessions_pb2_grpc.SessionServiceStub(self._channel)
+        self._oip_stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._replicas = {}  # address -> (channel, SessionServiceStub)
         _lifetime.track(self)  # Released at exit if the program does not close it.
 
@@ -82,7 +86,7 @@ class AsyncAttentionClient:
         channels = [] if isinstance(self._channel, _lifetime.Closed) else [self._channel]
         channels += [channel for channel, _ in self._replicas.values()]
         closed = _lifetime.Closed(f"AsyncAttentionClient({self.target!r})")
-        self._channel = self._stub = self._session_stub = closed
+        self._channel = self._stub = self._session_stub = self._oip_stub = closed
         self._replicas = {}
         return channels
 
@@ -150,7 +154,20 @@ class AsyncAttentionClient:
     async def models(self):
         """As AttentionClient.models."""
         response = await self._unary("ListModels", attention_pb2.ListModelsRequest())
-        return [AttentionClient._model_dict(m) for m in response.models]
+        return [model_dict(m) for m in response.models]
+
+    async def repository_index(self, ready=False) -> List[RepositoryModel]:
+        """As AttentionClient.repository_index."""
+        return repository_models(await self._unary("RepositoryIndex", index_request(ready),
+                                                    self._oip_stub))
+
+    async def load_model(self, model_name) -> List[int]:
+        """As AttentionClient.load_model: the versions serving after the load."""
+        return list((await self._unary("LoadModel", load_request(model_name))).versions)
+
+    async def unload_model(self, model_name) -> None:
+        """As AttentionClient.unload_model."""
+        await self._unary("UnloadModel", unload_request(model_name))
 
     async def health_status(self, service=""):
         """As AttentionClient.health_status (over a pick_first channel of its own)."""
@@ -210,13 +227,14 @@ class AsyncAttentionClient:
         """Creates a session (as AttentionClient.session, without replay): an AsyncSession."""
         if kind not in _KINDS:
             raise ValueError(f"kind: expected 'self' or 'cross', got {kind!r}")
+        checked(model=model, ttl_s=ttl_s, is_causal=is_causal)
         request = sessions_pb2.CreateSessionRequest(model=model, kind=_KINDS[kind],
                                                     is_causal=is_causal, ttl_s=ttl_s)
-        for array, tensor in ((key, request.key), (value, request.value)):
+        for name, array, tensor in (("key", key, request.key), ("value", value, request.value)):
             if array is not None:
-                _encode(array, tensor, bfloat16)
+                _encode(array, tensor, bfloat16, name)
         if key_padding_mask is not None:
-            _encode(key_padding_mask, request.key_padding_mask)
+            _encode(key_padding_mask, request.key_padding_mask, argument="key_padding_mask")
         info = SessionInfo.from_proto(await self._unary("CreateSession", request,
                                                         self._session_stub))
         return AsyncSession(self, info)
@@ -230,6 +248,7 @@ class AsyncSession:
         self._client, self.created = client, info
         self.session_id, self.model, self.kind = info.session_id, info.model, info.kind
         self.length, self.max_tokens = info.length, info.max_tokens
+        self.model_version = info.model_version
         self._closed = False
 
     async def append(self, tokens, not_key=None, need_weights=False, per_head_weights=False,
@@ -244,7 +263,8 @@ class AsyncSession:
                             attn_weights=_decode(response.attn_weights), length=response.length,
                             queue_us=response.queue_us, compute_us=response.compute_us,
                             batch_requests=response.batch_requests,
-                            request_id=response.request_id, session_id=response.session_id)
+                            request_id=response.request_id, session_id=response.session_id,
+                            model_version=response.model_version)
 
     async def info(self) -> SessionInfo:
         request = sessions_pb2.GetSessionRequest(session_id=self.session_id)

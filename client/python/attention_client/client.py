@@ -1,19 +1,25 @@
 """AttentionClient: infer(), models(), health() and sessions (session.py) over gRPC channels."""
-import collections
 import json
-import os
 import threading
 import time
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Iterable, Iterator, List, Mapping, Optional
 
 import grpc
 
 from . import _lifetime, _streams
 # The codec's and the errors' names stay importable from attention_client.client too.
 from ._codec import (_OUTPUT_DTYPES, InferResult, _decode, _encode,  # noqa: F401
-                     _infer_result, bfloat16_to_float32, float32_to_bfloat16)
+                     _infer_result, bfloat16_to_float32, checked, float32_to_bfloat16,
+                     model_version_of, output_dtype_of)
 from ._stubs import attention_pb2, attention_pb2_grpc, sessions_pb2, sessions_pb2_grpc
+from ._stubs import grpc_predict_v2_pb2_grpc
 from .errors import AttentionError, check_target, from_rpc_error, status_code  # noqa: F401
+from .models import (RepositoryModel, index_request, load_request, model_dict,
+                     repository_models, unload_request)
+# The security's names stay importable from attention_client.client too.
+from ._security import (TOKEN_ENV, _BearerTokenInterceptor, _CallDetails,  # noqa: F401
+                        _read_file, _Security, add_security_flags, channel_security,
+                        resolve_token, security_kwargs)
 from .session import AppendResult, ReplayingSession, Session, SessionInfo
 
 
@@ -96,127 +102,6 @@ def routing_key_of(session_id):
     return local.partition(".")[2]
 
 
-TOKEN_ENV = "ATTENTION_TOKEN"  # The bearer token when neither token nor token_file is given.
-
-# How the client's channels reach the server: TLS credentials (None: plaintext), extra channel
-# options (the TLS server name) and the interceptor adding the token (None: no token).
-_Security = collections.namedtuple("_Security", ("credentials", "options", "interceptor"))
-
-
-def _read_file(argument, path):
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise type(e)(e.errno, f"{argument}: cannot read {path!r}: {e.strerror}") from None
-
-
-def resolve_token(token=None, token_file=None):
-    """The bearer token the client sends: `token` if not None ("" for none), else the contents
-    of `token_file`, else the environment variable ATTENTION_TOKEN; whitespace around it is
-    dropped. None when there is no token. ValueError if both are given, if token_file is
-    empty, or if the token is not printable ASCII without spaces (an HTTP/2 header value)."""
-    if token is not None and token_file is not None:
-        raise ValueError("token and token_file: give one, not both")
-    if token is not None:
-        source, value = "token", token
-    elif token_file is not None:
-        source = "token_file"
-        value = _read_file("token_file", token_file).decode("ascii", errors="replace").strip()
-        if not value:
-            raise ValueError(f"token_file: {token_file!r} is empty")
-    else:
-        source, value = TOKEN_ENV, os.environ.get(TOKEN_ENV, "")
-    value = value.strip()
-    if any(not 0x21 <= ord(c) <= 0x7E for c in value):
-        raise ValueError(f"{source}: a bearer token is printable ASCII without spaces")
-    return value or None
-
-
-class _CallDetails(collections.namedtuple(
-        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready",
-                         "compression")), grpc.ClientCallDetails):
-    pass
-
-
-class _BearerTokenInterceptor(grpc.UnaryUnaryClientInterceptor,
-                              grpc.UnaryStreamClientInterceptor,
-                              grpc.StreamUnaryClientInterceptor,
-                              grpc.StreamStreamClientInterceptor):
-    """Adds `authorization: Bearer <token>` to every call of a channel, plaintext or TLS, in
-    the caller's thread. Not gRPC's call credentials (grpc.access_token_call_credentials):
-    gRPC refuses those on plaintext, and over TLS they are Python code that gRPC Core calls,
-    and finally frees, on threads of its own; when it frees them after the interpreter has
-    finalized (a connection torn down as the process exits), the process dies with SIGSEGV
-    (seen with Debian's grpcio 1.51)."""
-
-    def __init__(self, token):
-        self._header = ("authorization", f"Bearer {token}")
-
-    def _with_token(self, details):
-        return _CallDetails(details.method, details.timeout,
-                            list(details.metadata or ()) + [self._header], details.credentials,
-                            getattr(details, "wait_for_ready", None),
-                            getattr(details, "compression", None))
-
-    def intercept_unary_unary(self, continuation, client_call_details, request):
-        return continuation(self._with_token(client_call_details), request)
-
-    def intercept_unary_stream(self, continuation, client_call_details, request):
-        return continuation(self._with_token(client_call_details), request)
-
-    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
-        return continuation(self._with_token(client_call_details), request_iterator)
-
-    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
-        return continuation(self._with_token(client_call_details), request_iterator)
-
-
-def channel_security(tls=False, tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
-                     tls_server_name=None, token=None, token_file=None):
-    """Checks and reads AttentionClient's security arguments (see there) into a _Security.
-    ValueError names the argument at fault; an unreadable file raises OSError naming it."""
-    if tls_cert_file and not tls_key_file:
-        raise ValueError("tls_key_file: required with tls_cert_file (a client certificate "
-                         "needs its private key)")
-    if tls_key_file and not tls_cert_file:
-        raise ValueError("tls_cert_file: required with tls_key_file (a private key needs its "
-                         "certificate)")
-    token = resolve_token(token, token_file)
-    interceptor = _BearerTokenInterceptor(token) if token else None
-    if not (tls or tls_ca_file or tls_cert_file or tls_server_name):
-        return _Security(credentials=None, options=[], interceptor=interceptor)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=_read_file("tls_ca_file", tls_ca_file) if tls_ca_file else None,
-        private_key=_read_file("tls_key_file", tls_key_file) if tls_key_file else None,
-        certificate_chain=_read_file("tls_cert_file", tls_cert_file) if tls_cert_file else None)
-    options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
-    return _Security(credentials=credentials, options=options, interceptor=interceptor)
-
-
-def add_security_flags(parser):
-    """Adds --tls, --tls_ca_file, --tls_cert_file, --tls_key_file, --tls_server_name and
-    --token_file (attention-client's flags) to an argparse parser; pass
-    security_kwargs(args) to AttentionClient."""
-    group = parser.add_argument_group("security")
-    group.add_argument("--tls", action="store_true",
-                       help="use TLS (implied by any --tls_* flag); system roots by default")
-    group.add_argument("--tls_ca_file", help="PEM roots to trust instead of the system's")
-    group.add_argument("--tls_cert_file", help="PEM client certificate (mutual TLS)")
-    group.add_argument("--tls_key_file", help="PEM private key of --tls_cert_file")
-    group.add_argument("--tls_server_name",
-                       help="name expected in the server's certificate (default: the target's)")
-    group.add_argument("--token_file", help="file holding a bearer token, sent as "
-                       f"'authorization: Bearer <token>' (default: ${TOKEN_ENV}, if set)")
-
-
-def security_kwargs(args):
-    """AttentionClient keyword arguments from the flags of add_security_flags."""
-    return {"tls": args.tls, "tls_ca_file": args.tls_ca_file, "tls_cert_file": args.tls_cert_file,
-            "tls_key_file": args.tls_key_file, "tls_server_name": args.tls_server_name,
-            "token_file": args.token_file}
-
-
 class AttentionClient:
     """A client of attention.v1.AttentionService.
 
@@ -270,6 +155,8 @@ class AttentionClient:
         self._channel = self._make_channel(target, self.service_config)
         self._stub = attention_pb2_grpc.AttentionServiceStub(self._channel)
         self._session_stub = sessions_pb2_grpc.SessionServiceStub(self._channel)
+        # The Open Inference Protocol's repository calls (repository_index) on the same channel.
+        self._oip_stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._replicas = {}  # address -> (channel, SessionServiceStub)
         self._replicas_lock = threading.Lock()
         self._health_channel = self._make_channel(target, self.health_service_config,
@@ -310,7 +197,7 @@ class AttentionClient:
             channels += [channel for channel, _ in self._replicas.values()]
             self._replicas = {}
             self._channel = self._health_channel = closed
-            self._stub = self._session_stub = self._health_check = closed
+            self._stub = self._session_stub = self._health_check = self._oip_stub = closed
         for channel in channels:
             if not isinstance(channel, _lifetime.Closed):
                 channel.close()
@@ -323,19 +210,23 @@ class AttentionClient:
 
     def infer(self, query, key=None, value=None, key_padding_mask=None, attn_mask=None,
               is_causal=False, need_weights=False, per_head_weights=False, model="",
-              output_dtype=None, request_id="", bfloat16=False):
-        """Runs torch.nn.MultiheadAttention(query, key, value, ...) (batch-first) on the server.
+              output_dtype=None, request_id="", bfloat16=False, model_version=0):
+        """Runs torch.nn.MultiheadAttention(query, key, value, ...) on the server, in the
+        model's layout (batch-first unless it was exported from a batch_first=False layer).
 
         query (N, L, E) or (L, E); key (N, S, kdim) and value (N, S, vdim), absent for
         self-attention; key_padding_mask (N, S) bool (True = ignore) or float (added);
         attn_mask (L, S) or (N*H, L, S), bool (True = not allowed) or float (added).
-        output_dtype: "float32", "float16" or "bfloat16" (returned as float32 values);
-        default: the query's. bfloat16=True sends query/key/value as bfloat16.
+        output_dtype: "float32", "float16" or "bfloat16" (returned as float32 values), or
+        np.float32, np.float16, torch.float32/bfloat16/float16; default: the query's (other
+        values raise ValueError naming the ones accepted). bfloat16=True sends
+        query/key/value as bfloat16. model_version: the version to run (an int, or a string
+        of digits); 0: the newest serving. The result's model_version says which computed it.
         Raises AttentionError on failure.
         """
         request = self._infer_request(query, key, value, key_padding_mask, attn_mask, is_causal,
                                       need_weights, per_head_weights, model, output_dtype,
-                                      request_id, bfloat16)
+                                      request_id, bfloat16, model_version)
         try:
             response = self._stub.Infer(request, timeout=self.timeout)
         except grpc.RpcError as e:
@@ -345,20 +236,26 @@ class AttentionClient:
     @staticmethod
     def _infer_request(query, key=None, value=None, key_padding_mask=None, attn_mask=None,
                        is_causal=False, need_weights=False, per_head_weights=False, model="",
-                       output_dtype=None, request_id="", bfloat16=False):
+                       output_dtype=None, request_id="", bfloat16=False, model_version=0):
+        if not isinstance(model, str):
+            raise TypeError(f"model: expected a model name (str; '' for the server's default), "
+                            f"got {type(model).__name__} {model!r}")
+        checked(request_id=request_id, is_causal=is_causal, need_weights=need_weights,
+                per_head_weights=per_head_weights)
         request = attention_pb2.InferRequest(model=model, request_id=request_id,
                                              is_causal=is_causal, need_weights=need_weights,
                                              per_head_weights=per_head_weights,
-                                             output_dtype=_OUTPUT_DTYPES[output_dtype])
-        _encode(query, request.query, bfloat16)
+                                             output_dtype=output_dtype_of(output_dtype),
+                                             model_version=model_version_of(model_version))
+        _encode(query, request.query, bfloat16, "query")
         if key is not None:
-            _encode(key, request.key, bfloat16)
+            _encode(key, request.key, bfloat16, "key")
         if value is not None:
-            _encode(value, request.value, bfloat16)
+            _encode(value, request.value, bfloat16, "value")
         if key_padding_mask is not None:
-            _encode(key_padding_mask, request.key_padding_mask)
+            _encode(key_padding_mask, request.key_padding_mask, argument="key_padding_mask")
         if attn_mask is not None:
-            _encode(attn_mask, request.attn_mask)
+            _encode(attn_mask, request.attn_mask, argument="attn_mask")
         return request
 
     def session(self, model="", kind="self", ttl_s=0, key=None, value=None,
@@ -413,30 +310,44 @@ class AttentionClient:
             raise self._error(e) from None
 
     def models(self):
-        """The served models: a list of dicts mirroring attention.v1.ModelInfo."""
+        """The served models: a list of dicts mirroring attention.v1.ModelInfo, with "version"
+        (the newest serving) and "versions" (every known version: version, state, reason)."""
+        response = self._call("ListModels", attention_pb2.ListModelsRequest())
+        return [model_dict(m) for m in response.models]
+
+    _model_dict = staticmethod(model_dict)
+
+    def repository_index(self, ready=False) -> List[RepositoryModel]:
+        """Every model of the server's repository, served or not, one entry per version
+        (name, version, state "READY"/"UNAVAILABLE", reason): the Open Inference Protocol's
+        RepositoryIndex, Triton's get_model_repository_index. ready=True: only READY ones."""
+        request = index_request(ready)
         try:
-            response = self._stub.ListModels(attention_pb2.ListModelsRequest(),
-                                             timeout=self.timeout)
+            response = self._oip_stub.RepositoryIndex(request, timeout=self.timeout)
         except grpc.RpcError as e:
             raise self._error(e) from None
-        return [self._model_dict(m) for m in response.models]
+        return repository_models(response)
 
-    @staticmethod
-    def _model_dict(m):
-        return {
-            "name": m.name, "embed_dim": m.embed_dim, "num_heads": m.num_heads,
-            "kdim": m.kdim, "vdim": m.vdim, "bias": m.bias, "add_bias_kv": m.add_bias_kv,
-            "add_zero_attn": m.add_zero_attn,
-            # False: the model takes (L, N, E) tensors (torch's batch_first=False); unset on
-            # servers before the field: True.
-            "batch_first": m.batch_first if m.HasField("batch_first") else True,
-            "compute_dtype": attention_pb2.DataType.Name(m.compute_dtype),
-            "is_default": m.is_default,
-            "batching": {"max_batch_size": m.batching.max_batch_size,
-                         "max_batch_tokens": m.batching.max_batch_tokens,
-                         "max_queue_delay_us": m.batching.max_queue_delay_us,
-                         "max_queue_size": m.batching.max_queue_size},
-        }
+    def load_model(self, model_name) -> List[int]:
+        """Loads (or re-reads) a model from the repository per its version policy and returns
+        the versions serving after it (attention.v1 LoadModel). Needs a server run with
+        --model_control=explicit (FAILED_PRECONDITION otherwise) and, with tokens, the admin
+        permission; a model with no folder is NOT_FOUND; a load that serves no version raises
+        the load's error (the repository index has its reason)."""
+        return list(self._call("LoadModel", load_request(model_name)).versions)
+
+    def unload_model(self, model_name) -> None:
+        """Stops serving every version of a model (attention.v1 UnloadModel): requests admitted
+        finish, its sessions end. Same mode and permission as load_model; NOT_FOUND when no
+        version of it serves."""
+        self._call("UnloadModel", unload_request(model_name))
+
+    def _call(self, method, request):
+        """One AttentionService call with the client's deadline; AttentionError on failure."""
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise self._error(e) from None
 
     def health_status(self, service=""):
         """grpc.health.v1 Check: "SERVING", "NOT_SERVING" (e.g. loading or draining),

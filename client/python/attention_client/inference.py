@@ -18,7 +18,7 @@ BF16(values) for bfloat16; they go as raw_input_contents. Outputs come back as N
 (BF16 as float32 values).
 """
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 import grpc
 import numpy as np
@@ -29,6 +29,7 @@ from ._stubs import grpc_predict_v2_pb2_grpc as pb_grpc
 from ._codec import bfloat16_to_float32, float32_to_bfloat16
 from .client import AttentionClient
 from .errors import AttentionError
+from .models import RepositoryModel, check_name, index_request, repository_models
 
 _DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.float16): "FP16",
               np.dtype(np.bool_): "BOOL", np.dtype(np.float64): "FP32"}
@@ -168,6 +169,24 @@ class InferenceClient:
                     for t in items]
         return {"name": meta.name, "versions": list(meta.versions), "platform": meta.platform,
                 "inputs": tensors(meta.inputs), "outputs": tensors(meta.outputs)}
+
+    def get_model_repository_index(self, ready=False) -> List[RepositoryModel]:
+        """RepositoryIndex: every model of the repository, served or not, one entry per version
+        (name, version, state, reason); ready=True: only READY ones (Triton's name)."""
+        return repository_models(self._call("RepositoryIndex", index_request(ready)))
+
+    repository_index = get_model_repository_index
+
+    def load_model(self, model_name) -> None:
+        """RepositoryModelLoad (Triton's load_model): loads or re-reads a model per its version
+        policy. Needs --model_control=explicit and, with tokens, the admin permission."""
+        self._call("RepositoryModelLoad", pb.RepositoryModelLoadRequest(
+            model_name=check_name(model_name, "model_name")))
+
+    def unload_model(self, model_name) -> None:
+        """RepositoryModelUnload (Triton's unload_model): stops serving every version."""
+        self._call("RepositoryModelUnload", pb.RepositoryModelUnloadRequest(
+            model_name=check_name(model_name, "model_name")))
 
     def infer(self, model: str, inputs: Mapping[str, Any],
               parameters: Optional[Mapping[str, Any]] = None,

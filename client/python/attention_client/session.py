@@ -36,7 +36,7 @@ from typing import Optional
 import grpc
 import numpy as np
 
-from ._codec import _OUTPUT_DTYPES, _decode, _encode
+from ._codec import _decode, _encode, checked, output_dtype_of
 from ._stubs import attention_pb2, sessions_pb2
 from .errors import AttentionError
 
@@ -55,18 +55,20 @@ class AppendResult:
     request_id: str = ""
     session_id: str = ""                 # session_stream(): the append's session.
     error: Optional[AttentionError] = None  # session_stream(): this append failed (no output).
+    model_version: int = 0               # The version that computed it: the session's.
 
 
 def _append_request(session_id, tokens, not_key=None, need_weights=False,
                     per_head_weights=False, output_dtype=None, bfloat16=False, request_id=""):
     """The AppendRequest of Session.append()'s arguments (also session_stream()'s)."""
+    checked(request_id=request_id, need_weights=need_weights, per_head_weights=per_head_weights)
     request = sessions_pb2.AppendRequest(session_id=session_id, request_id=request_id,
                                          need_weights=need_weights,
                                          per_head_weights=per_head_weights,
-                                         output_dtype=_OUTPUT_DTYPES[output_dtype])
-    _encode(tokens, request.tokens, bfloat16)
+                                         output_dtype=output_dtype_of(output_dtype))
+    _encode(tokens, request.tokens, bfloat16, "tokens")
     if not_key is not None:
-        _encode(not_key, request.not_key)
+        _encode(not_key, request.not_key, argument="not_key")
     return request
 
 
@@ -82,6 +84,7 @@ class SessionInfo:
     last_used_unix_ms: int
     ttl_s: int              # Idle seconds before it expires.
     max_tokens: int         # The model's max_session_tokens.
+    model_version: int = 0  # The version it was created on, which computes all its appends.
 
     @classmethod
     def from_proto(cls, info):
@@ -89,7 +92,7 @@ class SessionInfo:
                    kind=_KIND_NAMES.get(info.kind, "unspecified"), length=info.length,
                    keys=info.keys, bytes=info.bytes, created_unix_ms=info.created_unix_ms,
                    last_used_unix_ms=info.last_used_unix_ms, ttl_s=info.ttl_s,
-                   max_tokens=info.max_tokens)
+                   max_tokens=info.max_tokens, model_version=info.model_version)
 
 
 class Session:
@@ -101,7 +104,8 @@ class Session:
     keys j <= p. ttl_s: idle seconds before the server expires it (0: the model's default).
     bfloat16=True sends key/value as bfloat16.
 
-    Attributes: session_id, model (the served name), kind, length (after the last append),
+    Attributes: session_id, model (the served name), model_version (the version it was
+    created on, which computes its appends), kind, length (after the last append),
     max_tokens, created (the SessionInfo at creation). Methods raise AttentionError on failure.
     A context manager: closes the session on exit.
     """
@@ -110,15 +114,16 @@ class Session:
                  key_padding_mask=None, is_causal=False, bfloat16=False):
         if kind not in _KINDS:
             raise ValueError(f"kind: expected 'self' or 'cross', got {kind!r}")
+        checked(model=model, ttl_s=ttl_s, is_causal=is_causal)
         self._client = client
         request = sessions_pb2.CreateSessionRequest(model=model, kind=_KINDS[kind],
                                                     is_causal=is_causal, ttl_s=ttl_s)
         if key is not None:
-            _encode(key, request.key, bfloat16)
+            _encode(key, request.key, bfloat16, "key")
         if value is not None:
-            _encode(value, request.value, bfloat16)
+            _encode(value, request.value, bfloat16, "value")
         if key_padding_mask is not None:
-            _encode(key_padding_mask, request.key_padding_mask)
+            _encode(key_padding_mask, request.key_padding_mask, argument="key_padding_mask")
         self._create_request = request
         self._create()
 
@@ -132,6 +137,7 @@ class Session:
         self.kind = self.created.kind
         self.length = self.created.length
         self.max_tokens = self.created.max_tokens
+        self.model_version = self.created.model_version
         self._closed = False
 
     def _append_request(self, tokens, not_key, need_weights, per_head_weights, output_dtype,
@@ -148,7 +154,8 @@ class Session:
                             attn_weights=_decode(response.attn_weights), length=response.length,
                             queue_us=response.queue_us, compute_us=response.compute_us,
                             batch_requests=response.batch_requests,
-                            request_id=response.request_id)
+                            request_id=response.request_id,
+                            model_version=response.model_version)
 
     def append(self, tokens, not_key=None, need_weights=False, per_head_weights=False,
                output_dtype=None, bfloat16=False, request_id=""):

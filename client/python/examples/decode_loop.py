@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
 """A decode loop over a session: prefill a prompt, then step one token at a time.
 
-    python3 client/python/examples/decode_loop.py --server localhost:50051 \\
-        [--model NAME] [--prompt 32] [--steps 16] [--check] \\
-        [--tls | --tls_ca_file ca.pem] [--tls_cert_file c.pem --tls_key_file c.key] \\
-        [--tls_server_name NAME] [--token_file F]   # token default: $ATTENTION_TOKEN
+Run from the repository's root against a server (build/bin/attention-server), with the Python
+package installed into a virtual environment that sees Debian's grpcio and numpy; the first
+two commands once (docs/clients/python.md#install):
+
+    /usr/bin/python3 -m venv --system-site-packages ~/attention-venv
+    ~/attention-venv/bin/pip install ./client/python
+    ~/attention-venv/bin/python client/python/examples/decode_loop.py \\
+        --server localhost:50051 --check
+
+Flags: --model NAME (default: the server's), --prompt 32, --steps 16, --check; TLS and tokens
+as attention-client's: --tls or --tls_ca_file ca.pem, --tls_cert_file c.pem --tls_key_file
+c.key, --tls_server_name NAME, --token_file F (default: $ATTENTION_TOKEN).
 
 An autoregressive decoder calls its attention layer once per new token over every token so far.
 With a session the server keeps the keys and values, and each step sends only the new token:
@@ -26,8 +34,13 @@ import time
 
 import numpy as np
 
-from attention_client import (AttentionClient, AttentionError, add_security_flags,
-                              security_kwargs)
+try:
+    from attention_client import (AttentionClient, AttentionError, add_security_flags,
+                                  security_kwargs)
+except ImportError as e:  # Not the environment the docstring names: say which it is.
+    sys.exit(f"decode_loop: {e}.\nRun it as its docstring says, with the attention-client "
+             f"package installed:\n" + __doc__[__doc__.index("    /usr/bin/python3"):
+                                                __doc__.index("Flags:")].rstrip())
 
 
 def percentile(sorted_values, q):

@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """One inference over the KServe v2 REST protocol with Python's standard library only.
 
-    python3 client/python/examples/rest_infer.py [--url http://localhost:8000] [--model demo]
-        [--token TOKEN] [--binary]
+Any Python 3 runs it (it needs no package), against a server's REST port
+(build/bin/attention-server serves it on 8000):
+
+    python3 client/python/examples/rest_infer.py --url http://localhost:8000 --model demo
+
+Flags: --token TOKEN (a bearer token), --binary (Triton's binary tensor extension).
 
 Sends a random query of shape [1, 4, E] (E read from the model's metadata) as JSON, or with
 --binary as Triton's binary tensor extension (raw little-endian float32 after the JSON header,

@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
 """Serve your own torch.nn.MultiheadAttention layer and check the server against PyTorch.
 
-    /usr/bin/python3 client/python/examples/serve_torch_layer.py [--server-binary PATH]
+Run from the repository's root, with the project built (scripts/build.sh) and the Python
+package installed into a virtual environment that sees Debian's grpcio, numpy and PyTorch
+(python3-torch); the first two commands once (docs/clients/python.md#install):
 
+    /usr/bin/python3 -m venv --system-site-packages ~/attention-venv
+    ~/attention-venv/bin/pip install ./client/python
+    ~/attention-venv/bin/python client/python/examples/serve_torch_layer.py
+
+--server-binary PATH names the server (default: $ATTENTION_SERVER_BINARY, else
+build/bin/attention-server of this checkout).
 1. Builds a torch.nn.MultiheadAttention (E=64, 4 heads, bias, add_bias_kv) with seeded weights.
-2. Exports it with scripts/export_torch_mha.py into a temporary model repository.
+2. Exports it with attention_client.export.export_mha into a temporary model repository.
 3. Starts attention-server on it (free loopback port) and waits until it is SERVING.
 4. Sends inputs with a key_padding_mask (padded sequences) and a causal attn_mask, asking for
    the attention weights, and compares output and weights with PyTorch's own.
 5. Stops the server with SIGTERM and checks it exits 0.
-Exits non-zero on any mismatch. Needs the project built (scripts/build.sh).
+Exits non-zero on any mismatch.
 """
 import argparse
 import os
@@ -21,13 +29,18 @@ import tempfile
 import time
 
 import numpy as np
-import torch
+
+try:
+    import torch
+    from attention_client import AttentionClient
+    from attention_client.export import export_mha
+except ImportError as e:  # Not the environment the docstring names: say which it is.
+    sys.exit(f"serve_torch_layer: {e}.\nRun it as its docstring says, with the attention-client "
+             f"package installed:\n" + __doc__[__doc__.index("    /usr/bin/python3"):
+                                                __doc__.index("--server-binary")].rstrip())
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-from export_torch_mha import export_mha  # noqa: E402
-from attention_client import AttentionClient  # noqa: E402
 
 
 def free_port():

@@ -2,8 +2,9 @@
 # python_package_test: the Python client as a user installs it. Copies what the package build
 # reads (client/python, proto/, the top CMakeLists.txt for the version) to a temporary folder,
 # makes a fresh virtual environment there with Debian's packages visible
-# (/usr/bin/python3 -m venv --system-site-packages: grpcio, protobuf, numpy, setuptools),
-# installs the package with `pip install --no-build-isolation`, and runs the client's tests,
+# (/usr/bin/python3 -m venv --system-site-packages: grpcio, protobuf, numpy), installs the
+# package with `pip install ./client/python` as the guide says (its build backend needs only
+# the standard library: offline, with pip's build isolation), and runs the client's tests,
 # copied out of the repository, from another temporary folder against the installed package
 # (no PYTHONPATH, no ATTENTION_PY_GEN; test_usage.py checks that the package imported is the
 # installed one).
@@ -27,9 +28,9 @@ cp "$repo"/client/python/tests/test_*.py "$work/run/"
 unset PYTHONPATH ATTENTION_PY_GEN
 echo "[python_package_test] python3 -m venv --system-site-packages $work/venv"
 /usr/bin/python3 -m venv --system-site-packages "$work/venv"
-echo "[python_package_test] pip install --no-build-isolation ./client/python"
-(cd "$work/src" && "$work/venv/bin/pip" install --no-build-isolation --no-input \
-   --disable-pip-version-check ./client/python 2>&1 | tail -3)
+echo "[python_package_test] pip install ./client/python"
+(cd "$work/src" && "$work/venv/bin/pip" install --no-input --disable-pip-version-check \
+   ./client/python 2>&1 | tail -3)
 "$work/venv/bin/pip" show attention-client | sed -n '1,2p'
 
 cd "$work/run"
