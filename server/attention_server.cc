@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/fused_attention.h"
 #include "core/status_macros.h"
@@ -262,7 +263,19 @@ absl::Status AttentionServer::LoadModels() {
   requests_->SetRepository(repository_.get());
   SetHealth(true);
   std::cerr << "ready: serving " << repository_->models().size() << " model(s), default '"
-            << repository_->default_model() << "'\n";
+            << repository_->default_model() << "'";
+  std::vector<std::string> failed;
+  for (const VersionState& v : repository_->Index()) {
+    if (repository_->Find(v.model) == nullptr && (failed.empty() || failed.back() != v.model)) {
+      failed.push_back(v.model);
+    }
+  }
+  if (!failed.empty()) {
+    std::cerr << "; not serving " << failed.size()
+              << " that failed to load: " << absl::StrJoin(failed, ", ")
+              << " (see the repository index)";
+  }
+  std::cerr << "\n";
   return absl::OkStatus();
 }
 

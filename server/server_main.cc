@@ -27,9 +27,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -43,6 +40,7 @@
 #include "server/memory_limit.h"
 #include "server/memory_plan.h"
 #include "server/port_probe.h"
+#include "server/server_flags.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on for gRPC and metrics.");
 ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one and print it).");
@@ -264,6 +262,7 @@ int Run() {
   repo.poll_interval = absl::Seconds(absl::GetFlag(FLAGS_repository_poll_s));
   repo.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   repo.load_hook = SlowLoadHookForTesting();
+  repo.exit_on_error = ExitOnErrorFlag();
   // A busy port is one line, before the plan's table or anything else.
   for (const auto& [port, flag] :
        {std::pair{options.port, "port"}, std::pair{options.metrics_port, "metrics_port"},
@@ -395,16 +394,7 @@ int Run() {
 }  // namespace attention::server
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Serves multi-head attention over gRPC. attention-server [--flags]; started with no flag "
-      "it serves the built-in demo model on port 50051 with metrics on 9464.");
-  absl::FlagsUsageConfig usage;  // --help lists this binary's own flags.
-  usage.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "server_main.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  usage.version_string = [] { return std::string("attention-server " ATTENTION_VERSION "\n"); };
-  absl::SetFlagsUsageConfig(usage);
+  attention::server::ConfigureUsage();
   // glibc returns freed blocks above its mmap threshold to the OS, and the
   // next call's buffers of the same size fault in again, a page at a time
   // (expensive on these VMs). Serve up to 32 MiB from the heap and keep up

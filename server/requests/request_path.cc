@@ -221,8 +221,9 @@ absl::StatusOr<const ServedModel*> RequestPath::FindModel(const Principal* princ
   }
   if (model == nullptr) {
     if (repository->Known(name)) {
-      return absl::NotFoundError(
-          absl::StrCat("model: '", Shown(name), "' has no version serving (unloaded)"));
+      const std::string why = repository->WhyNotServing(name);
+      return absl::NotFoundError(absl::StrCat("model: '", Shown(name), "' has no version serving (",
+                                              why.empty() ? "unloaded" : why, ")"));
     }
     return absl::NotFoundError(absl::StrCat("model: '", Shown(name), "' is not served"));
   }
