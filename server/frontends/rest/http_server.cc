@@ -24,7 +24,8 @@ using tcp = net::ip::tcp;
 // The answer past the connection limit.
 const std::string& TooManyConnections() {
   static const std::string* const answer = [] {
-    const std::string body = R"({"error":"the server has too many connections; retry later"})";
+    const std::string body =
+        R"({"error":"the server has too many connections (--http_max_connections); retry later"})";
     return new std::string(
         absl::StrCat("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                      "Connection: close\r\nContent-Length: ",
