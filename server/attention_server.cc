@@ -17,6 +17,7 @@
 #include "server/frontends/grpc/reflection_service.h"
 #include "server/frontends/protocol/sequence_sessions.h"
 #include "server/frontends/rest/rest_frontend.h"
+#include "server/metrics/metrics_port.h"
 #include "server/metrics/process_metrics.h"
 #include "server/port_probe.h"
 #include "server/sessions/session_batch_runner.h"
@@ -59,7 +60,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   if (options.metrics_port > 0) {
     const std::string address = absl::StrCat(options.host, ":", options.metrics_port);
     try {
-      s->exposer_ = std::make_unique<prometheus::Exposer>(address);
+      s->exposer_ = std::make_unique<prometheus::Exposer>(address, 2, MetricsPortCallbacks());
     } catch (const std::exception& e) {
       return absl::UnavailableError(
           absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/frontends/rest/http_connection.h"
+#include "server/frontends/rest/http_tls_sniff.h"
 
 namespace attention::server {
 namespace {
@@ -101,11 +102,17 @@ void HttpServer::OnAccept(tcp::socket socket) {
   std::string peer =
       ec ? std::string("unknown") : absl::StrCat(remote.address().to_string(), ":", remote.port());
   if (tls_ != nullptr) {
-    using TlsStream = beast::ssl_stream<beast::tcp_stream>;
-    auto connection = std::make_shared<HttpConnection<TlsStream>>(
-        TlsStream(std::move(socket), *tls_), options_, handler_, connections_, id, std::move(peer));
-    connections_->Attach(id, connection);
-    return connection->Start();
+    // Plain HTTP sent to this TLS port is answered in plain text (TlsSniff).
+    TlsSniff::Start(std::move(socket), options_.header_timeout, connections_, id,
+                    [this, id, peer = std::move(peer)](tcp::socket tls_socket) mutable {
+                      using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+                      auto connection = std::make_shared<HttpConnection<TlsStream>>(
+                          TlsStream(std::move(tls_socket), *tls_), options_, handler_, connections_,
+                          id, std::move(peer));
+                      connections_->Attach(id, connection);
+                      connection->Start();
+                    });
+    return;
   }
   auto connection = std::make_shared<HttpConnection<beast::tcp_stream>>(
       beast::tcp_stream(std::move(socket)), options_, handler_, connections_, id, std::move(peer));
