@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/fused_attention.h"
 #include "core/status_macros.h"
@@ -16,6 +17,7 @@
 #include "server/frontends/grpc/reflection_service.h"
 #include "server/frontends/protocol/sequence_sessions.h"
 #include "server/frontends/rest/rest_frontend.h"
+#include "server/metrics/metrics_port.h"
 #include "server/metrics/process_metrics.h"
 #include "server/port_probe.h"
 #include "server/sessions/session_batch_runner.h"
@@ -58,7 +60,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   if (options.metrics_port > 0) {
     const std::string address = absl::StrCat(options.host, ":", options.metrics_port);
     try {
-      s->exposer_ = std::make_unique<prometheus::Exposer>(address);
+      s->exposer_ = std::make_unique<prometheus::Exposer>(address, 2, MetricsPortCallbacks());
     } catch (const std::exception& e) {
       return absl::UnavailableError(
           absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
@@ -262,7 +264,19 @@ absl::Status AttentionServer::LoadModels() {
   requests_->SetRepository(repository_.get());
   SetHealth(true);
   std::cerr << "ready: serving " << repository_->models().size() << " model(s), default '"
-            << repository_->default_model() << "'\n";
+            << repository_->default_model() << "'";
+  std::vector<std::string> failed;
+  for (const VersionState& v : repository_->Index()) {
+    if (repository_->Find(v.model) == nullptr && (failed.empty() || failed.back() != v.model)) {
+      failed.push_back(v.model);
+    }
+  }
+  if (!failed.empty()) {
+    std::cerr << "; not serving " << failed.size()
+              << " that failed to load: " << absl::StrJoin(failed, ", ")
+              << " (see the repository index)";
+  }
+  std::cerr << "\n";
   return absl::OkStatus();
 }
 

@@ -26,10 +26,6 @@
 #include <utility>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -43,6 +39,8 @@
 #include "server/memory_limit.h"
 #include "server/memory_plan.h"
 #include "server/port_probe.h"
+#include "server/security/grpc_log.h"
+#include "server/server_flags.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on for gRPC and metrics.");
 ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one and print it).");
@@ -52,7 +50,7 @@ ABSL_FLAG(std::string, model_repository, "",
           "folder); empty: the built-in demo model 'demo'.");
 ABSL_FLAG(std::string, default_model, "",
           "Model an empty InferRequest.model selects; empty: the first by name.");
-ABSL_FLAG(int, threads, 0, "Compute threads (oneDNN/OpenMP); 0: every core.");
+ABSL_FLAG(int, threads, 0, "Compute threads (oneDNN/OpenMP), 0 to 4096; 0: every core.");
 ABSL_FLAG(int64_t, max_batch_size, 16,
           "Default requests per executed batch (a model's config.json overrides); 1 turns "
           "batching off.");
@@ -77,7 +75,8 @@ ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "Largest request or response message, in bytes (clients have their own limit: "
           "attention-client --max_message_bytes, 256 MiB by default).");
 ABSL_FLAG(int, infer_parse_threads, 1,
-          "Threads (1 to 64, at nice +5) parsing attention.v1 Infer requests over 256 KiB.");
+          "Threads (1 to 64, at nice +5) parsing attention.v1 Infer requests over 256 KiB; "
+          "another value is refused.");
 ABSL_FLAG(int64_t, max_stream_pending, 64,
           "Per stream (InferStream, SessionStream, ModelStreamInfer): requests read but not yet "
           "answered and written before the stream stops reading (back-pressure on a client that "
@@ -212,6 +211,10 @@ int Run() {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  if (const absl::Status ranges = CheckFlagRanges(); !ranges.ok()) {
+    std::cerr << ranges.message() << "\n";
+    return 2;
+  }
   ServerOptions options;
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
@@ -224,7 +227,7 @@ int Run() {
   }
   options.http_max_connections = absl::GetFlag(FLAGS_http_max_connections);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  options.infer_parse_threads = std::clamp(absl::GetFlag(FLAGS_infer_parse_threads), 1, 64);
+  options.infer_parse_threads = absl::GetFlag(FLAGS_infer_parse_threads);
   options.max_stream_pending = absl::GetFlag(FLAGS_max_stream_pending);
   options.max_stream_pending_bytes = absl::GetFlag(FLAGS_max_stream_pending_bytes);
   options.drain_timeout = absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s));
@@ -264,6 +267,7 @@ int Run() {
   repo.poll_interval = absl::Seconds(absl::GetFlag(FLAGS_repository_poll_s));
   repo.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   repo.load_hook = SlowLoadHookForTesting();
+  repo.exit_on_error = ExitOnErrorFlag();
   // A busy port is one line, before the plan's table or anything else.
   for (const auto& [port, flag] :
        {std::pair{options.port, "port"}, std::pair{options.metrics_port, "metrics_port"},
@@ -395,16 +399,7 @@ int Run() {
 }  // namespace attention::server
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Serves multi-head attention over gRPC. attention-server [--flags]; started with no flag "
-      "it serves the built-in demo model on port 50051 with metrics on 9464.");
-  absl::FlagsUsageConfig usage;  // --help lists this binary's own flags.
-  usage.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "server_main.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  usage.version_string = [] { return std::string("attention-server " ATTENTION_VERSION "\n"); };
-  absl::SetFlagsUsageConfig(usage);
+  attention::server::ConfigureUsage();
   // glibc returns freed blocks above its mmap threshold to the OS, and the
   // next call's buffers of the same size fault in again, a page at a time
   // (expensive on these VMs). Serve up to 32 MiB from the heap and keep up
@@ -415,6 +410,7 @@ int main(int argc, char** argv) {
   // Debian's Abseil checks every Mutex acquisition for lock-order cycles
   // (GraphCycles::GetId was ~3% of the server's CPU under load): off.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  absl::ParseCommandLine(argc, argv);
+  attention::server::ParseServerFlags(argc, argv);
+  attention::server::RouteGrpcLog();  // Handshake failures as one throttled line of ours.
   return attention::server::Run();
 }

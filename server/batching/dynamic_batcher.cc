@@ -197,7 +197,9 @@ absl::Status DynamicBatcher::Enqueue(std::unique_ptr<PendingRequest> request) {
         absl::StrCat("query: ", request->tokens(),
                      " query tokens (batch x length) exceed the model's "
                      "max_batch_tokens ",
-                     options_.max_batch_tokens));
+                     options_.max_batch_tokens,
+                     " (its config.json's max_batch_tokens, else the server's "
+                     "--max_batch_tokens); send fewer or shorter sequences"));
   }
   if (request->session == nullptr && request->inputs.need_weights) {
     const MhaSpec& spec = engine_->model().spec();
@@ -205,11 +207,12 @@ absl::Status DynamicBatcher::Enqueue(std::unique_ptr<PendingRequest> request) {
         CheckedProduct({request->call.batch, spec.num_heads, request->call.queries,
                         request->call.keys + spec.extra_keys(), 4});
     if (!weights || *weights > options_.max_batch_weights_bytes) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("need_weights: computing the attention weights takes ",
-                       weights ? absl::StrCat(*weights) : std::string("more than 2^63"),
-                       " bytes (batch x heads x queries x keys x 4), over the server's limit of ",
-                       options_.max_batch_weights_bytes, " (its memory plan)"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "need_weights: computing the attention weights takes ",
+          weights ? absl::StrCat(*weights) : std::string("more than 2^63"),
+          " bytes (batch x heads x queries x keys x 4), over the server's limit of ",
+          options_.max_batch_weights_bytes, " (--max_batch_working_bytes, at most ",
+          kMaxBatchWeightsBytes, "); leave need_weights off, or send fewer or shorter sequences"));
     }
   }
   const double cost = request->cost > 0 ? request->cost

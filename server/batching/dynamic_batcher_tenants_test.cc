@@ -148,7 +148,9 @@ TEST_F(DynamicBatcherTenantsTest, APushedOutRequestIsAnsweredOnceAndTheModestOne
     for (int i = 0; i < 4; ++i) ASSERT_TRUE(batcher->Enqueue(Request("a")).ok());
     absl::Status full = batcher->Enqueue(Request("a"));
     EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
-    EXPECT_EQ(full.message(), "queue is full: 4 requests waiting (max_queue_size 4)");
+    EXPECT_EQ(full.message(),
+              "queue is full: 4 requests waiting (max_queue_size 4: the model's config.json "
+              "max_queue_size, else the server's --max_queue_size); retry later");
     ASSERT_TRUE(batcher->Enqueue(Request("b")).ok());  // Under its share of 2.
     ASSERT_TRUE(batcher->Enqueue(Request("b")).ok());
     absl::Status b_full = batcher->Enqueue(Request("b"));

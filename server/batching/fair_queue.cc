@@ -70,7 +70,9 @@ absl::Status FairQueue::MakeRoom(uint32_t t, Evicted* evicted) {
   const auto mine = static_cast<int64_t>(tenant.fifo.size());
   if (mine == size_) {  // One tenant: today's FIFO and its message.
     return absl::ResourceExhaustedError(absl::StrCat(
-        "queue is full: ", size_, " requests waiting (max_queue_size ", max_size_, ")"));
+        "queue is full: ", size_, " requests waiting (max_queue_size ", max_size_,
+        ": the model's config.json max_queue_size, else the server's --max_queue_size); "
+        "retry later"));
   }
   int64_t weights = mine == 0 ? tenant.weight : 0;
   for (uint32_t a : active_) weights += tenants_[a].weight;
@@ -79,9 +81,9 @@ absl::Status FairQueue::MakeRoom(uint32_t t, Evicted* evicted) {
   if (static_cast<double>(mine + 1) > share) {
     return absl::ResourceExhaustedError(
         absl::StrCat("queue is full: ", size_, " requests waiting (max_queue_size ", max_size_,
-                     "); this caller has ", mine, " of them, its share is ",
-                     static_cast<int64_t>(std::floor(share)), " (weight ", tenant.weight, " of ",
-                     weights, " queued); retry later"));
+                     ", --max_queue_size or config.json); this caller has ", mine,
+                     " of them, its share is ", static_cast<int64_t>(std::floor(share)),
+                     " (weight ", tenant.weight, " of ", weights, " queued); retry later"));
   }
   // Under its share, so another tenant is over its own: push out the newest
   // request of the one most over.

@@ -152,7 +152,9 @@ TEST_F(FairQueueTest, OneTenantIsAFifoWithTheOldMessage) {
   auto r = Request("", 1, 99);
   absl::Status full = q.Push(r, 1, &evicted);
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(full.message(), "queue is full: 3 requests waiting (max_queue_size 3)");
+  EXPECT_EQ(full.message(),
+            "queue is full: 3 requests waiting (max_queue_size 3: the model's config.json "
+            "max_queue_size, else the server's --max_queue_size); retry later");
   ASSERT_NE(r, nullptr);  // Refused: still the caller's.
   EXPECT_EQ(evicted.request, nullptr);
   for (int64_t i = 0; i < 3; ++i) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -40,7 +41,17 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(Repositor
                                               "config.json and model.safetensors)"));
     }
     for (const auto& [name, dir] : dirs) {
-      RETURN_IF_ERROR(repo->Sync(name, dir, /*stable_only=*/false));
+      const absl::Status synced = repo->Sync(name, dir, /*stable_only=*/false);
+      if (synced.ok()) continue;
+      if (repo->abandoned()) return synced;  // A stop signal: no verdict on the folder.
+      const std::string why = absl::StrCat(
+          "model '", name, "'",
+          absl::StrContains(synced.message(), dir) ? "" : absl::StrCat(" (folder '", dir, "')"),
+          ": ", synced.message());
+      if (o.exit_on_error)
+        return absl::Status(synced.code(), absl::StrCat(why, " (--exit_on_error)"));
+      std::cerr << why << ": not served; the other models are (the repository index says why; "
+                << "--exit_on_error makes a bad folder stop the start-up)\n";
     }
   } else {
     ASSIGN_OR_RETURN(auto demo, repo->LoadVersion("demo", 1, ""));
@@ -51,9 +62,20 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(Repositor
   }
   {
     absl::MutexLock lock(&repo->mu_);
-    for (auto& [name, entry] : repo->models_) entry.configured = true;
+    // Readiness waits for what loaded; a model that did not is reported.
+    for (auto& [name, entry] : repo->models_) entry.configured = !entry.serving.empty();
   }
-  repo->default_model_ = o.default_model.empty() ? dirs.begin()->first : o.default_model;
+  std::vector<ModelRef> serving = repo->Snapshot();
+  if (serving.empty() && o.control == ModelControl::kNone) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model repository '", o.path,
+                     "': no model could be loaded (see above); "
+                     "with --model_control=none nothing could ever serve"));
+  }
+  // Unless named: the first model that serves, by name.
+  repo->default_model_ = !o.default_model.empty() ? o.default_model
+                         : serving.empty()        ? dirs.begin()->first
+                                                  : serving.front()->name;
   if (dirs.count(repo->default_model_) == 0) {
     std::vector<std::string> names;
     for (const auto& [name, unused] : dirs) names.push_back(name);
@@ -163,7 +185,9 @@ std::vector<VersionState> ModelRepository::Index(const std::string& name) const 
     std::map<int64_t, VersionState> versions;
     for (const auto& [v, r] : e.refused) versions[v] = {model, v, "UNAVAILABLE", r.reason};
     for (const auto& [v, m] : e.serving) versions[v] = {model, v, "READY", ""};
-    if (versions.empty()) versions[0] = {model, 0, "UNAVAILABLE", "unloaded"};
+    if (versions.empty()) {
+      versions[0] = {model, 0, "UNAVAILABLE", e.problem.empty() ? "unloaded" : e.problem};
+    }
     for (auto& [v, s] : versions) out.push_back(std::move(s));
   }
   return out;
@@ -172,6 +196,15 @@ std::vector<VersionState> ModelRepository::Index(const std::string& name) const 
 bool ModelRepository::Known(const std::string& name) const {
   absl::ReaderMutexLock lock(&mu_);
   return models_.count(name) > 0;
+}
+
+std::string ModelRepository::WhyNotServing(const std::string& name) const {
+  std::string why;
+  for (const VersionState& v : Index(name)) {
+    if (v.state == "READY") return "";
+    if (!v.reason.empty()) why = v.reason;  // The newest refused version's.
+  }
+  return why;
 }
 
 bool ModelRepository::AllServing() const {
@@ -199,6 +232,7 @@ absl::Status ModelRepository::UnloadModel(const std::string& name) {
   {
     absl::MutexLock lock(&mu_);
     models_[name].configured = false;  // Readiness no longer waits for it.
+    models_[name].problem.clear();
   }
   if (options_.on_change) options_.on_change();
   return absl::OkStatus();

@@ -69,6 +69,11 @@ struct RepositoryOptions {
   // MhaEngine::resident_bytes() after); a load that would pass it is
   // refused. 0: no limit.
   int64_t max_model_bytes = 0;
+  // At start (Load): a model folder none of whose versions loads stops the
+  // start-up (Load fails naming it). False: it is reported (Index, the
+  // log) and the other models serve, as a poll reports a bad folder
+  // (Triton's --exit-on-error=false).
+  bool exit_on_error = false;
   // Called with a loaded version before it is published (the assembly
   // installs its session state), and after one stops serving.
   std::function<void(ServedModel&)> on_load;
@@ -117,9 +122,12 @@ class ModelRepository {
  public:
   // Loads every model folder of options.path (the folder's name is the
   // model's name) per its version policy, or the demo model "demo" when
-  // path is empty, and starts polling in kPoll. NotFound / InvalidArgument
-  // naming the directory when a model has no loadable version, the folder
-  // has no model, or default_model is not among them.
+  // path is empty, and starts polling in kPoll. A model with no loadable
+  // version is reported (Index: UNAVAILABLE with the reason; not needed for
+  // AllServing) and the others serve; with exit_on_error it is an error
+  // naming the model and its folder. NotFound / InvalidArgument when the
+  // folder has no model, default_model is not among them, or (kNone) no
+  // model loaded at all.
   static absl::StatusOr<std::unique_ptr<ModelRepository>> Load(RepositoryOptions options,
                                                                Metrics* metrics);
   // Stops polling (abandoning a load in progress), lets go of every version
@@ -138,6 +146,9 @@ class ModelRepository {
   std::vector<VersionState> Index(const std::string& name = "") const;
   // Whether a model called `name` is known (serving or not).
   bool Known(const std::string& name) const;
+  // Why the known model `name` has no serving version ("unloaded", or the
+  // reason its newest version was refused), or "" when one serves.
+  std::string WhyNotServing(const std::string& name) const;
   const std::string& default_model() const { return default_model_; }
   ModelControl control() const { return options_.control; }
   // Every model loaded at start has a serving version.
@@ -206,6 +217,9 @@ class ModelRepository {
     std::map<int64_t, std::string> loaded_print;  // A serving version's files when loaded.
     bool configured = false;                      // Loaded at start: readiness needs it.
     bool emptied = false;                         // The last poll found its folder with no version.
+    // Why its last Sync served no version (its folder could not be read,
+    // its policy selects none, ...); "" once one serves, or after an unload.
+    std::string problem;
   };
 
   ModelRepository(RepositoryOptions options, Metrics* metrics);

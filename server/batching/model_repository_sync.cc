@@ -19,6 +19,10 @@ absl::Status ModelRepository::Sync(const std::string& name, const std::string& d
     std::cerr << "model '" << name << "': " << layout.status().message()
               << (stable_only ? " (what serves keeps serving; retried at the next poll)" : "")
               << "\n";
+    absl::MutexLock lock(&mu_);
+    Entry& e = models_[name];  // Known, so that the index says why it does not serve.
+    e.dir = dir;
+    e.problem = std::string(layout.status().message());
     return layout.status();
   }
   {
@@ -134,10 +138,16 @@ absl::Status ModelRepository::Sync(const std::string& name, const std::string& d
   }
   Retire(name, want, replacement_coming);
   absl::MutexLock lock(&mu_);
-  if (models_[name].serving.empty()) {
-    if (!last_error.ok()) return last_error;
-    return absl::NotFoundError(absl::StrCat("model '", name, "': no loadable version in '", dir,
-                                            "' (policy ", layout->policy.ToString(), ")"));
+  Entry& e = models_[name];
+  e.problem.clear();
+  if (e.serving.empty()) {
+    const absl::Status none =
+        !last_error.ok()
+            ? last_error
+            : absl::NotFoundError(absl::StrCat("model '", name, "': no loadable version in '", dir,
+                                               "' (policy ", layout->policy.ToString(), ")"));
+    e.problem = std::string(none.message());
+    return none;
   }
   return absl::OkStatus();
 }

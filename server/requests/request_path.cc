@@ -10,6 +10,7 @@
 #include "core/status_macros.h"
 #include "server/batching/batch_runner.h"
 #include "server/requests/identifiers.h"
+#include "server/requests/model_choices.h"
 #include "server/requests/wire_layout.h"
 
 namespace attention::server {
@@ -86,8 +87,11 @@ absl::Status RequestPath::CheckResponseSize(const ServedModel& model, const MhaI
     if (buffer > DynamicBatcher::kMaxBatchWeightsBytes) {
       return absl::ResourceExhaustedError(
           absl::StrCat("need_weights: computing the attention weights takes ", buffer,
-                       " bytes (batch x heads x queries x keys x 4), over the server's limit of ",
-                       DynamicBatcher::kMaxBatchWeightsBytes));
+                       " bytes (batch x heads x queries x keys x 4), over the server's fixed "
+                       "ceiling of ",
+                       DynamicBatcher::kMaxBatchWeightsBytes,
+                       ", which no flag raises; leave need_weights off, or send fewer or shorter "
+                       "sequences"));
     }
     weights_bytes = SaturatingProduct(
         {c.batch, in.average_attn_weights ? 1 : spec.num_heads, c.queries, total_keys, out_size});
@@ -98,17 +102,21 @@ absl::Status RequestPath::CheckResponseSize(const ServedModel& model, const MhaI
   if (*response_bytes > options_.max_response_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("response: would be about ", *response_bytes, " bytes (output ", output_bytes,
-                     ", attn_weights ", weights_bytes, "), over the server's max_message_bytes ",
-                     options_.max_response_bytes));
+                     ", attn_weights ", weights_bytes, "), over the server's --max_message_bytes ",
+                     options_.max_response_bytes,
+                     in.need_weights ? "; leave need_weights off or send less per request"
+                                     : "; send less per request"));
   }
   const int64_t working =
       BatchWorkingBytes(engine, c.batch, c.queries, c.keys, c.self_attention, in.need_weights);
   if (working > max_working) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("request: computing it takes about ", working,
-                     " bytes of working memory (padded inputs, projections, attention buffers",
-                     in.need_weights ? ", weights" : "", "), over the server's limit of ",
-                     max_working, " per batch; send fewer or shorter sequences"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "request: computing it takes about ", working,
+        " bytes of working memory (padded inputs, projections, attention buffers",
+        in.need_weights ? ", weights" : "", "), over the server's limit of ", max_working,
+        " per batch (--max_batch_working_bytes); send fewer or shorter sequences, "
+        "or start the server with --max_batch_working_bytes=",
+        working, " or more"));
   }
   return absl::OkStatus();
 }
@@ -213,18 +221,30 @@ absl::StatusOr<const ServedModel*> RequestPath::FindModel(const Principal* princ
   }
   ModelRef model = repository->Find(name);
   const std::string& shown = model != nullptr ? model->name : name;
+  // A name with nothing serving: the models this caller may use, and the
+  // closest (said alike whether the name is known, not to tell a caller
+  // that may not use it).
+  auto choices = [&] {
+    if (model != nullptr) return std::string();
+    std::vector<std::string> names;
+    for (const ModelRef& m : repository->Snapshot()) {
+      if (principal == nullptr || principal->MayUse(m->name)) names.push_back(m->name);
+    }
+    return ModelChoices(name, names);
+  };
   if (principal != nullptr && !principal->MayUse(shown) &&
       (model != nullptr || !principal->all_models)) {
     metrics_->CountRefusal(absl::StatusCode::kPermissionDenied);
-    return absl::PermissionDeniedError(absl::StrCat("model: caller '", principal->name,
-                                                    "' may not use model '", Shown(shown), "'"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "model: caller '", principal->name, "' may not use model '", Shown(shown), "'", choices()));
   }
   if (model == nullptr) {
     if (repository->Known(name)) {
-      return absl::NotFoundError(
-          absl::StrCat("model: '", Shown(name), "' has no version serving (unloaded)"));
+      const std::string why = repository->WhyNotServing(name);
+      return absl::NotFoundError(absl::StrCat("model: '", Shown(name), "' has no version serving (",
+                                              why.empty() ? "unloaded" : why, ")"));
     }
-    return absl::NotFoundError(absl::StrCat("model: '", Shown(name), "' is not served"));
+    return absl::NotFoundError(absl::StrCat("model: '", Shown(name), "' is not served", choices()));
   }
   return found(std::move(model));
 }

@@ -16,6 +16,15 @@
 #include "core/status_macros.h"
 
 namespace attention::server {
+
+// How each client of this project takes its token, for UNAUTHENTICATED
+// answers (client/cli/main.cc, client/python/attention_client/client.py,
+// client/node/lib/common.js name them).
+constexpr absl::string_view kHowClientsSendIt =
+    "(attention-client: --token_file=<file>; Python: AttentionClient(..., token=... or "
+    "token_file=...); Node: new AttentionClient(..., {token} or {tokenFile}); all three read "
+    "the environment variable ATTENTION_TOKEN when none is given; REST: the header "
+    "'Authorization: Bearer <token>')";
 namespace {
 
 // "inode size ctime mtime" of `path` (following symlinks, as a Kubernetes
@@ -252,7 +261,8 @@ absl::StatusOr<std::shared_ptr<const Principal>> TokenAuthenticator::Authenticat
     const absl::string_view* authorization) const {
   if (authorization == nullptr) {
     return absl::UnauthenticatedError(
-        "authorization: missing; send the metadata 'authorization: Bearer <token>'");
+        absl::StrCat("authorization: missing; send the metadata 'authorization: Bearer <token>' ",
+                     kHowClientsSendIt));
   }
   absl::string_view value = absl::StripAsciiWhitespace(*authorization);
   constexpr absl::string_view kScheme = "bearer ";
@@ -272,7 +282,12 @@ absl::StatusOr<std::shared_ptr<const Principal>> TokenAuthenticator::Authenticat
     const bool equal = CRYPTO_memcmp(e.hash.data(), hash.data(), hash.size()) == 0;
     match = equal ? &e : match;
   }
-  if (match == nullptr) return absl::UnauthenticatedError("authorization: unknown token");
+  if (match == nullptr) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("authorization: unknown token (its SHA-256 is in no line of the server's "
+                     "--auth_tokens_file); check the token the client sends ",
+                     kHowClientsSendIt));
+  }
   return match->principal;
 }
 

@@ -48,7 +48,7 @@ absl::Status Admit(SessionManager& manager, SessionModel& model, const PendingRe
     return absl::ResourceExhaustedError(absl::StrCat(
         "response: would be about ", response, " bytes with the session at length ",
         step.cross ? session.position : step.cache->length(),
-        ", over the server's max_message_bytes ", work.max_response_bytes,
+        ", over the server's --max_message_bytes ", work.max_response_bytes,
         "; the append was not applied (append fewer tokens or leave need_weights off)"));
   }
   if (work.admission != nullptr) {
@@ -149,7 +149,8 @@ std::vector<RequestOutcome> RunSessionBatch(
                              session.cache->length(), " keys); create a new session")
               : absl::StrCat("tokens: appending ", t, " tokens to a session holding ", length,
                              " would pass the model's max_session_tokens ",
-                             model.max_session_tokens));
+                             model.max_session_tokens,
+                             " (its config.json's max_session_tokens, else --max_session_tokens)"));
       continue;
     }
     Admitted a;

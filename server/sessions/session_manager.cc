@@ -95,7 +95,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
   if (m == nullptr) return absl::InternalError("model has no session state");
   if (m->max_sessions == 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("model: '", served->name, "' allows no sessions (max_sessions 0)"));
+        absl::StrCat("model: '", served->name,
+                     "' allows no sessions (max_sessions 0: config.json, else --max_sessions)"));
   }
   for (;;) {
     SessionEnd why;

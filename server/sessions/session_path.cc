@@ -92,7 +92,9 @@ absl::Status SessionPath::PrepareStep(const Step& step, const SessionModel& m, b
   if (t > batching.max_batch_tokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("tokens: ", t, " tokens in one append exceed the model's max_batch_tokens ",
-                     batching.max_batch_tokens, "; append them in chunks"));
+                     batching.max_batch_tokens,
+                     " (its config.json's max_batch_tokens, else the server's --max_batch_tokens); "
+                     "append them in chunks"));
   }
   if (step.expected_length && *step.expected_length < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -122,7 +124,7 @@ absl::Status SessionPath::PrepareStep(const Step& step, const SessionModel& m, b
   if (prepared->response_bytes > max_response) {
     return absl::ResourceExhaustedError(
         absl::StrCat("response: would be about ", prepared->response_bytes,
-                     " bytes, over the server's max_message_bytes ", max_response,
+                     " bytes, over the server's --max_message_bytes ", max_response,
                      "; append fewer tokens or leave need_weights off"));
   }
   pending->working_bytes = AppendWorkingBytes(*m.engine, t, columns, out_dtype, in.need_weights,
@@ -133,7 +135,7 @@ absl::Status SessionPath::PrepareStep(const Step& step, const SessionModel& m, b
         " bytes of working memory (its projections",
         in.need_weights ? " and attention weights over " : "",
         in.need_weights ? absl::StrCat(columns, " keys") : "", "), over the server's limit of ",
-        batching.max_working_bytes, " per batch; append fewer tokens",
+        batching.max_working_bytes, " per batch (--max_batch_working_bytes); append fewer tokens",
         in.need_weights ? " or leave need_weights off" : ""));
   }
   pending->call.batch = 1;

@@ -81,11 +81,14 @@ std::string TenantLedger::CountRefusal(const std::string& model, bool tenant_lim
                         ", --max_sessions_per_tenant), and none of them has been idle for ",
                         absl::FormatDuration(grace), " to evict; close one of its sessions first");
   }
-  return absl::StrCat("max_sessions: model '", model, "' has its max_sessions ", model_max_sessions,
-                      " live sessions (", mine,
-                      " of them this caller's) and none of this caller's has been idle for ",
-                      absl::FormatDuration(grace),
-                      " to evict (other callers' sessions are never evicted for it); retry later");
+  return absl::StrCat(
+      "max_sessions: model '", model, "' has its max_sessions ", model_max_sessions,
+      " live sessions (", mine,
+      " of them this caller's) and none of this caller's has been idle for ",
+      absl::FormatDuration(grace),
+      " to evict (other callers' sessions are never evicted for it); retry later (the "
+      "limit: the model's config.json max_sessions, else the server's "
+      "--max_sessions)");
 }
 
 std::string TenantLedger::MemoryRefusal(int64_t held, int64_t tokens, int64_t need, int64_t limit,

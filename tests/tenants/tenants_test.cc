@@ -162,7 +162,9 @@ TEST_F(TenantsTest, AFloodingTokenIsRefusedAndAModestOneNever) {
     FloodAsAlice(&alice);
     const grpc::Status full = Infer("a-secret");
     EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-    EXPECT_EQ(full.error_message(), "queue is full: 4 requests waiting (max_queue_size 4)");
+    EXPECT_EQ(full.error_message(),
+              "queue is full: 4 requests waiting (max_queue_size 4: the model's config.json "
+              "max_queue_size, else the server's --max_queue_size); retry later");
     // bob's share is 2 of the 4: each of his pushes out alice's newest.
     for (int i = 0; i < 2; ++i) {
       bob.push_back(std::make_unique<AsyncInfer>());

@@ -111,14 +111,16 @@ grpc::ServerUnaryReactor* SessionServiceImpl::CreateSession(grpc::CallbackServer
       const int64_t working = m->engine->CrossWorkingBytes(work->key_count);
       const int64_t limit = served->batcher->options().max_working_bytes;
       if (working > limit) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "key: projecting ", work->key_count, " keys takes about ", working,
-            " bytes of working memory, over the server's limit of ", limit, " per batch"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("key: projecting ", work->key_count, " keys takes about ", working,
+                         " bytes of working memory, over the server's limit of ", limit,
+                         " per batch (--max_batch_working_bytes); send fewer keys"));
       }
       if (work->key_count > m->max_session_tokens) {
         return absl::FailedPreconditionError(
             absl::StrCat("key: ", work->key_count, " keys exceed the model's max_session_tokens ",
-                         m->max_session_tokens));
+                         m->max_session_tokens,
+                         " (its config.json's max_session_tokens, else --max_session_tokens)"));
       }
       return absl::OkStatus();
     }();

@@ -22,8 +22,9 @@ inline absl::Status CheckMessageLimit(google::protobuf::MessageLite* response, i
   const int64_t bytes = static_cast<int64_t>(response->ByteSizeLong());
   if (bytes <= max_bytes) return absl::OkStatus();
   response->Clear();
-  return absl::ResourceExhaustedError(
-      absl::StrCat("response: ", bytes, " bytes, over the server's max_message_bytes ", max_bytes));
+  return absl::ResourceExhaustedError(absl::StrCat("response: ", bytes,
+                                                   " bytes, over the server's --max_message_bytes ",
+                                                   max_bytes, "; send less per request"));
 }
 
 }  // namespace attention::server

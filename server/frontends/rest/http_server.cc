@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/frontends/rest/http_connection.h"
+#include "server/frontends/rest/http_tls_sniff.h"
 
 namespace attention::server {
 namespace {
@@ -24,7 +25,8 @@ using tcp = net::ip::tcp;
 // The answer past the connection limit.
 const std::string& TooManyConnections() {
   static const std::string* const answer = [] {
-    const std::string body = R"({"error":"the server has too many connections; retry later"})";
+    const std::string body =
+        R"({"error":"the server has too many connections (--http_max_connections); retry later"})";
     return new std::string(
         absl::StrCat("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                      "Connection: close\r\nContent-Length: ",
@@ -100,11 +102,17 @@ void HttpServer::OnAccept(tcp::socket socket) {
   std::string peer =
       ec ? std::string("unknown") : absl::StrCat(remote.address().to_string(), ":", remote.port());
   if (tls_ != nullptr) {
-    using TlsStream = beast::ssl_stream<beast::tcp_stream>;
-    auto connection = std::make_shared<HttpConnection<TlsStream>>(
-        TlsStream(std::move(socket), *tls_), options_, handler_, connections_, id, std::move(peer));
-    connections_->Attach(id, connection);
-    return connection->Start();
+    // Plain HTTP sent to this TLS port is answered in plain text (TlsSniff).
+    TlsSniff::Start(std::move(socket), options_.header_timeout, connections_, id,
+                    [this, id, peer = std::move(peer)](tcp::socket tls_socket) mutable {
+                      using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+                      auto connection = std::make_shared<HttpConnection<TlsStream>>(
+                          TlsStream(std::move(tls_socket), *tls_), options_, handler_, connections_,
+                          id, std::move(peer));
+                      connections_->Attach(id, connection);
+                      connection->Start();
+                    });
+    return;
   }
   auto connection = std::make_shared<HttpConnection<beast::tcp_stream>>(
       beast::tcp_stream(std::move(socket)), options_, handler_, connections_, id, std::move(peer));

@@ -16,18 +16,10 @@
 #include "server/frontends/rest/rest_compression.h"
 #include "server/frontends/rest/rest_encode.h"
 #include "server/frontends/rest/rest_json.h"
+#include "server/frontends/rest/rest_routes.h"
 
 namespace attention::server {
 namespace {
-
-CallRef CallOfRequest(const HttpRequest& req, Method method) {
-  auto call = std::make_shared<CallContext>();
-  call->method = method;
-  if (auto authorization = req.Header("Authorization"))
-    call->authorization = std::string(*authorization);
-  call->peer = absl::StrCat("http:", req.peer);
-  return call;
-}
 
 // The answer to an inference refused before the protocol saw it, counted
 // and logged as the protocol counts a refusal.
@@ -85,18 +77,6 @@ constexpr size_t kInlineEncodeBytes = 64 << 10;
 // The largest body of a repository request (index, load, unload): a few
 // parameters at most.
 constexpr uint64_t kRepositoryBodyBytes = 64 << 10;
-
-// The repository control route's model, or none.
-std::optional<std::pair<std::string, bool>> ControlPath(const std::string& path) {
-  constexpr absl::string_view kPrefix = "/v2/repository/models/";
-  if (!absl::StartsWith(path, kPrefix)) return std::nullopt;
-  const absl::string_view rest = absl::string_view(path).substr(kPrefix.size());
-  const size_t slash = rest.find('/');
-  if (slash == 0 || slash == absl::string_view::npos) return std::nullopt;
-  const absl::string_view action = rest.substr(slash + 1);
-  if (action != "load" && action != "unload") return std::nullopt;
-  return std::make_pair(PercentDecoded(rest.substr(0, slash)), action == "load");
-}
 
 }  // namespace
 
@@ -165,6 +145,7 @@ HeadDecision RestFrontend::OnHead(const HttpRequest& head) {
   const std::optional<ModelPath> model = ParseModelPath(head.path);
   const bool infer = model.has_value() && model->action == "infer";
   if (!infer && head.path != "/v2/repository/index" && !ControlPath(head.path)) {
+    if (IsGetEndpoint(head.path)) return Refused(WrongMethod(head, "GET, HEAD"));
     return Refused(ErrorResponse(
         absl::NotFoundError(absl::StrCat("no endpoint POST ", head.path.substr(0, 200)))));
   }
@@ -244,79 +225,6 @@ absl::Status RestFrontend::Inflate(HttpRequest& req, uint64_t limit,
   req.body = std::move(inflated.bytes);
   req.charge = std::move(inflated.charge);
   return absl::OkStatus();
-}
-
-HttpResponse RestFrontend::Get(const HttpRequest& req) {
-  InferenceProtocol* p = protocol_;
-  HttpResponse res;
-  const CallRef call = CallOfRequest(req, Method::kModelInfer);
-  if (req.path == "/v2/health/live") {
-    ReplyProbe(res, p->AuthenticateProbe(*call), true);
-    return res;
-  }
-  if (req.path == "/v2/health/ready") {
-    ReplyProbe(res, p->AuthenticateProbe(*call), p->ServerReady());
-    return res;
-  }
-  if (req.path == "/v2") {
-    const absl::Status allowed = p->AuthenticateProbe(*call);
-    if (!allowed.ok()) return ErrorResponse(allowed);
-    inference::ServerMetadataResponse metadata;
-    p->ServerMetadata(&metadata);
-    ReplyJson(res, ProtoToJson(metadata).dump());
-    return res;
-  }
-  std::optional<ModelPath> model = ParseModelPath(req.path);
-  if (req.path == "/v2/models/stats") model = ModelPath{"", "", "stats"};
-  if (!model.has_value() || model->action == "infer") {
-    return ErrorResponse(absl::NotFoundError(
-        absl::StrCat("no endpoint ", req.method, " ", req.path.substr(0, 200))));
-  }
-  absl::Status status;
-  if (model->action == "stats") {
-    inference::ModelStatisticsRequest request;
-    request.set_name(model->name);
-    request.set_version(model->version);
-    inference::ModelStatisticsResponse response;
-    status = p->ModelStatistics(*call, request, &response);
-    if (status.ok()) ReplyJson(res, ProtoToJson(response).dump());
-  } else if (model->action == "ready") {
-    bool ready = false;
-    status = p->ModelReady(*call, model->name, model->version, &ready);
-    ReplyProbe(res, status, ready);
-    return res;
-  } else if (model->action == "config") {
-    inference::ModelConfigRequest request;
-    request.set_name(model->name);
-    request.set_version(model->version);
-    inference::ModelConfigResponse response;
-    status = p->ModelConfig(*call, request, &response);
-    if (status.ok()) ReplyJson(res, ProtoToJson(response.config()).dump());
-  } else {
-    inference::ModelMetadataRequest request;
-    request.set_name(model->name);
-    request.set_version(model->version);
-    inference::ModelMetadataResponse response;
-    status = p->ModelMetadata(*call, request, &response);
-    if (status.ok()) ReplyJson(res, ProtoToJson(response).dump());
-  }
-  return status.ok() ? res : ErrorResponse(status);
-}
-
-HttpResponse RestFrontend::Index(const HttpRequest& req) {
-  const absl::StatusOr<bool> ready = RepositoryIndexReady(req.body);
-  if (!ready.ok()) return ErrorResponse(ready.status());
-  inference::RepositoryIndexRequest request;
-  request.set_ready(*ready);
-  inference::RepositoryIndexResponse response;
-  const absl::Status status =
-      protocol_->RepositoryIndex(*CallOfRequest(req, Method::kModelInfer), request, &response);
-  if (!status.ok()) return ErrorResponse(status);
-  nlohmann::json models = nlohmann::json::array();
-  for (const auto& m : response.models()) models.push_back(ProtoToJson(m));
-  HttpResponse res;
-  ReplyJson(res, models.dump());
-  return res;
 }
 
 void RestFrontend::Control(const HttpRequest& req, const std::string& model, bool load,

@@ -9,6 +9,7 @@
 // (HttpStatusOf) and {"error": "..."}.
 //
 //   GET  /v2/health/live, /v2/health/ready, /v2
+//   GET  /v2/models (the models, their versions and state)
 //   GET  /v2/models/{m}[/versions/{v}] (metadata), .../ready, .../config,
 //        .../stats, and /v2/models/stats (every model)
 //   POST /v2/models/{m}[/versions/{v}]/infer, /v2/repository/index,
@@ -17,7 +18,8 @@
 // Served by HttpServer (Boost.Beast): a few I/O threads, every read bounded
 // in bytes and time (HttpServerOptions). Each request is judged by its head
 // before its body is read (OnHead): other methods than GET, HEAD and POST
-// (405), a GET with a body (400), a Content-Encoding other than gzip or
+// (405), a path asked with the other of GET and POST (405 with Allow,
+// naming the method to use), a GET with a body (400), a Content-Encoding other than gzip or
 // deflate (415), an unknown POST (404) and a POST whose token fails
 // (401/403) are refused unread; a body is then charged to the receive
 // budget (RestBodyBudget) by its declared size, and read up to
@@ -102,7 +104,12 @@ class RestFrontend : public HttpHandler {
   RestFrontend(InferenceProtocol* protocol, const RestOptions& options);
   // GET (and HEAD) routes, answered at once.
   HttpResponse Get(const HttpRequest& request);
+  // POST /v2/repository/index: Triton's index, a line per version.
   HttpResponse Index(const HttpRequest& request);
+  // GET /v2/models: {"models": [{"name", "state", "reason" (not READY),
+  // "versions": [{"version", "state", "reason"}]}]}, the models the caller
+  // may use (rest_frontend_get.cc).
+  HttpResponse Models(const HttpRequest& request);
   // Decodes a body sent with a Content-Encoding in place (rest_compression),
   // up to `limit` bytes, charged to the receive budget in place of the
   // compressed body's charge. OUT_OF_RANGE past the limit (named by
