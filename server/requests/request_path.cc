@@ -110,13 +110,18 @@ absl::Status RequestPath::CheckResponseSize(const ServedModel& model, const MhaI
   const int64_t working =
       BatchWorkingBytes(engine, c.batch, c.queries, c.keys, c.self_attention, in.need_weights);
   if (working > max_working) {
+    // The flag takes at most kMaxBatchWeightsBytes (server_flags.cc): past
+    // it no start-up value helps, so none is suggested.
+    const int64_t most = DynamicBatcher::kMaxBatchWeightsBytes;
     return absl::ResourceExhaustedError(absl::StrCat(
         "request: computing it takes about ", working,
         " bytes of working memory (padded inputs, projections, attention buffers",
         in.need_weights ? ", weights" : "", "), over the server's limit of ", max_working,
-        " per batch (--max_batch_working_bytes); send fewer or shorter sequences, "
-        "or start the server with --max_batch_working_bytes=",
-        working, " or more"));
+        " per batch (--max_batch_working_bytes, at most ", most,
+        "); send fewer or shorter sequences", in.need_weights ? " or leave need_weights off" : "",
+        working <= most ? absl::StrCat(", or start the server with --max_batch_working_bytes=",
+                                       working, " or more")
+                        : std::string()));
   }
   return absl::OkStatus();
 }
