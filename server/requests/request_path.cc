@@ -244,10 +244,14 @@ absl::StatusOr<const ServedModel*> RequestPath::FindModel(const Principal* princ
         "model: caller '", principal->name, "' may not use model '", Shown(shown), "'", choices()));
   }
   if (model == nullptr) {
-    if (repository->Known(name)) {
-      const std::string why = repository->WhyNotServing(name);
-      return absl::NotFoundError(absl::StrCat("model: '", Shown(name), "' has no version serving (",
-                                              why.empty() ? "unloaded" : why, ")"));
+    // No name: the default model (the caller may use every model here).
+    const std::string& known = name.empty() ? repository->default_model() : name;
+    if (repository->Known(known)) {
+      const std::string why = repository->WhyNotServing(known);
+      return absl::NotFoundError(absl::StrCat("model: ", name.empty() ? "the default model " : "",
+                                              "'", Shown(known), "' has no version serving (",
+                                              why.empty() ? "unloaded" : why, ")",
+                                              name.empty() ? choices() : std::string()));
     }
     return absl::NotFoundError(absl::StrCat("model: '", Shown(name), "' is not served", choices()));
   }

@@ -139,6 +139,42 @@ TEST(BadModelFolderTest, PollModeFixedFolderLoadsAndARemovedOneLosesItsReason) {
   server->Drain();
 }
 
+// The default model (no --default_model) is the first folder by name, as
+// documented, whether or not it loaded: a bad "a" does not hand requests
+// naming no model to "b" (computing with other weights than the caller
+// would get after the next restart, or once "a" is fixed). They are
+// refused naming the default and why it does not serve.
+TEST(BadModelFolderTest, TheDefaultModelDoesNotMoveToAnotherWhenTheFirstIsBad) {
+  const std::string repo = NewRepo("default");
+  testing::WriteModelDir(*RandomModel(1), repo + "/a", "\"embeddim\": 32");
+  testing::WriteModelDir(*RandomModel(2), repo + "/b");
+  auto server = Start(repo, ModelControl::kPoll);
+  ASSERT_NE(server, nullptr);
+  ASSERT_NE(server->repository(), nullptr);
+  EXPECT_EQ(server->repository()->default_model(), "a");
+  auto stub = v1::AttentionService::NewStub(server->InProcessChannel());
+  std::mt19937 rng(3);
+  v1::InferRequest request;  // No model named.
+  testing::ToProto(RandomTensor({1, 3, kE}, rng), request.mutable_query());
+  v1::InferResponse response;
+  grpc::ClientContext context;
+  const grpc::Status status = stub->Infer(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << "computed by another model";
+  EXPECT_THAT(status.error_message(), HasSubstr("'a'"));
+  EXPECT_THAT(status.error_message(), HasSubstr("embeddim"));
+  // Fixed: requests naming no model go to it.
+  testing::WriteModelDir(*RandomModel(1), repo + "/a");
+  for (int i = 0; i < 3 && server->repository()->Find("a") == nullptr; ++i) {
+    server->repository()->Poll();
+  }
+  v1::GetModelRequest get;  // No name: the default.
+  v1::ModelInfo info;
+  grpc::ClientContext get_context;
+  ASSERT_TRUE(stub->GetModel(&get_context, get, &info).ok());
+  EXPECT_EQ(info.name(), "a");
+  server->Drain();
+}
+
 TEST(BadModelFolderTest, ExitOnErrorFailsTheStartUpNamingTheFolder) {
   const std::string repo = GoodAndBadRepo("exit");
   ServerOptions options = testing::TestServerOptions(repo);
