@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "client/cli/call_advice.h"
 #include "client/cli/client_util.h"
+#include "client/cli/grpc_log_filter.h"
 #include "client/cli/load_generator.h"
 #include "client/cli/model_commands.h"
 #include "client/cli/npy.h"
@@ -322,6 +323,8 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  // gRPC's raw handshake-failure lines: the failed call's error says it.
+  attention::client::FilterGrpcLog();
   const std::string command = args.size() > 1 ? args[1] : "";
   // load and unload take a model name; other commands nothing more.
   const size_t most = command == "load" || command == "unload" ? 3 : 2;

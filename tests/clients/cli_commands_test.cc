@@ -126,6 +126,22 @@ TEST(ClientCliErrorHintsTest, NothingListeningAndMissingToken) {
 
 // The load generator prints each level's row as the level ends (before the
 // next level starts), and the decode load its prefill and decode progress.
+// --tls against a plaintext server: the hint, and none of gRPC's raw
+// "E1128 ... ssl_transport_security.cc:1501] Handshake failed ..." lines
+// (issue 38, wall 6: they appeared in the client's stderr too; the call's
+// own error already carries the SSL reason).
+TEST(ClientCliErrorHintsTest, TlsToAPlaintextServerPrintsNoRawGrpcHandshakeLines) {
+  testing::ServerProcess server(ATTENTION_SERVER_BINARY, {});
+  ASSERT_TRUE(server.ok());
+  std::string out;
+  EXPECT_NE(Cli("models --tls --deadline_ms=5000 --server=" + server.target(), &out), 0);
+  EXPECT_THAT(out, HasSubstr("leave out --tls"));
+  EXPECT_THAT(out, HasSubstr("wrong version number"));  // In the call's own error.
+  EXPECT_THAT(out, Not(HasSubstr("ssl_transport_security")));
+  EXPECT_THAT(out, Not(HasSubstr("Handshake failed with fatal error")));
+  EXPECT_EQ(server.Stop(), 0);
+}
+
 TEST(ClientCliProgressTest, LoadLevelsAndDecodeLoadReportAsTheyGo) {
   testing::ServerProcess server(ATTENTION_SERVER_BINARY, {});
   ASSERT_TRUE(server.ok());
