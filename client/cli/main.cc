@@ -342,8 +342,10 @@ int main(int argc, char** argv) {
   // `load MODEL` is model control; a load-generator flag beside it means the
   // name is a stray value (e.g. `--concurrency 1,8 64`).
   for (int i = 1; command == "load" && !model_arg.empty() && i < argc; ++i) {
+    // Its own flags and the random inputs' it shares with infer.
     for (const char* flag : {"concurrency", "duration", "requests", "rate", "rpc", "protocol",
-                             "sessions", "steps", "context", "csv", "json", "pad_share"}) {
+                             "sessions", "steps", "context", "csv", "json", "pad_share", "batch",
+                             "seq_len", "kv_seq_len", "seed", "is_causal", "need_weights"}) {
       const std::string arg = argv[i], name = absl::StrCat("--", flag);
       if (arg == name || absl::StartsWith(arg, name + "=")) {
         std::cerr << "attention-client: load " << model_arg << ": load MODEL loads a model, but "

@@ -186,6 +186,14 @@ TEST(ClientCliFlagsTest, HelpExitsZeroAndOutOfRangeNumbersAreRefused) {
   EXPECT_EQ(Cli("load --concurrency 1,8 64 --server=127.0.0.1:1", &out), 2);
   EXPECT_THAT(out, HasSubstr("load 64: load MODEL loads a model, but --concurrency is a "
                              "load-generator flag"));
+  // The same for the random inputs' flags the load generator shares with
+  // infer (--help: "infer/load"): `--batch 4 8` is not LoadModel("8").
+  for (const std::string flag : {"--batch 4", "--seq_len 16:64", "--kv_seq_len 32", "--seed 7"}) {
+    EXPECT_EQ(Cli("load " + flag + " 8 --server=127.0.0.1:1", &out), 2) << flag << ": " << out;
+    EXPECT_THAT(out, HasSubstr("load 8: load MODEL loads a model, but " +
+                               flag.substr(0, flag.find(' ')) + " is a load-generator flag"))
+        << flag;
+  }
 }
 
 }  // namespace
