@@ -264,7 +264,10 @@ absl::Status AttentionServer::LoadModels() {
   requests_->SetRepository(repository_.get());
   SetHealth(true);
   std::cerr << "ready: serving " << repository_->models().size() << " model(s), default '"
-            << repository_->default_model() << "'";
+            << repository_->default_model() << "'"
+            << (repository_->Find("") == nullptr ? " (not serving: requests naming no model are "
+                                                   "refused until it does)"
+                                                 : "");
   std::vector<std::string> failed;
   for (const VersionState& v : repository_->Index()) {
     if (repository_->Find(v.model) == nullptr && (failed.empty() || failed.back() != v.model)) {

@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "client/cli/call_advice.h"
 #include "client/cli/client_util.h"
+#include "client/cli/grpc_log_filter.h"
 #include "client/cli/load_generator.h"
 #include "client/cli/model_commands.h"
 #include "client/cli/npy.h"
@@ -322,6 +323,8 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  // gRPC's raw handshake-failure lines: the failed call's error says it.
+  attention::client::FilterGrpcLog();
   const std::string command = args.size() > 1 ? args[1] : "";
   // load and unload take a model name; other commands nothing more.
   const size_t most = command == "load" || command == "unload" ? 3 : 2;
@@ -339,8 +342,10 @@ int main(int argc, char** argv) {
   // `load MODEL` is model control; a load-generator flag beside it means the
   // name is a stray value (e.g. `--concurrency 1,8 64`).
   for (int i = 1; command == "load" && !model_arg.empty() && i < argc; ++i) {
+    // Its own flags and the random inputs' it shares with infer.
     for (const char* flag : {"concurrency", "duration", "requests", "rate", "rpc", "protocol",
-                             "sessions", "steps", "context", "csv", "json", "pad_share"}) {
+                             "sessions", "steps", "context", "csv", "json", "pad_share", "batch",
+                             "seq_len", "kv_seq_len", "seed", "is_causal", "need_weights"}) {
       const std::string arg = argv[i], name = absl::StrCat("--", flag);
       if (arg == name || absl::StartsWith(arg, name + "=")) {
         std::cerr << "attention-client: load " << model_arg << ": load MODEL loads a model, but "

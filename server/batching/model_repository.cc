@@ -72,10 +72,10 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(Repositor
                      "': no model could be loaded (see above); "
                      "with --model_control=none nothing could ever serve"));
   }
-  // Unless named: the first model that serves, by name.
-  repo->default_model_ = !o.default_model.empty() ? o.default_model
-                         : serving.empty()        ? dirs.begin()->first
-                                                  : serving.front()->name;
+  // Unless named: the first model by name, whether or not it loaded (a
+  // request naming no model is refused while it does not serve, not handed
+  // to whichever model loaded: the next start, or its fix, would move it).
+  repo->default_model_ = !o.default_model.empty() ? o.default_model : dirs.begin()->first;
   if (dirs.count(repo->default_model_) == 0) {
     std::vector<std::string> names;
     for (const auto& [name, unused] : dirs) names.push_back(name);

@@ -4,6 +4,7 @@
 // server/batching/README.md, "Rollouts and drain").
 #include <algorithm>
 #include <iostream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -27,7 +28,12 @@ absl::Status ModelRepository::Sync(const std::string& name, const std::string& d
   }
   {
     absl::MutexLock lock(&mu_);
-    models_[name].emptied = false;  // It has versions again.
+    Entry& e = models_[name];
+    e.emptied = false;  // It has versions again.
+    // A refused version whose folder is gone is no longer reported.
+    for (auto it = e.refused.begin(); it != e.refused.end();) {
+      it = layout->versions.count(it->first) ? std::next(it) : e.refused.erase(it);
+    }
   }
   std::vector<int64_t> ready;   // Ascending: serving, or complete and stable: loadable now.
   std::vector<int64_t> coming;  // Seen, not loadable yet: changing, or unreadable this time.
@@ -171,7 +177,12 @@ void ModelRepository::LeftOut(const std::string& name, const std::string& dir) {
     Entry& e = models_[name];
     keep = listed.ok() && !e.emptied && !e.serving.empty();
     e.emptied = keep;
-    if (!keep) e.configured = false;
+    if (!keep) {
+      e.configured = false;
+      // What was wrong with its files no longer applies: it has none.
+      e.refused.clear();
+      e.problem = listed.ok() ? "its folder holds no version" : "its folder is gone";
+    }
   }
   if (keep) {
     std::cerr << "model '" << name << "': its folder holds no version (a replacement may be on "

@@ -110,13 +110,18 @@ absl::Status RequestPath::CheckResponseSize(const ServedModel& model, const MhaI
   const int64_t working =
       BatchWorkingBytes(engine, c.batch, c.queries, c.keys, c.self_attention, in.need_weights);
   if (working > max_working) {
+    // The flag takes at most kMaxBatchWeightsBytes (server_flags.cc): past
+    // it no start-up value helps, so none is suggested.
+    const int64_t most = DynamicBatcher::kMaxBatchWeightsBytes;
     return absl::ResourceExhaustedError(absl::StrCat(
         "request: computing it takes about ", working,
         " bytes of working memory (padded inputs, projections, attention buffers",
         in.need_weights ? ", weights" : "", "), over the server's limit of ", max_working,
-        " per batch (--max_batch_working_bytes); send fewer or shorter sequences, "
-        "or start the server with --max_batch_working_bytes=",
-        working, " or more"));
+        " per batch (--max_batch_working_bytes, at most ", most,
+        "); send fewer or shorter sequences", in.need_weights ? " or leave need_weights off" : "",
+        working <= most ? absl::StrCat(", or start the server with --max_batch_working_bytes=",
+                                       working, " or more")
+                        : std::string()));
   }
   return absl::OkStatus();
 }
@@ -239,10 +244,14 @@ absl::StatusOr<const ServedModel*> RequestPath::FindModel(const Principal* princ
         "model: caller '", principal->name, "' may not use model '", Shown(shown), "'", choices()));
   }
   if (model == nullptr) {
-    if (repository->Known(name)) {
-      const std::string why = repository->WhyNotServing(name);
-      return absl::NotFoundError(absl::StrCat("model: '", Shown(name), "' has no version serving (",
-                                              why.empty() ? "unloaded" : why, ")"));
+    // No name: the default model (the caller may use every model here).
+    const std::string& known = name.empty() ? repository->default_model() : name;
+    if (repository->Known(known)) {
+      const std::string why = repository->WhyNotServing(known);
+      return absl::NotFoundError(absl::StrCat("model: ", name.empty() ? "the default model " : "",
+                                              "'", Shown(known), "' has no version serving (",
+                                              why.empty() ? "unloaded" : why, ")",
+                                              name.empty() ? choices() : std::string()));
     }
     return absl::NotFoundError(absl::StrCat("model: '", Shown(name), "' is not served", choices()));
   }

@@ -61,6 +61,34 @@ TEST(ErrorsNameTheFixTest, WorkingMemoryRefusalNamesItsFlag) {
   server->Drain();
 }
 
+TEST(ErrorsNameTheFixTest, WorkingMemoryPastTheFlagsMostNamesNoValueTheServerRefuses) {
+  // --max_batch_working_bytes takes at most 512 MiB (a larger value is
+  // refused at start): a request needing more must not be told to start
+  // the server with such a value.
+  auto server = Start("errors_working_max", [](server::ServerOptions& o) {
+    o.max_batch_working_bytes = 536870912;
+    o.repository.batching.max_batch_weights_bytes = 536870912;
+    o.max_message_bytes = 256 << 20;  // Room for the averaged weights.
+  });
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::AttentionService::NewStub(server->InProcessChannel());
+  std::mt19937 rng(1);
+  v1::InferRequest request;
+  request.set_model("demo");
+  request.set_need_weights(true);
+  // 4 heads x 5792^2 x 4 bytes of weights: just under 512 MiB; with the
+  // projections the batch's working memory is over it.
+  testing::ToProto(testing::RandomTensor({1, 5792, kE}, rng), request.mutable_query());
+  grpc::ClientContext context;
+  v1::InferResponse response;
+  const grpc::Status status = stub->Infer(&context, request, &response);
+  ASSERT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("bytes of working memory"));
+  EXPECT_THAT(status.error_message(), Not(HasSubstr("start the server with")));
+  EXPECT_THAT(status.error_message(), HasSubstr("at most 536870912"));
+  server->Drain();
+}
+
 TEST(ErrorsNameTheFixTest, AttentionWeightsRefusalNamesItsFlag) {
   auto server = Start("errors_weights", [](server::ServerOptions& o) {
     o.repository.batching.max_batch_weights_bytes = 1 << 20;  // What the memory plan sets.

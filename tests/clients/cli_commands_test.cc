@@ -126,6 +126,22 @@ TEST(ClientCliErrorHintsTest, NothingListeningAndMissingToken) {
 
 // The load generator prints each level's row as the level ends (before the
 // next level starts), and the decode load its prefill and decode progress.
+// --tls against a plaintext server: the hint, and none of gRPC's raw
+// "E1128 ... ssl_transport_security.cc:1501] Handshake failed ..." lines
+// (issue 38, wall 6: they appeared in the client's stderr too; the call's
+// own error already carries the SSL reason).
+TEST(ClientCliErrorHintsTest, TlsToAPlaintextServerPrintsNoRawGrpcHandshakeLines) {
+  testing::ServerProcess server(ATTENTION_SERVER_BINARY, {});
+  ASSERT_TRUE(server.ok());
+  std::string out;
+  EXPECT_NE(Cli("models --tls --deadline_ms=5000 --server=" + server.target(), &out), 0);
+  EXPECT_THAT(out, HasSubstr("leave out --tls"));
+  EXPECT_THAT(out, HasSubstr("wrong version number"));  // In the call's own error.
+  EXPECT_THAT(out, Not(HasSubstr("ssl_transport_security")));
+  EXPECT_THAT(out, Not(HasSubstr("Handshake failed with fatal error")));
+  EXPECT_EQ(server.Stop(), 0);
+}
+
 TEST(ClientCliProgressTest, LoadLevelsAndDecodeLoadReportAsTheyGo) {
   testing::ServerProcess server(ATTENTION_SERVER_BINARY, {});
   ASSERT_TRUE(server.ok());
@@ -170,6 +186,14 @@ TEST(ClientCliFlagsTest, HelpExitsZeroAndOutOfRangeNumbersAreRefused) {
   EXPECT_EQ(Cli("load --concurrency 1,8 64 --server=127.0.0.1:1", &out), 2);
   EXPECT_THAT(out, HasSubstr("load 64: load MODEL loads a model, but --concurrency is a "
                              "load-generator flag"));
+  // The same for the random inputs' flags the load generator shares with
+  // infer (--help: "infer/load"): `--batch 4 8` is not LoadModel("8").
+  for (const std::string flag : {"--batch 4", "--seq_len 16:64", "--kv_seq_len 32", "--seed 7"}) {
+    EXPECT_EQ(Cli("load " + flag + " 8 --server=127.0.0.1:1", &out), 2) << flag << ": " << out;
+    EXPECT_THAT(out, HasSubstr("load 8: load MODEL loads a model, but " +
+                               flag.substr(0, flag.find(' ')) + " is a load-generator flag"))
+        << flag;
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/fixture/http_test_client.h"
@@ -21,6 +22,7 @@ namespace {
 
 using namespace ::attention::model_versions_test;  // NOLINT: the shared helpers.
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A repository of "good" (a flat model) and "bad" (its config.json has the
 // typo "embeddim" beside its real keys).
@@ -90,6 +92,86 @@ TEST(BadModelFolderTest, TheGoodModelsServeAndTheIndexSaysWhyTheBadOneDoesNot) {
     }
   }
   EXPECT_TRUE(rest_reported) << rest->body;
+  server->Drain();
+}
+
+// The index's line for model `name` ("" when it has none).
+std::string IndexLine(AttentionServer& server, const std::string& name) {
+  auto oip = inference::GRPCInferenceService::NewStub(server.InProcessChannel());
+  inference::RepositoryIndexRequest request;
+  inference::RepositoryIndexResponse index;
+  grpc::ClientContext context;
+  if (!oip->RepositoryIndex(&context, request, &index).ok()) return "(no index)";
+  std::string line;
+  for (const auto& m : index.models()) {
+    if (m.name() == name) absl::StrAppend(&line, m.version(), " ", m.state(), " ", m.reason());
+  }
+  return line;
+}
+
+// Poll mode: the bad folder fixed is loaded and its reason goes; a bad
+// folder (or version) removed no longer says what was wrong with its
+// files.
+TEST(BadModelFolderTest, PollModeFixedFolderLoadsAndARemovedOneLosesItsReason) {
+  const std::string repo = GoodAndBadRepo("poll");
+  testing::WriteModelDir(*RandomModel(3), repo + "/gone", "\"embeddim\": 32");
+  // "v": version 1 serves, version 2 has the typo (then is deleted).
+  WriteVersion(repo + "/v", 1, 4);
+  WriteVersion(repo + "/v", 2, 5, "\"embeddim\": 32");
+  auto server = Start(repo, ModelControl::kPoll);
+  ASSERT_NE(server, nullptr);
+  ASSERT_NE(server->repository(), nullptr);
+  EXPECT_THAT(IndexLine(*server, "bad"), HasSubstr("embeddim"));
+  EXPECT_THAT(IndexLine(*server, "gone"), HasSubstr("embeddim"));
+  EXPECT_THAT(IndexLine(*server, "v"), HasSubstr("embeddim"));
+  // Fixed: a poll sees it changed, the next loads it.
+  testing::WriteModelDir(*RandomModel(2), repo + "/bad");
+  std::filesystem::remove_all(repo + "/gone");
+  std::filesystem::remove_all(repo + "/v/2");
+  for (int i = 0; i < 3 && server->repository()->Find("bad") == nullptr; ++i) {
+    server->repository()->Poll();
+  }
+  EXPECT_NE(server->repository()->Find("bad"), nullptr) << IndexLine(*server, "bad");
+  EXPECT_THAT(IndexLine(*server, "bad"), Not(HasSubstr("embeddim")));
+  // Removed: nothing of its old files' fault is said any more.
+  EXPECT_THAT(IndexLine(*server, "gone"), Not(HasSubstr("embeddim")));
+  EXPECT_EQ(IndexLine(*server, "v"), "1 READY ");
+  server->Drain();
+}
+
+// The default model (no --default_model) is the first folder by name, as
+// documented, whether or not it loaded: a bad "a" does not hand requests
+// naming no model to "b" (computing with other weights than the caller
+// would get after the next restart, or once "a" is fixed). They are
+// refused naming the default and why it does not serve.
+TEST(BadModelFolderTest, TheDefaultModelDoesNotMoveToAnotherWhenTheFirstIsBad) {
+  const std::string repo = NewRepo("default");
+  testing::WriteModelDir(*RandomModel(1), repo + "/a", "\"embeddim\": 32");
+  testing::WriteModelDir(*RandomModel(2), repo + "/b");
+  auto server = Start(repo, ModelControl::kPoll);
+  ASSERT_NE(server, nullptr);
+  ASSERT_NE(server->repository(), nullptr);
+  EXPECT_EQ(server->repository()->default_model(), "a");
+  auto stub = v1::AttentionService::NewStub(server->InProcessChannel());
+  std::mt19937 rng(3);
+  v1::InferRequest request;  // No model named.
+  testing::ToProto(RandomTensor({1, 3, kE}, rng), request.mutable_query());
+  v1::InferResponse response;
+  grpc::ClientContext context;
+  const grpc::Status status = stub->Infer(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << "computed by another model";
+  EXPECT_THAT(status.error_message(), HasSubstr("'a'"));
+  EXPECT_THAT(status.error_message(), HasSubstr("embeddim"));
+  // Fixed: requests naming no model go to it.
+  testing::WriteModelDir(*RandomModel(1), repo + "/a");
+  for (int i = 0; i < 3 && server->repository()->Find("a") == nullptr; ++i) {
+    server->repository()->Poll();
+  }
+  v1::GetModelRequest get;  // No name: the default.
+  v1::ModelInfo info;
+  grpc::ClientContext get_context;
+  ASSERT_TRUE(stub->GetModel(&get_context, get, &info).ok());
+  EXPECT_EQ(info.name(), "a");
   server->Drain();
 }
 
