@@ -3,9 +3,9 @@
 // AsyncInferDriver: what an AsyncUnaryCall needs of the queue that drives
 // it (AsyncInferQueue), so that a call knows neither the queue nor the
 // services: asking gRPC for the next call of each method, attention.v1's
-// decoding and encoding, the inference protocol, the request path, the
-// parse pool, and the hand-back of an answered call. An OutcomeFlush: the calls' requests name it
-// to the batcher (and the parse pool's threads use it as a batcher does).
+// decoding and encoding, the inference protocol's submission, the request
+// path, the parse pool, and the hand-back of an answered call. An OutcomeFlush: the calls' requests
+// name it to the batcher (and the parse pool's threads use it as a batcher does).
 //
 // Thread-safety as AsyncInferQueue documents each member.
 #ifndef ATTENTION_SERVER_FRONTENDS_GRPC_ASYNC_INFER_DRIVER_H_
@@ -14,10 +14,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "attention/v1/attention.grpc.pb.h"
+#include "inference/grpc_predict_v2.pb.h"
 #include "server/batching/outcome_flush.h"
 #include "server/batching/pending_request.h"
 #include "server/requests/call_context.h"
@@ -26,7 +28,7 @@
 namespace attention::server {
 
 class AsyncUnaryCall;
-class InferenceProtocol;
+struct ServedModel;
 
 class AsyncInferDriver : public OutcomeFlush {
  public:
@@ -52,8 +54,14 @@ class AsyncInferDriver : public OutcomeFlush {
   // the next Flush().
   virtual void Complete(AsyncUnaryCall* call) = 0;
   virtual RequestPath* path() const = 0;
-  // Any thread: the inference protocol ModelInfer calls go to.
-  virtual InferenceProtocol* protocol() const = 0;
+  // Any thread: the inference protocol's InferenceProtocol::Submit, the
+  // answers flushed to this driver.
+  virtual absl::Status SubmitModelInfer(CallRef call, const inference::ModelInferRequest& request,
+                                        int64_t request_bytes,
+                                        inference::ModelInferResponse* response,
+                                        AdmissionHolder* holder,
+                                        std::function<void(const absl::Status&)> done,
+                                        const ServedModel** model) = 0;
 
   // The driver's thread only: whether new calls may still be posted, and
   // the count of live calls (posted, or received and not yet freed).

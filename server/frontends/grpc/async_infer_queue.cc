@@ -7,11 +7,11 @@
 #include "server/frontends/grpc/async_infer_call.h"
 #include "server/frontends/grpc/async_model_infer_call.h"
 #include "server/frontends/grpc/attention_service.h"
-#include "server/frontends/grpc/inference_service.h"
+#include "server/frontends/protocol/inference_protocol.h"
 
 namespace attention::server {
 
-AsyncInferQueue::AsyncInferQueue(AttentionServiceImpl* service, InferenceServiceImpl* inference,
+AsyncInferQueue::AsyncInferQueue(AttentionServiceImpl* service, RawModelInfer* inference,
                                  InferenceProtocol* protocol, RequestPath* path,
                                  std::unique_ptr<grpc::ServerCompletionQueue> cq, int parse_threads)
     : service_(service),
@@ -78,6 +78,14 @@ void AsyncInferQueue::RequestModelInfer(
 absl::Status AsyncInferQueue::Prepare(const v1::InferRequest& request, const Principal* caller,
                                       const CallContext& call, RequestPath::Prepared* prepared) {
   return service_->PrepareGated(request, caller, call, prepared);
+}
+
+absl::Status AsyncInferQueue::SubmitModelInfer(
+    CallRef call, const inference::ModelInferRequest& request, int64_t request_bytes,
+    inference::ModelInferResponse* response, AdmissionHolder* holder,
+    std::function<void(const absl::Status&)> done, const ServedModel** model) {
+  return protocol_->Submit(std::move(call), request, request_bytes, response, holder,
+                           std::move(done), model, this);
 }
 
 bool AsyncInferQueue::Parse(int64_t bytes, absl::AnyInvocable<void() &&> task) {

@@ -38,6 +38,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "inference/grpc_predict_v2.grpc.pb.h"
 #include "server/batching/outcome_flush.h"
 #include "server/frontends/grpc/async_infer_driver.h"
 #include "server/frontends/grpc/parse_pool.h"
@@ -45,7 +46,7 @@
 namespace attention::server {
 
 class AttentionServiceImpl;
-class InferenceServiceImpl;
+class InferenceProtocol;
 class RequestPath;
 
 class AsyncInferQueue final : public AsyncInferDriver {
@@ -57,7 +58,11 @@ class AsyncInferQueue final : public AsyncInferDriver {
   // `cq` from the builder (ServerBuilder::AddCompletionQueue()) that
   // registers `service` and `inference` (whose ModelInfer goes to
   // `protocol`); `parse_threads` (at least 1) parse large requests.
-  AsyncInferQueue(AttentionServiceImpl* service, InferenceServiceImpl* inference,
+  // (InferenceServiceImpl is the `inference` the server passes: the
+  // generated base keeps this file off the service's includes.)
+  using RawModelInfer = inference::GRPCInferenceService::WithRawMethod_ModelInfer<
+      inference::GRPCInferenceService::Service>;
+  AsyncInferQueue(AttentionServiceImpl* service, RawModelInfer* inference,
                   InferenceProtocol* protocol, RequestPath* path,
                   std::unique_ptr<grpc::ServerCompletionQueue> cq, int parse_threads = 1);
   // Stop()s if needed.
@@ -84,7 +89,11 @@ class AsyncInferQueue final : public AsyncInferDriver {
   absl::Status Encode(RequestOutcome& outcome, v1::InferResponse* response) override;
   void Complete(AsyncUnaryCall* call) override;
   RequestPath* path() const override { return path_; }
-  InferenceProtocol* protocol() const override { return protocol_; }
+  absl::Status SubmitModelInfer(CallRef call, const inference::ModelInferRequest& request,
+                                int64_t request_bytes, inference::ModelInferResponse* response,
+                                AdmissionHolder* holder,
+                                std::function<void(const absl::Status&)> done,
+                                const ServedModel** model) override;
   // OutcomeFlush: wakes the thread to send the answers completed so far.
   void Flush() override;
 
@@ -103,7 +112,7 @@ class AsyncInferQueue final : public AsyncInferDriver {
   void MaybeShutDown();
 
   AttentionServiceImpl* const service_;
-  InferenceServiceImpl* const inference_;
+  RawModelInfer* const inference_;
   InferenceProtocol* const protocol_;
   RequestPath* const path_;
   const std::unique_ptr<grpc::ServerCompletionQueue> cq_;

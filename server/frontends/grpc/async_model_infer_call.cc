@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/frontends/protocol/inference_protocol.h"
 
 namespace attention::server {
 
@@ -27,9 +26,9 @@ absl::Status AsyncModelInferCall::Decode(std::shared_ptr<Admission> waiting) {
     return absl::InvalidArgumentError(absl::StrCat(
         "request: ", wire_bytes_, " bytes that do not parse as an inference.ModelInferRequest"));
   }
-  return queue_->protocol()->Submit(
+  return queue_->SubmitModelInfer(
       call_, request_, wire_bytes_, &response_, this,
-      [this](const absl::Status& status) { Answer(status, response_); }, &model_, queue_);
+      [this](const absl::Status& status) { Answer(status, response_); }, &model_);
 }
 
 void AsyncModelInferCall::FreeMessages() {

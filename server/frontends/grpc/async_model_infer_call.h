@@ -2,7 +2,8 @@
 //
 // One inference protocol ModelInfer call on gRPC's async API
 // (AsyncUnaryCall's life): parsed as an inference.ModelInferRequest, then
-// submitted through InferenceProtocol::Submit, as the callback front-end's
+// submitted through InferenceProtocol::Submit (by way of its driver,
+// AsyncInferDriver::SubmitModelInfer), as the callback front-end's
 // Infer and REST do (the model and the caller's access to it, stateless
 // requests and sequence steps alike); its outcome encoded into an
 // inference.ModelInferResponse by the protocol, on the batcher's thread.
