@@ -1,9 +1,9 @@
-// Review probes of the inference protocol's ModelInfer on gRPC's async API
-// (AsyncModelInferCall): a sequence step large enough for the parse pool
-// appends exactly; every refusal kind is counted once and leaves nothing
-// in flight; a response the client has not read keeps its admission but
-// not an unloaded version; a full queue refuses, counted once.
-#include <grpcpp/generic/generic_stub.h>
+// Review probes of the life of ModelInfer calls on gRPC's async API
+// (AsyncModelInferCall): an unread response keeps its admission but not an
+// unloaded version; a full queue refuses, counted once; a drain past its
+// timeout with a sequence step waiting in its session's queue ends; a
+// deadline passing while queued is answered without compute; many mixed
+// calls with cancellations all end (for the sanitizers).
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -21,137 +22,21 @@
 #include "server/attention_server.h"
 #include "server/batching/model_bytes.h"
 #include "server/frontends/grpc/async_unary_call.h"
-#include "server/frontends/protocol/oip_codec.h"
 #include "tests/fixture/async_infer_test_util.h"
 #include "tests/fixture/token_files.h"
+#include "tests/inference_protocol/async_model_infer_probes.h"
 
 namespace attention {
 namespace {
 
-using inference::GRPCInferenceService;
-using inference::ModelInferRequest;
-using inference::ModelInferResponse;
-using namespace ::attention::async_infer_testing;  // NOLINT: the file's helpers.
+using namespace ::attention::async_infer_testing;  // NOLINT: the helpers.
+using namespace ::attention::oip_async_probes;     // NOLINT: the helpers.
 using server::AsyncUnaryCall;
-using server::Method;
-
-ModelInferRequest Request(const Tensor& query, const std::string& id) {
-  ModelInferRequest r;
-  r.set_model_name("small");
-  r.set_id(id);
-  auto* input = r.add_inputs();
-  input->set_name("query");
-  input->set_datatype(server::OipDatatype(query.dtype()));
-  input->mutable_shape()->Assign(query.shape().begin(), query.shape().end());
-  r.add_raw_input_contents(std::string(static_cast<const char*>(query.data()), query.num_bytes()));
-  return r;
-}
-
-void Step(ModelInferRequest* r, uint64_t sequence, bool start, bool end) {
-  (*r->mutable_parameters())["sequence_id"].set_uint64_param(sequence);
-  if (start) (*r->mutable_parameters())["sequence_start"].set_bool_param(true);
-  if (end) (*r->mutable_parameters())["sequence_end"].set_bool_param(true);
-}
-
-grpc::Status Call(GRPCInferenceService::Stub* stub, const ModelInferRequest& request,
-                  ModelInferResponse* response, grpc::ClientContext* context = nullptr) {
-  grpc::ClientContext own;
-  if (context == nullptr) context = &own;
-  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  return stub->ModelInfer(context, request, response);
-}
-
-class AsyncModelInferReviewTest : public AsyncInferServerTest {
- protected:
-  bool Start(const server::ServerOptions& options) {
-    if (!AsyncInferServerTest::Start(options)) return false;
-    oip_ = GRPCInferenceService::NewStub(channel_);
-    return true;
-  }
-  double Answered(absl::StatusCode code) {
-    return server_->repository()
-        ->Find("small")
-        ->metrics->requests[static_cast<int>(Method::kModelInfer)][static_cast<int>(code)]
-        ->Value();
-  }
-  std::unique_ptr<GRPCInferenceService::Stub> oip_;
-};
-
-TEST_F(AsyncModelInferReviewTest, LargeSequenceStepIsParsedOffTheQueueAndAppendsExactly) {
-  ASSERT_TRUE(Start(SmallServerOptions("rev_oip_seq_large")));
-  std::mt19937 rng(11);
-  constexpr int64_t kFirst = 4400, kSecond = 3, E = 16;
-  const Tensor tokens = RandomTensor({1, kFirst + kSecond, E}, rng);
-  MhaInputs in;
-  in.query = tokens.view();
-  in.is_causal = true;
-  const MhaOutputs whole = *server_->repository()->Find("small")->engine->Forward(in);
-  const Tensor first = Tensor::FromBytes(DType::kFloat32, {1, kFirst, E}, tokens.data());
-  const Tensor second =
-      Tensor::FromBytes(DType::kFloat32, {1, kSecond, E},
-                        static_cast<const char*>(tokens.data()) + kFirst * E * sizeof(float));
-  ModelInferRequest a = Request(first, "a"), b = Request(second, "b");
-  Step(&a, 7, /*start=*/true, /*end=*/false);
-  Step(&b, 7, /*start=*/false, /*end=*/true);
-  ASSERT_GT(static_cast<int64_t>(a.ByteSizeLong()), AsyncUnaryCall::kInlineParseBytes);
-  ModelInferResponse ra, rb;
-  const grpc::Status sa = Call(oip_.get(), a, &ra);
-  ASSERT_TRUE(sa.ok()) << sa.error_message();
-  EXPECT_EQ(server_->infer_queue().parse_pool().posted(), 1);
-  const grpc::Status sb = Call(oip_.get(), b, &rb);
-  ASSERT_TRUE(sb.ok()) << sb.error_message();
-  ASSERT_EQ(rb.raw_output_contents_size(), 1);
-  ASSERT_EQ(rb.raw_output_contents(0).size(), kSecond * E * sizeof(float));
-  const float* got = reinterpret_cast<const float*>(rb.raw_output_contents(0).data());
-  for (int64_t i = 0; i < kSecond * E; ++i) {
-    ASSERT_NEAR(got[i], whole.output.as<float>()[kFirst * E + i], 1e-5) << i;
-  }
-  EXPECT_EQ(rb.model_version(), "1");
-  EXPECT_EQ(Answered(absl::StatusCode::kOk), 2);
-  EXPECT_TRUE(WaitFor([&] { return server_->metrics().inflight_requests().Value() == 0; }));
-  EXPECT_TRUE(server_->Drain());
-  EXPECT_EQ(server_->service().inflight_bytes(), 0);
-}
-
-TEST_F(AsyncModelInferReviewTest, EveryRefusalIsCountedOnceAndLeavesNothingInFlight) {
-  server::ServerOptions options = SmallServerOptions("rev_oip_refusals");
-  options.max_inflight_bytes = 400 << 10;
-  ASSERT_TRUE(Start(options));
-  std::mt19937 rng(12);
-  ModelInferResponse response;
-  // Unknown version: refused before a model is found.
-  ModelInferRequest r = Request(RandomTensor({1, 4, 16}, rng), "v");
-  r.set_model_version("9");
-  EXPECT_EQ(Call(oip_.get(), r, &response).error_code(), grpc::StatusCode::NOT_FOUND);
-  // A sequence that was never started: NOT_FOUND, the model counts it.
-  r = Request(RandomTensor({1, 4, 16}, rng), "s");
-  Step(&r, 99, false, false);
-  const grpc::Status unknown = Call(oip_.get(), r, &response);
-  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND) << unknown.error_message();
-  // An id too long.
-  r = Request(RandomTensor({1, 4, 16}, rng), std::string(2000, 'x'));
-  EXPECT_EQ(Call(oip_.get(), r, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  // Inline, over the in-flight budget with its response: the model counts it.
-  r = Request(RandomTensor({1, 3500, 16}, rng), "budget");
-  ASSERT_LE(static_cast<int64_t>(r.ByteSizeLong()), AsyncUnaryCall::kInlineParseBytes);
-  const grpc::Status over = Call(oip_.get(), r, &response);
-  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << over.error_message();
-  // Too large to wait in the pool inside the budget.
-  r = Request(RandomTensor({1, 7000, 16}, rng), "pool-budget");
-  EXPECT_EQ(Call(oip_.get(), r, &response).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_EQ(Answered(absl::StatusCode::kNotFound), 1);
-  EXPECT_EQ(Answered(absl::StatusCode::kInvalidArgument), 1);
-  EXPECT_EQ(Answered(absl::StatusCode::kResourceExhausted), 1);
-  EXPECT_TRUE(WaitFor([&] { return server_->metrics().inflight_requests().Value() == 0; }))
-      << server_->metrics().inflight_requests().Value();
-  EXPECT_EQ(server_->service().inflight_bytes(), 0);
-  EXPECT_TRUE(server_->Drain());
-}
 
 // As attention.v1's UnreadResponseDoesNotPinAnUnloadedVersion, for
 // ModelInfer: the answered call keeps its admission (its response is in
 // flight) but not the version it was computed on.
-TEST_F(AsyncModelInferReviewTest, UnreadResponseHoldsTheBudgetButNotAnUnloadedVersion) {
+TEST_F(AsyncModelInferProbeTest, UnreadResponseHoldsTheBudgetButNotAnUnloadedVersion) {
   server::ServerOptions options = SmallServerOptions("rev_oip_unread");
   options.repository.control = server::ModelControl::kExplicit;
   const int64_t limit = server::EstimateModelBytes(options.repository.path + "/small") * 3 / 2;
@@ -194,7 +79,7 @@ TEST_F(AsyncModelInferReviewTest, UnreadResponseHoldsTheBudgetButNotAnUnloadedVe
   }
 }
 
-TEST_F(AsyncModelInferReviewTest, AFullQueueRefusesAndIsCountedOnce) {
+TEST_F(AsyncModelInferProbeTest, AFullQueueRefusesAndIsCountedOnce) {
   server::ServerOptions options = OneRequestBatches("rev_oip_queue_full");
   options.repository.batching.max_queue_size = 1;
   ASSERT_TRUE(Start(options));
@@ -231,27 +116,11 @@ TEST_F(AsyncModelInferReviewTest, AFullQueueRefusesAndIsCountedOnce) {
   EXPECT_TRUE(server_->Drain());
 }
 
-// A ModelInfer started on the callback stub; `done` is notified.
-struct PendingModelInfer {
-  explicit PendingModelInfer(ModelInferRequest r) : request(std::move(r)) {}
-  grpc::ClientContext context;
-  ModelInferRequest request;
-  ModelInferResponse response;
-  grpc::Status status;
-  absl::Notification done;
-  void Start(GRPCInferenceService::Stub* stub) {
-    stub->async()->ModelInfer(&context, &request, &response, [this](grpc::Status s) {
-      status = std::move(s);
-      done.Notify();
-    });
-  }
-};
-
 // A drain past its timeout, with one step of a sequence held by the batcher
 // (the compute lock) and the next waiting in its session's queue (where no
 // batcher polls its cancellation): the shutdown cancels both calls, the
 // drain ends, and nothing stays in flight.
-TEST_F(AsyncModelInferReviewTest, DrainTimeoutWithASequenceStepWaitingBehindAnotherEnds) {
+TEST_F(AsyncModelInferProbeTest, DrainTimeoutWithASequenceStepWaitingBehindAnotherEnds) {
   server::ServerOptions options = OneRequestBatches("rev_oip_seq_drain");
   options.drain_timeout = absl::Milliseconds(300);
   ASSERT_TRUE(Start(options));
@@ -293,7 +162,7 @@ TEST_F(AsyncModelInferReviewTest, DrainTimeoutWithASequenceStepWaitingBehindAnot
 
 // A ModelInfer whose deadline passes while it is queued is answered
 // DEADLINE_EXCEEDED without being computed, and counted once.
-TEST_F(AsyncModelInferReviewTest, DeadlineWhileQueuedIsAnsweredWithoutCompute) {
+TEST_F(AsyncModelInferProbeTest, DeadlineWhileQueuedIsAnsweredWithoutCompute) {
   ASSERT_TRUE(Start(OneRequestBatches("rev_oip_deadline")));
   std::mt19937 rng(16);
   const auto& m = *server_->repository()->Find("small")->metrics;
@@ -324,7 +193,7 @@ TEST_F(AsyncModelInferReviewTest, DeadlineWhileQueuedIsAnsweredWithoutCompute) {
 // Many clients at once, for the sanitizers: stateless calls inline and on
 // the parse pool, sequence steps, calls cancelled at once or cut by a short
 // deadline, then a drain. Every call ends, nothing stays in flight.
-TEST_F(AsyncModelInferReviewTest, ConcurrentMixedCallsWithCancellationsAllEnd) {
+TEST_F(AsyncModelInferProbeTest, ConcurrentMixedCallsWithCancellationsAllEnd) {
   server::ServerOptions options = SmallServerOptions("rev_oip_stress");
   options.infer_parse_threads = 2;
   ASSERT_TRUE(Start(options));
@@ -369,38 +238,6 @@ TEST_F(AsyncModelInferReviewTest, ConcurrentMixedCallsWithCancellationsAllEnd) {
       << server_->metrics().inflight_requests().Value();
   EXPECT_TRUE(server_->Drain());
   EXPECT_EQ(server_->service().inflight_bytes(), 0);
-}
-
-// A token limited to some models: ModelInfer of another is PERMISSION_DENIED
-// (inline and from the parse pool), of its own OK, as on the callback path.
-TEST_F(AsyncModelInferReviewTest, ATokenUsesOnlyItsModels) {
-  testing::ModelFolder models("rev_oip_tokens");
-  models.Add("small", testing::SelfAttentionSpec(16, 2), 1);
-  models.Add("other", testing::SelfAttentionSpec(16, 2), 2);
-  server::ServerOptions options = testing::TestServerOptions(models.path(), /*rest=*/true);
-  options.auth_tokens_file = models.path() + ".tokens";
-  testing::WriteTokens(options.auth_tokens_file,
-                       absl::StrCat(testing::HashHex("alice-secret"), " alice small\n"));
-  ASSERT_TRUE(Start(options));
-  std::mt19937 rng(17);
-  for (const Tensor& query : {RandomTensor({1, 4, 16}, rng), RandomTensor({80, 64, 16}, rng)}) {
-    ModelInferRequest r = Request(query, "t");
-    ModelInferResponse response;
-    grpc::ClientContext own;
-    own.AddMetadata("authorization", "Bearer alice-secret");
-    const grpc::Status mine = Call(oip_.get(), r, &response, &own);
-    EXPECT_TRUE(mine.ok()) << mine.error_message();
-    r.set_model_name("other");
-    grpc::ClientContext theirs;
-    theirs.AddMetadata("authorization", "Bearer alice-secret");
-    const grpc::Status denied = Call(oip_.get(), r, &response, &theirs);
-    EXPECT_EQ(denied.error_code(), grpc::StatusCode::PERMISSION_DENIED) << denied.error_message();
-    EXPECT_NE(denied.error_message().find("'alice' may not use model 'other'"), std::string::npos)
-        << denied.error_message();
-  }
-  EXPECT_EQ(Answered(absl::StatusCode::kOk), 2);
-  EXPECT_TRUE(WaitFor([&] { return server_->metrics().inflight_requests().Value() == 0; }));
-  EXPECT_TRUE(server_->Drain());
 }
 
 }  // namespace
