@@ -18,7 +18,7 @@ regime where batching should pay: N=1, L=8 on an E=1024, H=16 layer (exported fr
 scripts/export_torch_mha.py), batching on versus off at 64 clients. With --chart it draws
 throughput against p99 latency (python3-matplotlib).
 
-    /usr/bin/python3 bench/server_bench.py --pinned [--duration 10s] [--repeat 3]
+    /usr/bin/python3 bench/server_bench.py --pinned [--duration 10s] [--repeat 3] [--protocols attention,kserve]
 
 --pinned measures instead the server's own overhead per request, with the server and the load
 generator on different cores (taskset: server on --server_core with --threads=1, client on
@@ -35,6 +35,7 @@ per request - compute per request. --server_build takes a second build to altern
 first (A, B, A, B ...) so that two builds are compared in one run.
 """
 import argparse
+import itertools
 import json
 import os
 import re
@@ -190,7 +191,7 @@ PINNED_SHAPES = (
 )
 
 
-def pinned_level(build, args, name, seq_len, server_flags, models):
+def pinned_level(build, args, name, seq_len, server_flags, models, protocol):
     """One pinned load run: the server's CPU, wake-ups and batches per request."""
     extra = ["--threads=1", *[f.format(models=models) for f in server_flags]]
     server = Server(build, "ours", extra, prefix=["taskset", "-c", str(args.server_core)],
@@ -199,7 +200,7 @@ def pinned_level(build, args, name, seq_len, server_flags, models):
     client = os.path.join(build, "bin", "attention-client")
     try:
         common = [*server.client_prefix, client, "load", f"--server=127.0.0.1:{server.port}",
-                  "--batch=1", f"--seq_len={seq_len}"]
+                  "--batch=1", f"--seq_len={seq_len}", f"--protocol={protocol}"]
         subprocess.run([*common, f"--concurrency={args.concurrency}", "--duration=2s"],
                        capture_output=True)  # Warm-up: connections, threads, workspaces.
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
@@ -218,7 +219,8 @@ def pinned_level(build, args, name, seq_len, server_flags, models):
     requests = max(1, level["requests"])
     errors = sum(level["errors"].values()) if isinstance(level["errors"], dict) else level["errors"]
     return {
-        "shape": name, "build": build, "requests": level["requests"], "errors": errors,
+        "shape": name if protocol == "attention" else f"{name} {protocol}", "build": build,
+        "requests": level["requests"], "errors": errors,
         "requests_per_s": level["requests_per_s"], "p50_ms": level["p50_ms"],
         "mean_batch": d["attention_batch_size_sum"] / max(1, d["attention_batch_size_count"]),
         "server_cpu_us": 1e6 * (cpu1 - cpu0) / requests,
@@ -257,8 +259,9 @@ def pinned(args):
                         os.path.join(models, "large")], check=True, capture_output=True)
         for rep in range(args.repeat):
             for build in builds:
-                for name, seq_len, shape_flags, server_flags in PINNED_SHAPES:
-                    row = pinned_level(build, args, name, seq_len, server_flags, models)
+                for (name, seq_len, shape_flags, server_flags), protocol in itertools.product(
+                        PINNED_SHAPES, args.protocols.split(",")):
+                    row = pinned_level(build, args, name, seq_len, server_flags, models, protocol)
                     flags = shape_flags or [f"--model={os.path.join(models, 'large')}"]
                     row["compute_wall_us"], row["compute_us"] = pinned_compute(
                         args, flags, seq_len, row["mean_batch"], cache)
@@ -303,6 +306,9 @@ def main():
     parser.add_argument("--client_core", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=64, help="--pinned: clients")
     parser.add_argument("--repeat", type=int, default=1, help="--pinned: runs of each")
+    parser.add_argument("--protocols", default="attention",
+                        help="--pinned: the load generator's protocols, comma-separated: attention "
+                             "(attention.v1 Infer), kserve (the inference protocol's ModelInfer)")
     parser.add_argument("--server_build", default="",
                         help="--pinned: a second build, alternated with --build")
     parser.add_argument("--core_iterations", type=int, default=200)

@@ -167,11 +167,11 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (const auto& [name, service] : services) builder.RegisterService(service);
-  // Infer's completion queue, driven by one thread (AsyncInferQueue), and
-  // its threads that parse large requests.
-  s->infer_queue_ =
-      std::make_unique<AsyncInferQueue>(s->service_.get(), s->requests_.get(),
-                                        builder.AddCompletionQueue(), options.infer_parse_threads);
+  // Infer's and ModelInfer's completion queue, driven by one thread
+  // (AsyncInferQueue), and its threads that parse large requests.
+  s->infer_queue_ = std::make_unique<AsyncInferQueue>(
+      s->service_.get(), s->inference_service_.get(), s->inference_protocol_.get(),
+      s->requests_.get(), builder.AddCompletionQueue(), options.infer_parse_threads);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));

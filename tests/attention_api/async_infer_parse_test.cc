@@ -71,30 +71,6 @@ grpc::Status RawInfer(grpc::GenericStub* stub, const std::string& bytes,
   return status;
 }
 
-// Holds each task of `pool` before it runs until Release(): entered is
-// notified when the first is held.
-class PoolLatch {
- public:
-  explicit PoolLatch(ParsePool& pool) : pool_(pool) {
-    pool_.SetBeforeTaskForTesting([this] {
-      if (!entered_.HasBeenNotified()) entered_.Notify();
-      release_.WaitForNotification();
-    });
-  }
-  ~PoolLatch() {
-    Release();
-    pool_.SetBeforeTaskForTesting(nullptr);
-  }
-  bool WaitEntered() { return entered_.WaitForNotificationWithTimeout(absl::Seconds(10)); }
-  void Release() {
-    if (!release_.HasBeenNotified()) release_.Notify();
-  }
-
- private:
-  ParsePool& pool_;
-  absl::Notification entered_, release_;
-};
-
 class AsyncInferParseTest : public AsyncInferServerTest {
  protected:
   ParsePool& pool() { return server_->infer_queue().parse_pool(); }

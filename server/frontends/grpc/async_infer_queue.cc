@@ -5,20 +5,31 @@
 #include <utility>
 
 #include "server/frontends/grpc/async_infer_call.h"
+#include "server/frontends/grpc/async_model_infer_call.h"
 #include "server/frontends/grpc/attention_service.h"
+#include "server/frontends/protocol/inference_protocol.h"
 
 namespace attention::server {
 
-AsyncInferQueue::AsyncInferQueue(AttentionServiceImpl* service, RequestPath* path,
+AsyncInferQueue::AsyncInferQueue(AttentionServiceImpl* service, RawModelInfer* inference,
+                                 InferenceProtocol* protocol, RequestPath* path,
                                  std::unique_ptr<grpc::ServerCompletionQueue> cq, int parse_threads)
-    : service_(service), path_(path), cq_(std::move(cq)), parse_pool_(parse_threads) {}
+    : service_(service),
+      inference_(inference),
+      protocol_(protocol),
+      path_(path),
+      cq_(std::move(cq)),
+      parse_pool_(parse_threads) {}
 
 AsyncInferQueue::~AsyncInferQueue() { Stop(); }
 
 void AsyncInferQueue::Start() {
   started_ = true;
   // Before the thread starts, this thread is the queue's.
-  for (int i = 0; i < kPostedCalls; ++i) AsyncInferCall::Post(this);
+  for (int i = 0; i < kPostedCalls; ++i) {
+    AsyncInferCall::Post(this);
+    AsyncModelInferCall::Post(this);
+  }
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "infer-cq");  // For profiles and /proc.
     Loop();
@@ -52,15 +63,29 @@ void AsyncInferQueue::Stop() {
   parse_pool_.Stop();
 }
 
-void AsyncInferQueue::RequestCall(grpc::ServerContext* context, grpc::ByteBuffer* request,
-                                  grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* responder,
-                                  void* tag) {
+void AsyncInferQueue::RequestInfer(grpc::ServerContext* context, grpc::ByteBuffer* request,
+                                   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* responder,
+                                   void* tag) {
   service_->RequestInfer(context, request, responder, cq_.get(), cq_.get(), tag);
+}
+
+void AsyncInferQueue::RequestModelInfer(
+    grpc::ServerContext* context, grpc::ByteBuffer* request,
+    grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* responder, void* tag) {
+  inference_->RequestModelInfer(context, request, responder, cq_.get(), cq_.get(), tag);
 }
 
 absl::Status AsyncInferQueue::Prepare(const v1::InferRequest& request, const Principal* caller,
                                       const CallContext& call, RequestPath::Prepared* prepared) {
   return service_->PrepareGated(request, caller, call, prepared);
+}
+
+absl::Status AsyncInferQueue::SubmitModelInfer(
+    CallRef call, const inference::ModelInferRequest& request, int64_t request_bytes,
+    inference::ModelInferResponse* response, AdmissionHolder* holder,
+    std::function<void(const absl::Status&)> done, const ServedModel** model) {
+  return protocol_->Submit(std::move(call), request, request_bytes, response, holder,
+                           std::move(done), model, this);
 }
 
 bool AsyncInferQueue::Parse(int64_t bytes, absl::AnyInvocable<void() &&> task) {
@@ -71,7 +96,7 @@ absl::Status AsyncInferQueue::Encode(RequestOutcome& outcome, v1::InferResponse*
   return EncodeOutcome(outcome, path_->options().max_response_bytes, response);
 }
 
-void AsyncInferQueue::Complete(AsyncInferCall* call) {
+void AsyncInferQueue::Complete(AsyncUnaryCall* call) {
   absl::MutexLock lock(&mu_);
   ready_.push_back(call);
 }
@@ -96,21 +121,21 @@ void AsyncInferQueue::Loop() {
     if (tag == &alarm_tag_) {
       OnAlarm();
     } else {
-      AsyncInferCall::Handle(static_cast<AsyncInferCall::Tag*>(tag), ok);
+      AsyncUnaryCall::Handle(static_cast<AsyncUnaryCall::Tag*>(tag), ok);
     }
     if (stopping_ && live_ == 0) MaybeShutDown();
   }
 }
 
 void AsyncInferQueue::OnAlarm() {
-  std::vector<AsyncInferCall*> ready;
+  std::vector<AsyncUnaryCall*> ready;
   {
     absl::MutexLock lock(&mu_);
     armed_ = false;
     ready.swap(ready_);
     if (stop_asked_) stopping_ = true;
   }
-  for (AsyncInferCall* call : ready) call->Finish();
+  for (AsyncUnaryCall* call : ready) call->Finish();
 }
 
 void AsyncInferQueue::MaybeShutDown() {

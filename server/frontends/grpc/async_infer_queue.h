@@ -1,9 +1,10 @@
 // File: server/frontends/grpc/async_infer_queue.h
 //
-// AsyncInferQueue: attention.v1 Infer on gRPC's async API, with one thread
+// AsyncInferQueue: the unary inference methods, attention.v1 Infer and the
+// inference protocol's ModelInfer, on gRPC's async API, with one thread
 // (`infer-cq`) driving one completion queue. The thread receives calls
-// (AsyncInferCall: the gate, decode, admission, the batcher, as every unary
-// front-end) as bytes, and checks their metadata (readiness, drain, token)
+// (AsyncInferCall, AsyncModelInferCall: the gate, decode, admission, the
+// batcher, as every unary front-end) as bytes, and checks their metadata (readiness, drain, token)
 // before it parses anything; it parses small requests itself and hands
 // large ones to its ParsePool (`infer-parse`), so that no call waits behind
 // another caller's large message. It sends their responses (serialized by
@@ -22,8 +23,8 @@
 // completion queue down, drains it, joins the thread and stops the pool.
 // Nothing in it blocks but Stop().
 //
-// Thread-safe. The service, the request path and the completion queue's
-// server must outlive it; it must outlive every batcher that holds its calls'
+// Thread-safe. The services, the protocol, the request path and the
+// completion queue's server must outlive it; it must outlive every batcher that holds its calls'
 // requests (requests name it as their OutcomeFlush).
 #ifndef ATTENTION_SERVER_FRONTENDS_GRPC_ASYNC_INFER_QUEUE_H_
 #define ATTENTION_SERVER_FRONTENDS_GRPC_ASYNC_INFER_QUEUE_H_
@@ -37,6 +38,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "inference/grpc_predict_v2.grpc.pb.h"
 #include "server/batching/outcome_flush.h"
 #include "server/frontends/grpc/async_infer_driver.h"
 #include "server/frontends/grpc/parse_pool.h"
@@ -44,16 +46,24 @@
 namespace attention::server {
 
 class AttentionServiceImpl;
+class InferenceProtocol;
 class RequestPath;
 
 class AsyncInferQueue final : public AsyncInferDriver {
  public:
-  // Calls posted to gRPC at any time, waiting for clients' calls.
+  // Calls of each method posted to gRPC at any time, waiting for clients'
+  // calls.
   static constexpr int kPostedCalls = 32;
 
   // `cq` from the builder (ServerBuilder::AddCompletionQueue()) that
-  // registers `service`; `parse_threads` (at least 1) parse large requests.
-  AsyncInferQueue(AttentionServiceImpl* service, RequestPath* path,
+  // registers `service` and `inference` (whose ModelInfer goes to
+  // `protocol`); `parse_threads` (at least 1) parse large requests.
+  // (InferenceServiceImpl is the `inference` the server passes: the
+  // generated base keeps this file off the service's includes.)
+  using RawModelInfer = inference::GRPCInferenceService::WithRawMethod_ModelInfer<
+      inference::GRPCInferenceService::Service>;
+  AsyncInferQueue(AttentionServiceImpl* service, RawModelInfer* inference,
+                  InferenceProtocol* protocol, RequestPath* path,
                   std::unique_ptr<grpc::ServerCompletionQueue> cq, int parse_threads = 1);
   // Stop()s if needed.
   ~AsyncInferQueue() override;
@@ -67,15 +77,23 @@ class AsyncInferQueue final : public AsyncInferDriver {
   void Stop();
 
   // AsyncInferDriver.
-  void RequestCall(grpc::ServerContext* context, grpc::ByteBuffer* request,
-                   grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* responder,
-                   void* tag) override;
+  void RequestInfer(grpc::ServerContext* context, grpc::ByteBuffer* request,
+                    grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* responder,
+                    void* tag) override;
+  void RequestModelInfer(grpc::ServerContext* context, grpc::ByteBuffer* request,
+                         grpc::ServerAsyncResponseWriter<grpc::ByteBuffer>* responder,
+                         void* tag) override;
   absl::Status Prepare(const v1::InferRequest& request, const Principal* caller,
                        const CallContext& call, RequestPath::Prepared* prepared) override;
   bool Parse(int64_t bytes, absl::AnyInvocable<void() &&> task) override;
   absl::Status Encode(RequestOutcome& outcome, v1::InferResponse* response) override;
-  void Complete(AsyncInferCall* call) override;
+  void Complete(AsyncUnaryCall* call) override;
   RequestPath* path() const override { return path_; }
+  absl::Status SubmitModelInfer(CallRef call, const inference::ModelInferRequest& request,
+                                int64_t request_bytes, inference::ModelInferResponse* response,
+                                AdmissionHolder* holder,
+                                std::function<void(const absl::Status&)> done,
+                                const ServedModel** model) override;
   // OutcomeFlush: wakes the thread to send the answers completed so far.
   void Flush() override;
 
@@ -94,6 +112,8 @@ class AsyncInferQueue final : public AsyncInferDriver {
   void MaybeShutDown();
 
   AttentionServiceImpl* const service_;
+  RawModelInfer* const inference_;
+  InferenceProtocol* const protocol_;
   RequestPath* const path_;
   const std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   ParsePool parse_pool_;
@@ -101,7 +121,7 @@ class AsyncInferQueue final : public AsyncInferDriver {
   char alarm_tag_ = 0;  // Its address tags the alarm.
 
   absl::Mutex mu_;
-  std::vector<AsyncInferCall*> ready_ ABSL_GUARDED_BY(mu_);  // Answers to send.
+  std::vector<AsyncUnaryCall*> ready_ ABSL_GUARDED_BY(mu_);  // Answers to send.
   bool armed_ ABSL_GUARDED_BY(mu_) = false;                  // The alarm is set, not yet delivered.
   bool stop_asked_ ABSL_GUARDED_BY(mu_) = false;
   bool cq_shut_ ABSL_GUARDED_BY(mu_) = false;  // No alarm may be set any more.

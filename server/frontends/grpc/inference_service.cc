@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "proto/codec/status_codes.h"
-#include "server/frontends/grpc/admitted_reactor.h"
 #include "server/frontends/grpc/grpc_call.h"
 #include "server/frontends/protocol/sequence_sessions.h"
 
@@ -104,17 +103,6 @@ grpc::ServerUnaryReactor* InferenceServiceImpl::RepositoryModelUnload(
       *CallOf(context, Method::kModelInfer), request->repository_name(), request->model_name(),
       request->parameters_size(), /*load=*/false,
       [reactor](const absl::Status& status) { reactor->Finish(wire::ToGrpcStatus(status)); });
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* InferenceServiceImpl::ModelInfer(
-    grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
-    inference::ModelInferResponse* response) {
-  auto* reactor = new AdmittedUnaryReactor();
-  protocol_->Infer(CallOf(context, Method::kModelInfer), *request, response, reactor,
-                   [reactor, context](const absl::Status& status) {
-                     reactor->Finish(wire::ToGrpcStatus(status, context));
-                   });
   return reactor;
 }
 

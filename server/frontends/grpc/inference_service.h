@@ -11,7 +11,9 @@
 //
 // Each call is translated to InferenceProtocol's transport-neutral
 // operations (server/frontends/protocol/inference_protocol.h), shared with the REST
-// front-end.
+// front-end. ModelInfer is a raw async method: AsyncInferQueue serves it
+// (AsyncModelInferCall), as it serves attention.v1 Infer; the other methods
+// are callbacks.
 //
 // Thread-safe. The protocol (and its request path and sequences) must
 // outlive it.
@@ -42,7 +44,20 @@ struct StreamCodec<inference::ModelInferRequest, inference::ModelStreamInferResp
   }
 };
 
-class InferenceServiceImpl final : public inference::GRPCInferenceService::CallbackService {
+namespace inference_service_internal {
+using g = inference::GRPCInferenceService;
+// Every method a callback but ModelInfer, which is raw (bytes, on a
+// completion queue).
+using Base = g::WithCallbackMethod_ServerLive<g::WithCallbackMethod_ServerReady<
+    g::WithCallbackMethod_ModelReady<g::WithCallbackMethod_ServerMetadata<
+        g::WithCallbackMethod_ModelMetadata<g::WithCallbackMethod_ModelStreamInfer<
+            g::WithCallbackMethod_ModelConfig<g::WithCallbackMethod_ModelStatistics<
+                g::WithCallbackMethod_RepositoryIndex<g::WithCallbackMethod_RepositoryModelLoad<
+                    g::WithCallbackMethod_RepositoryModelUnload<
+                        g::WithRawMethod_ModelInfer<g::Service>>>>>>>>>>>>;
+}  // namespace inference_service_internal
+
+class InferenceServiceImpl final : public inference_service_internal::Base {
  public:
   // Translates every call to `protocol`'s operations (which the REST
   // front-end shares); `protocol` must outlive it.
@@ -63,9 +78,6 @@ class InferenceServiceImpl final : public inference::GRPCInferenceService::Callb
   grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
                                           const inference::ModelMetadataRequest* request,
                                           inference::ModelMetadataResponse* response) override;
-  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
-                                       const inference::ModelInferRequest* request,
-                                       inference::ModelInferResponse* response) override;
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
   ModelStreamInfer(grpc::CallbackServerContext* context) override;
   // Triton's configuration, statistics and repository extensions.

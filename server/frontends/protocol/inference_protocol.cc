@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "core/status_macros.h"
+#include "server/batching/outcome_flush.h"
 #include "server/frontends/protocol/oip_model_info.h"
 #include "server/frontends/protocol/sequence_sessions.h"
 #include "server/requests/identifiers.h"
@@ -223,46 +224,60 @@ void InferenceProtocol::Infer(CallRef call, const inference::ModelInferRequest& 
                               std::function<void(const absl::Status&)> finish) {
   const absl::Time received = absl::Now();
   requests_->Received();
-  std::shared_ptr<const Principal> caller;
-  const absl::StatusOr<const ServedModel*> model =
-      Model(*call, request.model_name(), request.model_version(), &caller);
-  absl::StatusOr<OipRequest> decoded =
-      model.ok() ? DecodeModelInfer(request) : absl::StatusOr<OipRequest>(model.status());
-  const ServedModel* served = model.ok() ? *model : nullptr;
-  Label(request, served, response);
+  // Written before the request is queued, so `done` (from the batcher)
+  // reads it set.
+  auto served = std::make_shared<const ServedModel*>(nullptr);
   auto answer = [this, received, served, call,
                  finish = std::move(finish)](const absl::Status& status) {
-    requests_->Answered(served, *call, status, received);
+    requests_->Answered(*served, *call, status, received);
     finish(status);
   };
-  absl::Status status = decoded.status();
-  if (status.ok()) status = CheckIdentifier(request.id(), "id");
-  if (status.ok()) {
-    const int64_t max_bytes = requests_->options().max_response_bytes;
-    std::vector<OipOutput> outputs = decoded->outputs;
-    auto done = [response, answer, outputs, max_bytes](RequestOutcome outcome) {
-      Relabel(outcome, response);
-      absl::Status result = outcome.status;
-      if (result.ok()) result = EncodeModelInfer(outcome, outputs, max_bytes, response);
-      answer(result);
-    };
-    if (decoded->sequence_id) {
-      status =
-          sequences_ == nullptr
-              ? absl::UnimplementedError("parameters['sequence_id']: this server has no sessions")
-              : sequences_->Submit(*call, request, *std::move(decoded), served, caller.get(),
-                                   nullptr, std::move(done), holder);
-    } else {
-      RequestPath::Prepared prepared;
-      prepared.model = served;
-      status = Prepare(request, *std::move(decoded), nullptr, *call, &prepared);
-      if (status.ok()) {
-        status = requests_->Submit(prepared, static_cast<int64_t>(request.ByteSizeLong()),
-                                   std::move(done), holder);
-      }
-    }
-  }
+  const absl::Status status = Submit(call, request, static_cast<int64_t>(request.ByteSizeLong()),
+                                     response, holder, answer, served.get());
   if (!status.ok()) answer(status);
+}
+
+absl::Status InferenceProtocol::Submit(CallRef call, const inference::ModelInferRequest& request,
+                                       int64_t request_bytes,
+                                       inference::ModelInferResponse* response,
+                                       AdmissionHolder* holder,
+                                       std::function<void(const absl::Status&)> done,
+                                       const ServedModel** model, OutcomeFlush* flush) {
+  std::shared_ptr<const Principal> caller;
+  const absl::StatusOr<const ServedModel*> found =
+      Model(*call, request.model_name(), request.model_version(), &caller);
+  absl::StatusOr<OipRequest> decoded =
+      found.ok() ? DecodeModelInfer(request) : absl::StatusOr<OipRequest>(found.status());
+  const ServedModel* served = found.ok() ? *found : nullptr;
+  *model = served;
+  Label(request, served, response);
+  RETURN_IF_ERROR(decoded.status());
+  RETURN_IF_ERROR(CheckIdentifier(request.id(), "id"));
+  const int64_t max_bytes = requests_->options().max_response_bytes;
+  std::vector<OipOutput> outputs = decoded->outputs;
+  const bool step = decoded->sequence_id.has_value();
+  std::function<void(RequestOutcome)> encode =
+      [response, done = std::move(done), outputs, max_bytes,
+       flush = step ? flush : nullptr](RequestOutcome outcome) {
+        Relabel(outcome, response);
+        absl::Status result = outcome.status;
+        if (result.ok()) result = EncodeModelInfer(outcome, outputs, max_bytes, response);
+        done(result);
+        // (The call may be gone now: `flush` outlives it.)
+        if (flush != nullptr) flush->Flush();
+      };
+  if (step) {
+    if (sequences_ == nullptr) {
+      return absl::UnimplementedError("parameters['sequence_id']: this server has no sessions");
+    }
+    return sequences_->Submit(*call, request, *std::move(decoded), served, caller.get(), nullptr,
+                              std::move(encode), holder);
+  }
+  RequestPath::Prepared prepared;
+  prepared.model = served;
+  RETURN_IF_ERROR(Prepare(request, *std::move(decoded), nullptr, *call, &prepared));
+  prepared.pending->flush = flush;
+  return requests_->Submit(prepared, request_bytes, std::move(encode), holder);
 }
 
 }  // namespace attention::server

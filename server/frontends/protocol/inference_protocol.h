@@ -30,6 +30,8 @@
 
 namespace attention::server {
 
+class OutcomeFlush;  // server/batching/outcome_flush.h
+
 class SequenceSessions;
 
 class InferenceProtocol {
@@ -84,6 +86,19 @@ class InferenceProtocol {
   void Infer(CallRef call, const inference::ModelInferRequest& request,
              inference::ModelInferResponse* response, AdmissionHolder* holder,
              std::function<void(const absl::Status&)> finish);
+  // Infer's steps after the count, for a front-end that counts requests
+  // itself (AsyncModelInferCall): finds the model (into *model, for the
+  // count, as soon as it is found), decodes, validates and submits the
+  // request, admitted as `request_bytes`. OK: `done` gets the outcome's
+  // status once, from the batcher's thread, after `response` is filled;
+  // `request` and `response` must outlive that call. Else the refusal, and
+  // `done` is never called. `flush` (optional) is flushed after `done`: once
+  // per batch for a stateless request (PendingRequest::flush), after each
+  // answer for a sequence step.
+  absl::Status Submit(CallRef call, const inference::ModelInferRequest& request,
+                      int64_t request_bytes, inference::ModelInferResponse* response,
+                      AdmissionHolder* holder, std::function<void(const absl::Status&)> done,
+                      const ServedModel** model, OutcomeFlush* flush = nullptr);
 
   // The model `name` at `version` ("": the newest serving) for the caller of
   // `call`, held by the call's leases.
