@@ -1,5 +1,5 @@
 // Open Inference Protocol requests (inference.ModelInferRequest) through
-// the server's own path, as InferenceServiceImpl::ModelInfer takes it:
+// the server's own path, as InferenceProtocol::Submit takes it:
 // RequestPath::Admissible (model lookup), DecodeModelInfer, then
 // for a stateless request RequestPath::Finalize (the engine's
 // Validate and the response-size estimate) and Submit (admission and the
@@ -9,7 +9,7 @@
 // the batchers are held (the repository's compute mutex), so that steps of
 // one sequence are queued behind each other as a pipelining client's are.
 //
-// Not reachable from here (private to InferenceServiceImpl): the check of
+// Not reachable from here (inside InferenceProtocol): the check of
 // model_version's value (Model; its length is checked with the same
 // CheckIdentifier) and the `timeout` parameter of stateless requests
 // (Prepare); the response's labels (model name, version, id) are set as its
