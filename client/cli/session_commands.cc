@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/barrier.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/cli/client_util.h"
 #include "client/cli/progress_line.h"
@@ -172,7 +174,10 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
                                    .c_str()
                              : "");
   ProgressLine prefill_progress(stderr, "prefilled ", o.sessions, " sessions");
-  ProgressLine step_progress(stderr, "decoded ", o.sessions * o.steps, " tokens");
+  // The steps' progress counts only the sessions that are ready: made once
+  // the prefill is over, before any session steps (`stepping`).
+  std::optional<ProgressLine> step_progress;
+  absl::Notification stepping;
   std::vector<std::thread> threads;
   for (int64_t s = 0; s < o.sessions; ++s) {
     threads.emplace_back([&, s] {
@@ -209,6 +214,7 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
         ++unready;
       }
       if (prefilled->Block()) delete prefilled;
+      if (ready) stepping.WaitForNotification();
       for (int64_t i = 0; ready && i < o.steps; ++i) {
         const absl::Time start = absl::Now();
         auto response = append(o.context + i, 1);
@@ -216,7 +222,7 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
           failed(response.status(), false);
           break;
         }
-        step_progress.Done();
+        step_progress->Done();
         if (!response.ok()) continue;  // Applied; its answer was lost.
         step_ms[s].push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
         batch_sum[s] += response->batch_requests();
@@ -233,9 +239,18 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
                  static_cast<long long>(unready.load()), static_cast<long long>(o.sessions),
                  first_error.c_str());
   }
+  const int64_t ready_sessions = o.sessions - unready.load();
+  if (ready_sessions == 0) {  // Nothing to step: the prefill's error is the answer.
+    stepping.Notify();
+    if (finished->Block()) delete finished;
+    for (auto& t : threads) t.join();
+    std::fprintf(stderr, "decode load: no session is ready, so no step ran\n");
+    return 1;
+  }
   std::fprintf(stderr, "decode load: %lld sessions stepping %lld tokens each\n",
-               static_cast<long long>(o.sessions - unready.load()),
-               static_cast<long long>(o.steps));
+               static_cast<long long>(ready_sessions), static_cast<long long>(o.steps));
+  step_progress.emplace(stderr, "decoded ", ready_sessions * o.steps, " tokens");
+  stepping.Notify();
   const absl::Time start = absl::Now();
   if (finished->Block()) delete finished;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -251,14 +266,19 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
   }
   std::sort(all.begin(), all.end());
   const double tokens_per_s = static_cast<double>(all.size()) / seconds;
-  std::printf("decode load: %lld sessions x %lld steps after a %lld-token context (model %s)\n",
-              static_cast<long long>(o.sessions), static_cast<long long>(o.steps),
-              static_cast<long long>(o.context), model->name().c_str());
+  std::printf("decode load: %lld sessions x %lld steps after a %lld-token context (model %s)%s\n",
+              static_cast<long long>(ready_sessions), static_cast<long long>(o.steps),
+              static_cast<long long>(o.context), model->name().c_str(),
+              ready_sessions < o.sessions ? absl::StrCat("; ", o.sessions - ready_sessions, " of ",
+                                                         o.sessions, " sessions failed to start")
+                                                .c_str()
+                                          : "");
   std::printf("tokens/s %.1f, step latency %s, mean batch %.2f, errors %lld, resent %lld\n",
               tokens_per_s, Latencies(all).c_str(), all.empty() ? 0.0 : batches / all.size(),
               static_cast<long long>(errors.load()), static_cast<long long>(resent.load()));
   if (!o.json.empty()) {
     nlohmann::json j = {{"sessions", o.sessions},
+                        {"ready_sessions", ready_sessions},
                         {"steps", o.steps},
                         {"context", o.context},
                         {"tokens_per_s", tokens_per_s},
