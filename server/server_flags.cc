@@ -91,8 +91,9 @@ std::string Range(const FlagRange& r) {
 
 void ConfigureUsage() {
   absl::SetProgramUsageMessage(
-      "Serves multi-head attention over gRPC. attention-server [--flags]; started with no flag "
-      "it serves the built-in demo model on port 50051 with metrics on 9464.");
+      "Serves multi-head attention over gRPC and REST. attention-server [--flags]; started with "
+      "no flag it serves the built-in demo model on three ports: gRPC on 50051 (--port), KServe "
+      "v2 REST on 8000 (--http_port), Prometheus /metrics on 9464 (--metrics_port).");
   absl::FlagsUsageConfig usage;  // --help lists this binary's own flags.
   usage.contains_help_flags = [](absl::string_view path) {
     return absl::EndsWith(path, "server_main.cc") || absl::EndsWith(path, "server_flags.cc");

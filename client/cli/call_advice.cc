@@ -202,13 +202,17 @@ std::string CallAdvice::For(int code, const std::string& details, const Call& ca
 
 std::string CallAdvice::Describe(const std::string& method, int code, const std::string& details,
                                  const Call& call) {
+  return DescribeAs(absl::StrCat(method, " failed"), code, details, call);
+}
+
+std::string CallAdvice::DescribeAs(const std::string& lead, int code, const std::string& details,
+                                   const Call& call) {
   const Advice advice = Advise(code, details, call);
   const std::string what =
       advice.refused_address.empty()
           ? details
           : absl::StrCat("cannot connect to ", advice.refused_address, " (connection refused)");
-  return absl::StrCat(method,
-                      " failed: ", wire::StatusCodeName(static_cast<absl::StatusCode>(code)), ": ",
+  return absl::StrCat(lead, ": ", wire::StatusCodeName(static_cast<absl::StatusCode>(code)), ": ",
                       what, advice.hint.empty() ? "" : absl::StrCat("\n  hint: ", advice.hint));
 }
 

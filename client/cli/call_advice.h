@@ -50,6 +50,11 @@ class CallAdvice {
   // connect to <host:port> (connection refused)" instead of gRPC's text.
   static std::string Describe(const std::string& method, int code, const std::string& details,
                               const Call& call);
+
+  // The same report led by `lead` instead of "<method> failed" (e.g.
+  // "infer: cannot read model 'demo'").
+  static std::string DescribeAs(const std::string& lead, int code, const std::string& details,
+                                const Call& call);
 };
 
 }  // namespace attention::client

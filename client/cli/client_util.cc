@@ -224,7 +224,8 @@ std::string DescribeFailure(const std::string& method, const grpc::Status& statu
 }
 
 absl::StatusOr<v1::ModelInfo> FetchModel(v1::AttentionService::Stub* stub, const std::string& name,
-                                         int64_t deadline_ms, const std::string& target) {
+                                         int64_t deadline_ms, const std::string& target,
+                                         const std::string& command) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, deadline_ms);
   v1::GetModelRequest request;
@@ -232,8 +233,13 @@ absl::StatusOr<v1::ModelInfo> FetchModel(v1::AttentionService::Stub* stub, const
   v1::ModelInfo info;
   const grpc::Status status = stub->GetModel(&ctx, request, &info);
   if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        DescribeFailure("GetModel", status, target, deadline_ms));
+    return absl::Status(
+        static_cast<absl::StatusCode>(status.error_code()),
+        CallAdvice::DescribeAs(absl::StrCat(command, ": cannot read ",
+                                            name.empty() ? std::string("the server's default model")
+                                                         : absl::StrCat("model '", name, "'")),
+                               status.error_code(), status.error_message(),
+                               CallOf(target, deadline_ms)));
   }
   return info;
 }

@@ -87,11 +87,13 @@ CallAdvice::Call CallOf(const std::string& target, int64_t deadline_ms);
 std::string DescribeFailure(const std::string& method, const grpc::Status& status,
                             const std::string& target, int64_t deadline_ms);
 
-// The model description (GetModel; empty name: the default model). On
-// failure, the status keeps the call's code and its message is
-// DescribeFailure's ("GetModel failed: UNAVAILABLE: ...", with a hint).
+// The model description (GetModel; empty name: the default model) that
+// `command` ("infer", "load", ...) needs. On failure, the status keeps the
+// call's code and its message names what the user asked for ("infer: cannot
+// read model 'demo': UNAVAILABLE: ...", with a hint).
 absl::StatusOr<v1::ModelInfo> FetchModel(v1::AttentionService::Stub* stub, const std::string& name,
-                                         int64_t deadline_ms, const std::string& target);
+                                         int64_t deadline_ms, const std::string& target,
+                                         const std::string& command);
 
 }  // namespace attention::client
 

@@ -254,7 +254,7 @@ absl::StatusOr<std::vector<LevelResult>> RunLoad(const LoadOptions& o) {
   auto channel = MakeChannel(o.target, o.lb_policy);
   auto stub = v1::AttentionService::NewStub(channel);
   auto oip = inference::GRPCInferenceService::NewStub(channel);
-  auto model = FetchModel(stub.get(), o.model, o.deadline_ms, o.target);
+  auto model = FetchModel(stub.get(), o.model, o.deadline_ms, o.target, "load");
   if (!model.ok()) return model.status();
   const std::vector<PooledRequest> pool = BuildPool(o, *model);
 

@@ -97,7 +97,7 @@ int Infer() {
     if (absl::GetFlag(FLAGS_value).empty()) request.clear_value();
   } else {
     auto model = FetchModel(stub.get(), absl::GetFlag(FLAGS_model),
-                            absl::GetFlag(FLAGS_deadline_ms), absl::GetFlag(FLAGS_server));
+                            absl::GetFlag(FLAGS_deadline_ms), absl::GetFlag(FLAGS_server), "infer");
     if (!model.ok()) return Fail(std::string(model.status().message()));
     auto l = ParseRange(absl::GetFlag(FLAGS_seq_len));
     auto s = ParseRange(absl::GetFlag(FLAGS_kv_seq_len));

@@ -68,7 +68,7 @@ std::string PrefillDeadlineMessage(int64_t sessions, int64_t context, int64_t de
 int RunSessionCheck(const SessionCommandOptions& o) {
   if (o.tokens < 1 || o.chunk < 1) return Fail("--tokens and --chunk must be >= 1");
   auto attention = v1::AttentionService::NewStub(MakeChannel(o.target, o.lb_policy));
-  auto model = FetchModel(attention.get(), o.model, o.deadline_ms, o.target);
+  auto model = FetchModel(attention.get(), o.model, o.deadline_ms, o.target, "session");
   if (!model.ok()) return Fail(std::string(model.status().message()));
   std::mt19937 rng(o.seed);
   const Tensor x = RandomNormal({o.tokens, model->embed_dim()}, rng);
@@ -143,7 +143,7 @@ int RunDecodeLoad(const SessionCommandOptions& o) {
                              o.sessions, " --steps=", o.steps, " --context=", o.context));
   }
   auto attention = v1::AttentionService::NewStub(MakeChannel(o.target, o.lb_policy));
-  auto model = FetchModel(attention.get(), o.model, o.deadline_ms, o.target);
+  auto model = FetchModel(attention.get(), o.model, o.deadline_ms, o.target, "load");
   if (!model.ok()) return Fail(std::string(model.status().message()));
   const int64_t e = model->embed_dim();
   const int64_t chunk =

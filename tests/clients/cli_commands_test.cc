@@ -88,7 +88,8 @@ TEST(ClientCliErrorHintsTest, NothingListeningAndMissingToken) {
   std::string out;
   for (const char* command : {"infer --seq_len=4", "models", "load --sessions=1"}) {
     EXPECT_EQ(Cli(std::string(command) + " --server=127.0.0.1:" + port, &out), 1) << command;
-    EXPECT_THAT(out, ContainsRegex("(GetModel|ListModels) failed: UNAVAILABLE: cannot connect to "
+    EXPECT_THAT(out, ContainsRegex("(cannot read the server's default model|ListModels failed): "
+                                   "UNAVAILABLE: cannot connect to "
                                    "127.0.0.1:" +
                                    port +
                                    " \\(connection refused\\)\n  hint: nothing is listening "

@@ -2,7 +2,7 @@
 // still met in issue 38's second walkthrough: the decode load's progress and
 // summary count only the sessions that are ready (and with none ready it
 // exits 1 with the prefill's error and no table). Every assertion is on the
-// text; nothing is timed.
+// text; nothing is timed. infer's errors name the model asked for.
 #include <string>
 
 #include "gmock/gmock.h"
@@ -44,6 +44,16 @@ TEST(ClientCliDecodeLoadTest, CountsOnlyReadySessionsAndStopsWhenNoneIs) {
   EXPECT_THAT(out, Not(HasSubstr("stepping"))) << out;
   EXPECT_THAT(out, Not(HasSubstr("tokens/s"))) << out;
   EXPECT_EQ(server.Stop(), 0);
+}
+
+// infer's error names the model the user asked for, not the RPC it called.
+TEST(ClientCliInferTest, ModelErrorNamesTheModel) {
+  std::string out;
+  EXPECT_EQ(Cli("infer --model=demo --deadline_ms=3000 --server=127.0.0.1:1", &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("attention-client: infer: cannot read model 'demo': UNAVAILABLE"));
+  EXPECT_THAT(out, Not(HasSubstr("GetModel failed"))) << out;
+  EXPECT_EQ(Cli("infer --deadline_ms=3000 --server=127.0.0.1:1", &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("infer: cannot read the server's default model: UNAVAILABLE"));
 }
 
 }  // namespace

@@ -78,6 +78,9 @@ TEST(StartUpTest, HelpExitsZero) {
   EXPECT_EQ(ran.exit_code, 0);
   EXPECT_THAT(ran.output, HasSubstr("--threads"));
   EXPECT_THAT(ran.output, HasSubstr("--exit_on_error"));
+  // The headline names every port with its flag.
+  EXPECT_THAT(ran.output, HasSubstr("gRPC on 50051 (--port), KServe v2 REST on 8000 "
+                                    "(--http_port), Prometheus /metrics on 9464 (--metrics_port)"));
 }
 
 TEST(StartUpTest, NumericFlagsOutOfRangeAreRefusedNamingFlagAndValue) {
