@@ -81,7 +81,12 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
   if (!options.auth_tokens_file.empty()) {
     ASSIGN_OR_RETURN(
         service_options.authenticator,
-        TokenAuthenticator::Open(options.auth_tokens_file, options.auth_reload_interval));
+        TokenAuthenticator::Open(options.auth_tokens_file, options.auth_reload_interval,
+                                 // Every caller authenticates here first, admins too: say so
+                                 // (generically: nothing about whether the token is an admin's).
+                                 options.admin_tokens_file.empty()
+                                     ? ""
+                                     : "an admin token must also be in --auth_tokens_file"));
     std::cerr << "authentication: " << service_options.authenticator->size()
               << " bearer token(s) from " << options.auth_tokens_file
               << (options.auth_probes ? " (health checks and reflection too)"

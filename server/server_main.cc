@@ -164,8 +164,9 @@ ABSL_FLAG(std::string, model_control, "none",
 ABSL_FLAG(double, repository_poll_s, 15, "--model_control=poll: seconds between scans.");
 ABSL_FLAG(std::string, admin_tokens_file, "",
           "Tokens (the --auth_tokens_file format; the models column names what each may load "
-          "and unload) allowed to load and unload models. Without it, only a server without "
-          "--auth_tokens_file lets callers do so.");
+          "and unload) allowed to load and unload models. Each must also be in "
+          "--auth_tokens_file (every call authenticates there first). Without it, only a server "
+          "without --auth_tokens_file lets callers do so.");
 ABSL_FLAG(int64_t, max_model_bytes, 0,
           "Resident bytes of every resident version's prepared weights (float32: about its "
           "model.safetensors size, bfloat16 half, int8 a quarter), at most; a load past it is "

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -183,13 +184,14 @@ absl::StatusOr<std::vector<TokenAuthenticator::Entry>> TokenAuthenticator::Parse
 }
 
 absl::StatusOr<std::unique_ptr<TokenAuthenticator>> TokenAuthenticator::Open(
-    const std::string& path, absl::Duration reload_interval) {
+    const std::string& path, absl::Duration reload_interval, std::string unknown_token_note) {
   const std::string identity = FileIdentity(path);
   auto text = ReadFile(path);
   if (!text.ok()) return text.status();
   auto entries = Parse(*text, path);
   if (!entries.ok()) return entries.status();
-  auto auth = std::unique_ptr<TokenAuthenticator>(new TokenAuthenticator(path, reload_interval));
+  auto auth = std::unique_ptr<TokenAuthenticator>(
+      new TokenAuthenticator(path, reload_interval, std::move(unknown_token_note)));
   {
     absl::MutexLock lock(&auth->mu_);
     auth->entries_ = std::make_shared<const std::vector<Entry>>(*std::move(entries));
@@ -200,8 +202,11 @@ absl::StatusOr<std::unique_ptr<TokenAuthenticator>> TokenAuthenticator::Open(
   return auth;
 }
 
-TokenAuthenticator::TokenAuthenticator(std::string path, absl::Duration reload_interval)
-    : path_(std::move(path)), reload_interval_(reload_interval) {}
+TokenAuthenticator::TokenAuthenticator(std::string path, absl::Duration reload_interval,
+                                       std::string unknown_token_note)
+    : path_(std::move(path)),
+      reload_interval_(reload_interval),
+      unknown_token_note_(std::move(unknown_token_note)) {}
 
 TokenAuthenticator::~TokenAuthenticator() {
   {
@@ -283,10 +288,11 @@ absl::StatusOr<std::shared_ptr<const Principal>> TokenAuthenticator::Authenticat
     match = equal ? &e : match;
   }
   if (match == nullptr) {
-    return absl::UnauthenticatedError(
-        absl::StrCat("authorization: unknown token (its SHA-256 is in no line of the server's "
-                     "--auth_tokens_file); check the token the client sends ",
-                     kHowClientsSendIt));
+    return absl::UnauthenticatedError(absl::StrCat(
+        "authorization: unknown token (its SHA-256 is in no line of the server's "
+        "--auth_tokens_file)",
+        unknown_token_note_.empty() ? "" : absl::StrCat(" (", unknown_token_note_, ")"),
+        "; check the token the client sends ", kHowClientsSendIt));
   }
   return match->principal;
 }

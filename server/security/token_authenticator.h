@@ -77,9 +77,12 @@ class TokenAuthenticator {
   };
 
   // Reads `path` and starts watching it. NOT_FOUND if it cannot be read,
-  // INVALID_ARGUMENT (naming the line) if it does not parse.
+  // INVALID_ARGUMENT (naming the line) if it does not parse. A non-empty
+  // `unknown_token_note` is added, in parentheses, to the refusal of an
+  // unknown token (a generic hint: it says nothing about the token itself).
   static absl::StatusOr<std::unique_ptr<TokenAuthenticator>> Open(
-      const std::string& path, absl::Duration reload_interval = absl::Seconds(2));
+      const std::string& path, absl::Duration reload_interval = absl::Seconds(2),
+      std::string unknown_token_note = "");
 
   // Parses a token file's text; `path` names it in errors. INVALID_ARGUMENT
   // naming the line for a malformed hash, a name outside the allowed set, an
@@ -101,7 +104,8 @@ class TokenAuthenticator {
   size_t size() const;
 
  private:
-  TokenAuthenticator(std::string path, absl::Duration reload_interval);
+  TokenAuthenticator(std::string path, absl::Duration reload_interval,
+                     std::string unknown_token_note);
   // One check: re-reads the file if its identity (inode, size, ctime,
   // mtime) differs from the installed one and equals the previous check's.
   void ReloadIfChanged();
@@ -109,6 +113,7 @@ class TokenAuthenticator {
 
   const std::string path_;
   const absl::Duration reload_interval_;
+  const std::string unknown_token_note_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const std::vector<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   std::string file_identity_ ABSL_GUARDED_BY(mu_);  // Of the file installed (or refused).

@@ -2,7 +2,12 @@
 // still met in issue 38's second walkthrough: the decode load's progress and
 // summary count only the sessions that are ready (and with none ready it
 // exits 1 with the prefill's error and no table). Every assertion is on the
-// text; nothing is timed. infer's errors name the model asked for.
+// text; nothing is timed. infer's errors name the model asked for; a
+// token only in --admin_tokens_file is told it must be in --auth_tokens_file.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -19,6 +24,14 @@ using ::testing::Not;
 // and stderr in `out`.
 int Cli(const std::string& args, std::string* out) {
   return testing::RunCommand(std::string(ATTENTION_CLIENT_BINARY) + " " + args, out);
+}
+
+// A fresh folder `TempDir()/<name>_<pid>`.
+std::string NewDir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
 }
 
 // A server that holds 2 sessions of at most 16 tokens: 2 of 4 sessions are
@@ -44,6 +57,37 @@ TEST(ClientCliDecodeLoadTest, CountsOnlyReadySessionsAndStopsWhenNoneIs) {
   EXPECT_THAT(out, Not(HasSubstr("stepping"))) << out;
   EXPECT_THAT(out, Not(HasSubstr("tokens/s"))) << out;
   EXPECT_EQ(server.Stop(), 0);
+}
+
+// A token only in --admin_tokens_file is refused as unknown (every call
+// authenticates against --auth_tokens_file first), and the refusal says an
+// admin token must be there too; a server without an admin file does not.
+TEST(ClientCliAdminTokenTest, RefusalSaysAnAdminTokenMustAlsoBeAnAuthToken) {
+  const std::string dir = NewDir("client_cli_admin");
+  std::string out;
+  ASSERT_EQ(
+      testing::RunCommand("printf user | sha256sum | sed 's/ .*/ alice */' > " + dir +
+                              "/tokens && printf admin | sha256sum | sed 's/ .*/ root */' > " +
+                              dir + "/admin",
+                          &out),
+      0)
+      << out;
+  std::ofstream(dir + "/admin_token") << "admin\n";
+  testing::ServerProcess server(ATTENTION_SERVER_BINARY, {"--auth_tokens_file=" + dir + "/tokens",
+                                                          "--admin_tokens_file=" + dir + "/admin"});
+  ASSERT_TRUE(server.ok());
+  EXPECT_EQ(Cli("models --token_file=" + dir + "/admin_token --server=" + server.target(), &out),
+            1);
+  EXPECT_THAT(out, HasSubstr("unknown token"));
+  EXPECT_THAT(out, HasSubstr("(an admin token must also be in --auth_tokens_file)")) << out;
+  EXPECT_EQ(server.Stop(), 0);
+  testing::ServerProcess plain(ATTENTION_SERVER_BINARY, {"--auth_tokens_file=" + dir + "/tokens"});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(Cli("models --token_file=" + dir + "/admin_token --server=" + plain.target(), &out), 1);
+  EXPECT_THAT(out, HasSubstr("unknown token"));
+  EXPECT_THAT(out, Not(HasSubstr("admin token"))) << out;
+  EXPECT_EQ(plain.Stop(), 0);
+  std::filesystem::remove_all(dir);
 }
 
 // infer's error names the model the user asked for, not the RPC it called.
