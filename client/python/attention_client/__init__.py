@@ -45,10 +45,21 @@ Inputs and outputs are NumPy arrays: float32 or float16 tensors, bool masks (bfl
 as raw 16-bit words with `bfloat16=True`). An argument the client cannot send (an
 output_dtype or a model_version it does not know, an array of another dtype) raises
 ValueError or TypeError naming it and what it accepts. Failed calls raise AttentionError
-(.code, a grpc.StatusCode; .details; .hint, what to do when the client can tell: a
-TLS/plaintext mismatch, a message over a size limit); a malformed target (a URL, no port)
+(.code, a grpc.StatusCode; .details; .hint, what to do when the client can tell: nothing
+listening at the target, a TLS/plaintext mismatch or an untrusted certificate, a missing or
+refused token, a deadline, a message over a size limit); a malformed target (a URL, no port)
 raises it at construction.
+
+gRPC core's own log is off unless asked for: importing attention_client sets the environment's
+GRPC_VERBOSITY to NONE when it is not set (before this process makes its first channel), so
+its raw lines ("E1129 ... ssl_transport_security.cc:1501] Handshake failed ...") do not
+precede the AttentionError that says the same with a hint. GRPC_VERBOSITY=ERROR (or INFO,
+DEBUG) in the environment brings them back.
 """
+import os as _os
+
+# Before the first channel: gRPC core reads GRPC_VERBOSITY once, when it starts.
+_os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 from .client import (AttentionClient, InferResult, add_security_flags,  # noqa: F401
                      security_kwargs)
 from .errors import AttentionError, check_target  # noqa: F401

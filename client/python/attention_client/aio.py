@@ -106,7 +106,7 @@ class AsyncAttentionClient:
         code, details = rpc_error.code(), rpc_error.details()
         hint = await asyncio.get_running_loop().run_in_executor(
             None, advise, code, details, self.target, self.tls, self._client_certificate,
-            self.max_message_bytes)
+            self.max_message_bytes, self.timeout, self._security.interceptor is not None)
         return AttentionError(code, details, hint)
 
     async def _unary(self, method, request, stub=None):

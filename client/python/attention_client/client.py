@@ -372,7 +372,8 @@ class AttentionClient:
         """An AttentionError for a failed call, with a hint when the client can tell what to do
         (attention_client.errors.advise)."""
         return from_rpc_error(rpc_error, self.target, self.tls, self._client_certificate,
-                              self.max_message_bytes)
+                              self.max_message_bytes, self.timeout,
+                              self._security.interceptor is not None)
 
     def wait_ready(self, timeout=30.0, service="", poll_interval=0.1):
         """Waits until the server reports SERVING (grpc.health.v1), up to `timeout` seconds:

@@ -3,11 +3,14 @@
 check_target() refuses, before any call, the targets gRPC would take and then fail on in
 obscure ways: a URL ("http://localhost:50051": DNS resolution of "http") and a host without a
 port (gRPC's DNS resolver silently uses 443). advise() turns the raw gRPC text of a failed call
-into a hint for the common mistakes: a plaintext client against a TLS server (or the reverse),
-a client certificate the server does not accept, a server certificate the client does not
-trust, and a message over a side's size limit (naming max_message_bytes and the server's
---max_message_bytes). The TLS hints come from probe_http2(): one plain TCP connection that
-sends the HTTP/2 preface and reads what comes back (made only after a call failed to connect).
+into a hint for the common mistakes: nothing listening at the target (a wrong port), a
+plaintext client against a TLS server (or the reverse), a client certificate the server does
+not accept, a server certificate the client does not trust, a missing or refused bearer token
+(naming token=, token_file= and ATTENTION_TOKEN), a call over its deadline (naming the
+client's timeout= and its value), and a message over a side's size limit (naming
+max_message_bytes and the server's --max_message_bytes). The connection hints come from
+probe_http2(): one plain TCP connection that sends the HTTP/2 preface and reads what comes
+back (made only after a call failed to connect).
 The C++ CLI (client/cli/call_advice.cc) and the Node.js client (client/node/index.js) give the
 same hints.
 """
@@ -114,7 +117,8 @@ _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\
 def probe_http2(host, port, timeout=1.0):
     """What listens at host:port, from one plaintext HTTP/2 preface: "http2" (it answered a
     SETTINGS frame: a plaintext gRPC server), "tls" (it answered a TLS record, or hung up
-    without a byte: a TLS server refusing plaintext), or None (no connection, or no answer)."""
+    without a byte: a TLS server refusing plaintext), "none" (the connection was refused:
+    nothing listens there), or None (no connection otherwise, or no answer)."""
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
             s.sendall(_PREFACE)
@@ -124,6 +128,8 @@ def probe_http2(host, port, timeout=1.0):
                 if not chunk:
                     break
                 data += chunk
+    except ConnectionRefusedError:
+        return "none"
     except ConnectionResetError:
         return "tls"
     except OSError:
@@ -140,9 +146,12 @@ _CONNECT_FAILURE = re.compile(r"failed to connect|Socket closed|reset by peer|[H
 _TOO_LARGE = re.compile(r"(Sent|Received) message larger than max \((\d+) vs\. (\d+)\)")
 
 
-def advise(code, details, target, tls, client_certificate, max_message_bytes):
+def advise(code, details, target, tls, client_certificate, max_message_bytes, timeout=None,
+           token=None):
     """A hint for a failed call (None when there is none to give). code: grpc.StatusCode;
-    tls: whether the client used TLS; client_certificate: whether it presented one."""
+    tls: whether the client used TLS; client_certificate: whether it presented one; timeout:
+    the client's timeout= in seconds (named by the deadline hint); token: whether it sent a
+    bearer token (None: unknown, no token hint)."""
     details = details or ""
     too_large = _TOO_LARGE.search(details)
     if too_large:
@@ -155,6 +164,16 @@ def advise(code, details, target, tls, client_certificate, max_message_bytes):
         what = "the request" if direction == "Received" else "the response"
         return (f"{what} is {size} bytes, over the server's limit of {limit}: send less per "
                 f"request, or start the server with --max_message_bytes={size} or more")
+    if code == grpc.StatusCode.UNAUTHENTICATED and token is not None:
+        return ("the server refused this client's bearer token (token=, else token_file=, else "
+                "the ATTENTION_TOKEN environment variable): use one the server's "
+                "--auth_tokens_file lists" if token else
+                "the server wants a bearer token: pass token='<token>' or token_file='<file>' "
+                "to AttentionClient(), or set the ATTENTION_TOKEN environment variable")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED and timeout:
+        return (f"the call took longer than timeout={timeout:g} s: raise it (the timeout "
+                f"argument of AttentionClient(), e.g. timeout={timeout * 4:g}) if the server is "
+                f"busy or the request large")
     if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN) or \
             not _CONNECT_FAILURE.search(details):
         return None
@@ -163,6 +182,12 @@ def advise(code, details, target, tls, client_certificate, max_message_bytes):
                 "CA that signed it, or tls_server_name= a name it carries")
     address = first_address(target)
     answer = probe_http2(*address) if address else None
+    if answer == "none":
+        host, port = address
+        at = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return (f"nothing is listening at {at} (the target {target!r})? start attention-server "
+                f"there (its --port), or pass the host:port of a running one: "
+                f"AttentionClient('host:port')")
     if not tls and answer == "tls":
         return ("the server speaks TLS: pass tls=True (and tls_ca_file= its CA unless the "
                 "system trusts it)")
@@ -184,8 +209,9 @@ def advise(code, details, target, tls, client_certificate, max_message_bytes):
     return None
 
 
-def from_rpc_error(error, target, tls, client_certificate, max_message_bytes):
+def from_rpc_error(error, target, tls, client_certificate, max_message_bytes, timeout=None,
+                   token=None):
     """An AttentionError for a grpc.RpcError, with advise()'s hint."""
     code, details = error.code(), error.details()
     return AttentionError(code, details, advise(code, details, target, tls, client_certificate,
-                                                max_message_bytes))
+                                                max_message_bytes, timeout, token))
