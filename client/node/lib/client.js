@@ -249,7 +249,7 @@ function appendRequest(sessionId, tokens, opts = {}) {
     session_id: sessionId, request_id: opts.requestId || '',
     tokens: common.toProtoTensor(tokens, 'tokens'), need_weights: !!opts.needWeights,
     per_head_weights: !!opts.perHeadWeights,
-    output_dtype: opts.outputDtype ? common.DTYPES[opts.outputDtype] : 'DATA_TYPE_UNSPECIFIED',
+    output_dtype: common.outputDtypeOf(opts.outputDtype),
   };
   if (opts.notKey) request.not_key = common.toProtoTensor(opts.notKey, 'notKey');
   return request;

@@ -165,6 +165,21 @@ const DTYPE_NAMES = Object.fromEntries(Object.entries(DTYPES).map(([k, v]) => [v
 const ARRAYS = {float32: Float32Array, float16: Uint16Array, bfloat16: Uint16Array,
                 bool: Uint8Array};
 
+// The output_dtype of an outputDtype option: unset ('' or undefined) is the server's default
+// (float32); another value than 'float32', 'bfloat16' or 'float16' is a TypeError naming the
+// option and the accepted values (it was sent as unset, answered in float32).
+const OUTPUT_DTYPES = ['float32', 'bfloat16', 'float16'];
+function outputDtypeOf(outputDtype) {
+  if (outputDtype === undefined || outputDtype === null || outputDtype === '') {
+    return 'DATA_TYPE_UNSPECIFIED';
+  }
+  if (!OUTPUT_DTYPES.includes(outputDtype)) {
+    throw new TypeError(`outputDtype: expected 'float32', 'bfloat16' or 'float16', got ` +
+                        `${JSON.stringify(outputDtype)}`);
+  }
+  return DTYPES[outputDtype];
+}
+
 function float32(data, shape) {
   return {dtype: 'float32', shape, data: Float32Array.from(data)};
 }
@@ -230,7 +245,7 @@ function inferRequest(opts) {
     model: opts.model || '', request_id: opts.requestId || '',
     query: toProtoTensor(opts.query, 'query'), is_causal: !!opts.isCausal,
     need_weights: !!opts.needWeights, per_head_weights: !!opts.perHeadWeights,
-    output_dtype: opts.outputDtype ? DTYPES[opts.outputDtype] : 'DATA_TYPE_UNSPECIFIED',
+    output_dtype: outputDtypeOf(opts.outputDtype),
     model_version: modelVersionOf(opts.modelVersion),
   };
   for (const [name, field] of [['key', 'key'], ['value', 'value'],
@@ -314,7 +329,7 @@ function healthStatus(bytes) {
 module.exports = {
   ...errors, VERSION, MAX_MESSAGE_BYTES, RETRY_POLICY, RETRIED_SESSION_METHODS, serviceConfig,
   channelOptions,
-  readToken, channelSecurity, DTYPES, float32, bool, toFloat32, toProtoTensor, fromProtoTensor,
+  readToken, channelSecurity, DTYPES, outputDtypeOf, float32, bool, toFloat32, toProtoTensor, fromProtoTensor,
   loadProtos, protoRoot,
   inferRequest, inferResult, appendResult, sessionInfo, modelInfo, repositoryModel,
   modelVersionOf, healthRequest, healthStatus,

@@ -4,7 +4,8 @@
 // written here (models() with version and versions, repositoryIndex(), loadModel(),
 // unloadModel(), infer() with modelVersion and the result's modelVersion); errors that name the
 // fix: nothing listening at the target (the address and a hint, not grpc-js's "No connection
-// established"), and a missing or refused token (the token and tokenFile options). Only the
+// established"), an outputDtype the client cannot send (refused naming the accepted values),
+// and a missing or refused token (the token and tokenFile options). Only the
 // text is checked; nothing is timed. ATTENTION_SERVER_BINARY names the server.
 'use strict';
 const assert = require('assert');
@@ -83,10 +84,22 @@ async function errorTests(lib) {
       assert.match(err.details, /ECONNREFUSED/);  // gRPC's own text stays in details.
       return true;
     });
+    // An outputDtype the client cannot send is refused before any call, naming the option
+    // and the accepted values (it was sent as unset and answered in float32).
+    const query = lib.float32(new Float32Array(4), [1, 1, 4]);
+    for (const bad of ['float64', 'bool', 'fp16', 3]) {
+      await assert.rejects(down.infer({query, outputDtype: bad}), (err) => {
+        assert.ok(err instanceof TypeError, String(err));
+        assert.strictEqual(err.message, `outputDtype: expected 'float32', 'bfloat16' or ` +
+                                        `'float16', got ${JSON.stringify(bad)}`);
+        return true;
+      });
+    }
   } finally {
     down.close();
   }
-  ok('nothing listening: the address and a hint, not grpc-js\'s text');
+  ok('nothing listening: the address and a hint, not grpc-js\'s text; an unknown outputDtype ' +
+     'is refused naming the accepted values');
 
   // A server that wants a token: the hint names the options that give one.
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'attention-node-control-'));
