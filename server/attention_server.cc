@@ -192,6 +192,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Listen(
     rest.io_threads = options.http_io_threads;
     rest.max_connections = options.http_max_connections;
     rest.max_body_bytes = options.max_message_bytes;
+    rest.metrics_port = options.metrics_port;
     rest.receive_budget_bytes = quota;  // gRPC's receive quota's size, for REST's bodies.
     if (s->tls_identity_ != nullptr) {  // The pair in force, re-read as gRPC's is.
       rest.tls_identity_file = s->tls_identity_->path();

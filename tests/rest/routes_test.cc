@@ -3,7 +3,9 @@
 // (`GET .../infer`: use POST); GET /v2/models lists the models with their
 // versions and state (a model that failed to load, with its reason); the
 // metrics port's `/` points to /metrics; plain http:// sent to a TLS REST
-// port gets a plain-text 400 saying to use https://, not an empty reply.
+// port gets a plain-text 400 saying to use https://, not an empty reply; the
+// REST port's `/` points to the API's paths and its `/metrics` to the
+// metrics port.
 #include <unistd.h>
 
 #include <filesystem>
@@ -86,6 +88,32 @@ TEST(RestRoutesTest, TheMetricsPortsRootPointsToMetrics) {
   const auto metrics = http.Get("/metrics");
   EXPECT_EQ(metrics->status, 200);
   EXPECT_THAT(metrics->body, HasSubstr("attention_"));
+  server->Drain();
+}
+
+// GET / on the REST port points to the API's paths; GET /metrics there is a
+// 404 naming the metrics port and its flag.
+TEST(RestRoutesTest, TheRootPointsToTheApiAndMetricsToTheMetricsPort) {
+  const int metrics_port = testing::FreePort();
+  auto server =
+      Start("routes_root", [&](server::ServerOptions& o) { o.metrics_port = metrics_port; });
+  ASSERT_NE(server, nullptr);
+  testing::HttpTestClient http("127.0.0.1", server->http_port());
+  const auto root = http.Get("/");
+  EXPECT_EQ(root->status, 200) << root->body;
+  const nlohmann::json j = nlohmann::json::parse(root->body, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << root->body;
+  const std::string endpoints = j["endpoints"].dump();
+  for (const char* path : {"GET /v2\"", "GET /v2/models\"", "GET /v2/health/ready\"",
+                           "POST /v2/models/{model}/infer\""}) {
+    EXPECT_THAT(endpoints, HasSubstr(path));
+  }
+  EXPECT_THAT(root->body, HasSubstr("--metrics_port"));
+  const auto metrics = http.Get("/metrics");
+  EXPECT_EQ(metrics->status, 404) << metrics->body;
+  EXPECT_THAT(metrics->body,
+              HasSubstr("metrics port, " + std::to_string(metrics_port) + " (--metrics_port)"));
+  EXPECT_THAT(metrics->body, HasSubstr(":" + std::to_string(metrics_port) + "/metrics"));
   server->Drain();
 }
 

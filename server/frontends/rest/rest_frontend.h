@@ -77,6 +77,9 @@ struct RestOptions {
   // Instead of the two above: one file holding the chain and then the key,
   // re-read when it changes (RestTlsIdentity; TlsIdentityWatcher's copy).
   std::string tls_identity_file;
+  // The server's metrics port (--metrics_port; 0: off), named by the answer
+  // to GET /metrics here, which is not where metrics are served.
+  int metrics_port = 0;
 };
 
 class RestFrontend : public HttpHandler {
@@ -102,8 +105,11 @@ class RestFrontend : public HttpHandler {
 
  private:
   RestFrontend(InferenceProtocol* protocol, const RestOptions& options);
-  // GET (and HEAD) routes, answered at once.
+  // GET (and HEAD) routes, answered at once. `/` answers a pointer to the
+  // API's paths; `/metrics` a 404 naming the metrics port.
   HttpResponse Get(const HttpRequest& request);
+  // Where the metrics are ("... the metrics port, 9464 (--metrics_port)").
+  std::string MetricsPointer() const;
   // POST /v2/repository/index: Triton's index, a line per version.
   HttpResponse Index(const HttpRequest& request);
   // GET /v2/models: {"models": [{"name", "state", "reason" (not READY),

@@ -31,6 +31,21 @@ HttpResponse RestFrontend::Get(const HttpRequest& req) {
     return res;
   }
   if (req.path == "/v2/models") return Models(req);
+  if (req.path == "/") {  // A pointer for curl localhost:8000/ (static: no auth).
+    ReplyJson(res, nlohmann::json{{"name", "attention-server"},
+                                  {"protocol", "KServe v2 REST (docs/api/rest.md)"},
+                                  {"endpoints",
+                                   {"GET /v2", "GET /v2/health/live", "GET /v2/health/ready",
+                                    "GET /v2/models", "GET /v2/models/{model}",
+                                    "POST /v2/models/{model}/infer", "POST /v2/repository/index"}},
+                                  {"metrics", MetricsPointer()}}
+                       .dump());
+    return res;
+  }
+  if (req.path == "/metrics") {
+    return ErrorResponse(absl::NotFoundError(
+        absl::StrCat("no endpoint GET /metrics on the REST port: ", MetricsPointer())));
+  }
   if (IsPostEndpoint(req.path)) return WrongMethod(req, "POST");
   std::optional<ModelPath> model = ParseModelPath(req.path);
   if (req.path == "/v2/models/stats") model = ModelPath{"", "", "stats"};
@@ -67,6 +82,14 @@ HttpResponse RestFrontend::Get(const HttpRequest& req) {
     if (status.ok()) ReplyJson(res, ProtoToJson(response).dump());
   }
   return status.ok() ? res : ErrorResponse(status);
+}
+
+std::string RestFrontend::MetricsPointer() const {
+  if (options_.metrics_port <= 0) {
+    return "Prometheus metrics are off on this server (--metrics_port=0)";
+  }
+  return absl::StrCat("Prometheus metrics are served on the metrics port, ", options_.metrics_port,
+                      " (--metrics_port): GET http://HOST:", options_.metrics_port, "/metrics");
 }
 
 HttpResponse RestFrontend::Index(const HttpRequest& req) {
