@@ -30,6 +30,8 @@
 namespace attention {
 namespace {
 
+constexpr char kInfer[] = "/attention.v1.AttentionService/Infer";
+
 using ::attention::testing::FromProto;
 using namespace ::attention::async_infer_testing;  // NOLINT: the file's helpers.
 using server::AsyncInferCall;
@@ -49,26 +51,6 @@ v1::InferRequest LargeRequest(std::mt19937& rng, const std::string& id) {
   v1::InferRequest r = BatchRequest(rng, 80, id);
   EXPECT_GT(static_cast<int64_t>(r.ByteSizeLong()), AsyncInferCall::kInlineParseBytes);
   return r;
-}
-
-// Raw bytes to Infer (not necessarily a valid InferRequest), with `token`
-// unless it is empty.
-grpc::Status RawInfer(grpc::GenericStub* stub, const std::string& bytes,
-                      const std::string& token = "") {
-  grpc::ClientContext context;
-  testing::PrepareContext(context, token);
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer request(&slice, 1);
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  absl::Notification done;
-  stub->UnaryCall(&context, "/attention.v1.AttentionService/Infer", grpc::StubOptions(), &request,
-                  &response, [&](grpc::Status s) {
-                    status = std::move(s);
-                    done.Notify();
-                  });
-  done.WaitForNotification();
-  return status;
 }
 
 class AsyncInferParseTest : public AsyncInferServerTest {
@@ -114,10 +96,10 @@ TEST_F(AsyncInferParseTest, TokenIsCheckedBeforeTheRequestIsParsed) {
   // Without a token, or with an unknown one: refused, never parsed.
   EXPECT_EQ(InferOnce(stub_.get(), large).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   grpc::GenericStub generic(channel_);
-  EXPECT_EQ(RawInfer(&generic, large.SerializeAsString(), "mallory").error_code(),
+  EXPECT_EQ(RawCall(&generic, kInfer, large.SerializeAsString(), "mallory").error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   // Bytes that do not even parse: the token is refused first.
-  EXPECT_EQ(RawInfer(&generic, std::string("\x0a\xff\xff\x03zz", 6)).error_code(),
+  EXPECT_EQ(RawCall(&generic, kInfer, std::string("\x0a\xff\xff\x03zz", 6)).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(pool().posted(), 0);
   // With the token it is parsed (on the pool) and computed.
@@ -155,7 +137,7 @@ TEST_F(AsyncInferParseTest, LargeRequestsComputeAsSmallOnesAndUnparsableOnesAreI
   grpc::GenericStub generic(channel_);
   for (int64_t batch : {2, 80}) {
     const std::string bytes = BatchRequest(rng, batch, "cut").SerializeAsString();
-    const grpc::Status cut = RawInfer(&generic, bytes.substr(0, bytes.size() - 3));
+    const grpc::Status cut = RawCall(&generic, kInfer, bytes.substr(0, bytes.size() - 3));
     EXPECT_EQ(cut.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << batch << ": " << cut.error_code() << " " << cut.error_message();
     EXPECT_NE(cut.error_message().find("do not parse as an attention.v1.InferRequest"),

@@ -35,24 +35,6 @@ using namespace ::attention::async_infer_testing;  // NOLINT: the file's helpers
 
 class AsyncInferQueueTest : public AsyncInferServerTest {};
 
-// Raw bytes to Infer (not necessarily a valid InferRequest).
-grpc::Status RawInfer(grpc::GenericStub* stub, const std::string& bytes) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer request(&slice, 1);
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  absl::Notification done;
-  stub->UnaryCall(&context, "/attention.v1.AttentionService/Infer", grpc::StubOptions(), &request,
-                  &response, [&](grpc::Status s) {
-                    status = std::move(s);
-                    done.Notify();
-                  });
-  done.WaitForNotification();
-  return status;
-}
-
 // gRPC refuses these before the application sees them; the queue's posted
 // calls must all still be there afterwards (more refusals than are posted).
 TEST_F(AsyncInferQueueTest, RefusedByGrpcBeforeArrivalKeepsThePostedCalls) {
@@ -68,7 +50,8 @@ TEST_F(AsyncInferQueueTest, RefusedByGrpcBeforeArrivalKeepsThePostedCalls) {
     const grpc::Status too_large = InferOnce(stub_.get(), oversized);
     EXPECT_EQ(too_large.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << i;
     // Field 1 (request_id? any) with a length running past the end.
-    const grpc::Status garbled = RawInfer(&generic, std::string("\x0a\xff\xff\x03zz", 6));
+    const grpc::Status garbled = RawCall(&generic, "/attention.v1.AttentionService/Infer",
+                                         std::string("\x0a\xff\xff\x03zz", 6));
     EXPECT_NE(garbled.error_code(), grpc::StatusCode::OK) << i;
     EXPECT_NE(garbled.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << i;
   }

@@ -24,89 +24,28 @@
 #include "server/frontends/protocol/oip_codec.h"
 #include "tests/fixture/async_infer_test_util.h"
 #include "tests/fixture/token_files.h"
+#include "tests/inference_protocol/async_model_infer_probes.h"
 
 namespace attention {
 namespace {
 
-using inference::GRPCInferenceService;
-using inference::ModelInferRequest;
-using inference::ModelInferResponse;
 using namespace ::attention::async_infer_testing;  // NOLINT: the file's helpers.
+using namespace ::attention::oip_async_probes;     // NOLINT: the file's helpers.
 using server::AsyncUnaryCall;
-using server::Method;
 
-// A request of `batch` sequences of 64 tokens of the small model (E = 16):
-// past the inline parse limit from a batch of 80 (320 KiB of query).
-ModelInferRequest OipRequest(const Tensor& query, const std::string& id) {
-  ModelInferRequest r;
-  r.set_model_name("small");
-  r.set_id(id);
-  auto* input = r.add_inputs();
-  input->set_name("query");
-  input->set_datatype(server::OipDatatype(query.dtype()));
-  input->mutable_shape()->Assign(query.shape().begin(), query.shape().end());
-  r.add_raw_input_contents(std::string(static_cast<const char*>(query.data()), query.num_bytes()));
-  return r;
-}
+constexpr char kModelInfer[] = "/inference.GRPCInferenceService/ModelInfer";
 
-// A ModelInfer sent with the callback stub; `done` is notified.
-struct PendingModelInfer {
-  explicit PendingModelInfer(ModelInferRequest r) : request(std::move(r)) {}
-  grpc::ClientContext context;
-  ModelInferRequest request;
-  ModelInferResponse response;
-  grpc::Status status;
-  absl::Notification done;
-  void Start(GRPCInferenceService::Stub* stub) {
-    stub->async()->ModelInfer(&context, &request, &response, [this](grpc::Status s) {
-      status = std::move(s);
-      done.Notify();
-    });
-  }
-};
-
+// Call() with `token` (none when empty).
 grpc::Status ModelInferOnce(GRPCInferenceService::Stub* stub, const ModelInferRequest& request,
                             ModelInferResponse* response, const std::string& token = "") {
   grpc::ClientContext context;
   testing::PrepareContext(context, token);
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  return stub->ModelInfer(&context, request, response);
+  return Call(stub, request, response, &context);
 }
 
-// Bytes (not necessarily a valid ModelInferRequest) to ModelInfer.
-grpc::Status RawModelInfer(grpc::GenericStub* stub, const std::string& bytes,
-                           const std::string& token = "") {
-  grpc::ClientContext context;
-  testing::PrepareContext(context, token);
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer request(&slice, 1);
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  absl::Notification done;
-  stub->UnaryCall(&context, "/inference.GRPCInferenceService/ModelInfer", grpc::StubOptions(),
-                  &request, &response, [&](grpc::Status s) {
-                    status = std::move(s);
-                    done.Notify();
-                  });
-  done.WaitForNotification();
-  return status;
-}
-
-class AsyncModelInferTest : public AsyncInferServerTest {
+class AsyncModelInferTest : public AsyncModelInferProbeTest {
  protected:
-  bool Start(const server::ServerOptions& options) {
-    if (!AsyncInferServerTest::Start(options)) return false;
-    oip_ = GRPCInferenceService::NewStub(channel_);
-    return true;
-  }
   server::ParsePool& pool() { return server_->infer_queue().parse_pool(); }
-  // The model's answers to ModelInfer with `code`.
-  double Answered(absl::StatusCode code) {
-    return server_->repository()
-        ->Find("small")
-        ->metrics->requests[static_cast<int>(Method::kModelInfer)][static_cast<int>(code)]
-        ->Value();
-  }
   // The small model's output for `query` (float32, as the wire carries it).
   Tensor Expected(const Tensor& query) {
     MhaInputs in;
@@ -121,8 +60,6 @@ class AsyncModelInferTest : public AsyncInferServerTest {
       ASSERT_NEAR(got[i], expected.as<float>()[i], 1e-5) << "element " << i;
     }
   }
-
-  std::unique_ptr<GRPCInferenceService::Stub> oip_;
 };
 
 TEST_F(AsyncModelInferTest, TokenIsCheckedBeforeTheRequestIsParsed) {
@@ -133,17 +70,17 @@ TEST_F(AsyncModelInferTest, TokenIsCheckedBeforeTheRequestIsParsed) {
   ASSERT_TRUE(Start(options));
   std::mt19937 rng(1);
   const Tensor query = RandomTensor({80, 64, 16}, rng);
-  const ModelInferRequest large = OipRequest(query, "large");
+  const ModelInferRequest large = Request(query, "large");
   ASSERT_GT(static_cast<int64_t>(large.ByteSizeLong()), AsyncUnaryCall::kInlineParseBytes);
   ModelInferResponse response;
   // Without a token, or with an unknown one: refused, never parsed.
   EXPECT_EQ(ModelInferOnce(oip_.get(), large, &response).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   grpc::GenericStub generic(channel_);
-  EXPECT_EQ(RawModelInfer(&generic, large.SerializeAsString(), "mallory").error_code(),
+  EXPECT_EQ(RawCall(&generic, kModelInfer, large.SerializeAsString(), "mallory").error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   // Bytes that do not even parse: the token is refused first.
-  EXPECT_EQ(RawModelInfer(&generic, std::string("\x0a\xff\xff\x03zz", 6)).error_code(),
+  EXPECT_EQ(RawCall(&generic, kModelInfer, std::string("\x0a\xff\xff\x03zz", 6)).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(pool().posted(), 0);
   // With the token: parsed on the pool, computed, exact.
@@ -155,7 +92,7 @@ TEST_F(AsyncModelInferTest, TokenIsCheckedBeforeTheRequestIsParsed) {
   ExpectOutput(Expected(query), response);
   // With the token, bytes that do not parse are INVALID_ARGUMENT.
   const grpc::Status garbage =
-      RawModelInfer(&generic, std::string("\x0a\xff\xff\x03zz", 6), "alice-secret");
+      RawCall(&generic, kModelInfer, std::string("\x0a\xff\xff\x03zz", 6), "alice-secret");
   EXPECT_EQ(garbage.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(garbage.error_message().find("inference.ModelInferRequest"), std::string::npos)
       << garbage.error_message();
@@ -166,7 +103,7 @@ TEST_F(AsyncModelInferTest, SmallCallsOfBothProtocolsCompleteWhileALargeOneIsHel
   ASSERT_TRUE(Start(SmallServerOptions("async_oip_hold")));
   std::mt19937 rng(2);
   const Tensor query = RandomTensor({80, 64, 16}, rng);
-  PendingModelInfer large(OipRequest(query, "large"));
+  PendingModelInfer large(Request(query, "large"));
   {
     PoolLatch latch(pool());
     large.Start(oip_.get());
@@ -174,7 +111,7 @@ TEST_F(AsyncModelInferTest, SmallCallsOfBothProtocolsCompleteWhileALargeOneIsHel
     const Tensor small_query = RandomTensor({1, 3, 16}, rng);
     ModelInferResponse small;
     const grpc::Status status =
-        ModelInferOnce(oip_.get(), OipRequest(small_query, "small-oip"), &small);
+        ModelInferOnce(oip_.get(), Request(small_query, "small-oip"), &small);
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_EQ(small.id(), "small-oip");
     ExpectOutput(Expected(small_query), small);
@@ -199,20 +136,20 @@ TEST_F(AsyncModelInferTest, EachCallIsCountedOnceWhateverItsAnswer) {
   ModelInferResponse response;
   // Computed, inline and on the pool.
   ASSERT_TRUE(
-      ModelInferOnce(oip_.get(), OipRequest(RandomTensor({1, 4, 16}, rng), "a"), &response).ok());
+      ModelInferOnce(oip_.get(), Request(RandomTensor({1, 4, 16}, rng), "a"), &response).ok());
   ASSERT_TRUE(
-      ModelInferOnce(oip_.get(), OipRequest(RandomTensor({80, 64, 16}, rng), "b"), &response).ok());
+      ModelInferOnce(oip_.get(), Request(RandomTensor({80, 64, 16}, rng), "b"), &response).ok());
   // Refused after the model was found: the model counts it.
-  EXPECT_EQ(ModelInferOnce(oip_.get(), OipRequest(RandomTensor({1, 4, 15}, rng), "c"), &response)
+  EXPECT_EQ(ModelInferOnce(oip_.get(), Request(RandomTensor({1, 4, 15}, rng), "c"), &response)
                 .error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
   // Refused before: an unknown model, and bytes that do not parse.
-  ModelInferRequest unknown = OipRequest(RandomTensor({1, 4, 16}, rng), "d");
+  ModelInferRequest unknown = Request(RandomTensor({1, 4, 16}, rng), "d");
   unknown.set_model_name("nope");
   EXPECT_EQ(ModelInferOnce(oip_.get(), unknown, &response).error_code(),
             grpc::StatusCode::NOT_FOUND);
   grpc::GenericStub generic(channel_);
-  EXPECT_EQ(RawModelInfer(&generic, std::string("\x0a\xff\xff\x03zz", 6)).error_code(),
+  EXPECT_EQ(RawCall(&generic, kModelInfer, std::string("\x0a\xff\xff\x03zz", 6)).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Answered(absl::StatusCode::kOk), 2);
   EXPECT_EQ(Answered(absl::StatusCode::kInvalidArgument), 1);
@@ -226,7 +163,7 @@ TEST_F(AsyncModelInferTest, EachCallIsCountedOnceWhateverItsAnswer) {
 TEST_F(AsyncModelInferTest, DrainAnswersARequestHeldInTheParsePool) {
   ASSERT_TRUE(Start(SmallServerOptions("async_oip_drain")));
   std::mt19937 rng(4);
-  PendingModelInfer large(OipRequest(RandomTensor({80, 64, 16}, rng), "large"));
+  PendingModelInfer large(Request(RandomTensor({80, 64, 16}, rng), "large"));
   absl::Notification drained;
   bool idle = false;
   std::thread drain;
