@@ -12,15 +12,10 @@
 #ifndef ATTENTION_CLIENT_CLI_GRPC_LOG_FILTER_H_
 #define ATTENTION_CLIENT_CLI_GRPC_LOG_FILTER_H_
 
-#include "absl/strings/string_view.h"
-
 namespace attention::client {
 
 // Installs the filter (gpr_set_log_function). Call once, early in main().
 void FilterGrpcLog();
-
-// True for a gRPC log message the filter drops (a handshake failure).
-bool IsHandshakeFailure(absl::string_view message);
 
 }  // namespace attention::client
 

@@ -1,18 +1,15 @@
 #include "server/security/grpc_log.h"
 
 #include <grpc/support/log.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cstdio>
-#include <cstring>
-#include <ctime>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "proto/codec/grpc_log_line.h"
 
 namespace attention::server {
 namespace {
@@ -48,25 +45,10 @@ Throttle& HandshakeThrottle() {
   return *throttle;
 }
 
-// gRPC's own format: "E1128 04:36:30.613932921   17078 file.cc:1501] message".
-void WriteAsGrpc(const gpr_log_func_args* args) {
-  const char* file = args->file != nullptr ? args->file : "";
-  if (const char* slash = std::strrchr(file, '/')) file = slash + 1;
-  timespec now{};
-  clock_gettime(CLOCK_REALTIME, &now);
-  tm local{};
-  localtime_r(&now.tv_sec, &local);
-  char time[64];
-  std::strftime(time, sizeof(time), "%m%d %H:%M:%S", &local);
-  std::fprintf(stderr, "%c%s.%09ld %7ld %s:%d] %s\n", gpr_log_severity_string(args->severity)[0],
-               time, now.tv_nsec, static_cast<long>(syscall(SYS_gettid)), file, args->line,
-               args->message != nullptr ? args->message : "");
-}
-
 void Route(gpr_log_func_args* args) {
   const absl::string_view message = args->message != nullptr ? args->message : "";
   const std::string line = HandshakeFailureLine(message);
-  if (line.empty()) return WriteAsGrpc(args);
+  if (line.empty()) return wire::WriteAsGrpc(args);
   Throttle& t = HandshakeThrottle();
   int64_t more = 0;
   {
@@ -87,10 +69,7 @@ void Route(gpr_log_func_args* args) {
 }  // namespace
 
 std::string HandshakeFailureLine(absl::string_view message) {
-  if (!absl::StartsWith(message, "Handshake failed") &&
-      !absl::StartsWith(message, "Handshaking failed")) {
-    return "";
-  }
+  if (!wire::IsHandshakeFailure(message)) return "";
   // The OpenSSL reason: after "SSL routines::" (OpenSSL 3), else the message.
   absl::string_view reason = message;
   if (const size_t at = message.rfind("::"); at != absl::string_view::npos) {
