@@ -13,6 +13,7 @@
 #include "core/mha_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/clients/cli_test_util.h"
 #include "tests/fixture/server_test_util.h"
 #include "tests/fixture/test_util.h"
 
@@ -21,21 +22,9 @@ namespace {
 
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using testing::NewDir;
 using ::testing::Not;
-
-// attention-client with `args` (a shell fragment): its exit code; its stdout
-// and stderr in `out`.
-int Cli(const std::string& args, std::string* out) {
-  return testing::RunCommand(std::string(ATTENTION_CLIENT_BINARY) + " " + args, out);
-}
-
-// A fresh folder `TempDir()/<name>_<pid>`.
-std::string NewDir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using testing::RunClient;
 
 // Writes a random 32-wide, 4-head model as `dir`.
 void WriteModel(const std::string& dir, uint64_t seed) {
@@ -53,28 +42,28 @@ TEST(ClientCliModelControlTest, ModelsRepositoryLoadUnloadAndVersions) {
   WriteModel(repo + "/late/3", 3);
   const std::string at = " --server=" + server.target();
   std::string out;
-  ASSERT_EQ(Cli("models" + at, &out), 0) << out;
+  ASSERT_EQ(RunClient("models" + at, &out), 0) << out;
   EXPECT_THAT(out, ContainsRegex("name +version +embed"));
   EXPECT_THAT(out, ContainsRegex("\nm \\* +2 +32 .*\\| 2:READY"));
 
-  ASSERT_EQ(Cli("repository" + at, &out), 0) << out;
+  ASSERT_EQ(RunClient("repository" + at, &out), 0) << out;
   EXPECT_THAT(out, ContainsRegex("name +version +state +reason"));
   EXPECT_THAT(out, ContainsRegex("\nm +2 +READY"));
 
-  ASSERT_EQ(Cli("load late" + at, &out), 0) << out;
+  ASSERT_EQ(RunClient("load late" + at, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("loaded model 'late': version(s) 3 serving"));
-  ASSERT_EQ(Cli("models" + at, &out), 0) << out;
+  ASSERT_EQ(RunClient("models" + at, &out), 0) << out;
   EXPECT_THAT(out, ContainsRegex("\nlate +3 +32 .*\\| 3:READY"));
-  ASSERT_EQ(Cli("infer --model=late --model_version=3 --seq_len=2" + at, &out), 0) << out;
+  ASSERT_EQ(RunClient("infer --model=late --model_version=3 --seq_len=2" + at, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("model       version 3"));
 
-  ASSERT_EQ(Cli("unload late" + at, &out), 0) << out;
+  ASSERT_EQ(RunClient("unload late" + at, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("unloaded model 'late'"));
-  ASSERT_EQ(Cli("models" + at, &out), 0) << out;
+  ASSERT_EQ(RunClient("models" + at, &out), 0) << out;
   EXPECT_THAT(out, Not(HasSubstr("\nlate ")));
-  ASSERT_EQ(Cli("repository" + at, &out), 0) << out;
+  ASSERT_EQ(RunClient("repository" + at, &out), 0) << out;
   EXPECT_THAT(out, ContainsRegex("\nlate +- +UNAVAILABLE +unloaded"));
-  EXPECT_NE(Cli("unload" + at, &out), 0);
+  EXPECT_NE(RunClient("unload" + at, &out), 0);
   EXPECT_THAT(out, HasSubstr("unload: which model?"));
   EXPECT_EQ(server.Stop(), 0);
   std::filesystem::remove_all(repo);
@@ -87,7 +76,7 @@ TEST(ClientCliErrorHintsTest, NothingListeningAndMissingToken) {
   const std::string port = std::to_string(testing::FreePort());
   std::string out;
   for (const char* command : {"infer --seq_len=4", "models", "load --sessions=1"}) {
-    EXPECT_EQ(Cli(std::string(command) + " --server=127.0.0.1:" + port, &out), 1) << command;
+    EXPECT_EQ(RunClient(std::string(command) + " --server=127.0.0.1:" + port, &out), 1) << command;
     EXPECT_THAT(out, ContainsRegex("(cannot read the server's default model|ListModels failed): "
                                    "UNAVAILABLE: cannot connect to "
                                    "127.0.0.1:" +
@@ -118,9 +107,9 @@ TEST(ClientCliErrorHintsTest, NothingListeningAndMissingToken) {
   EXPECT_THAT(out, HasSubstr("UNAUTHENTICATED"));
   EXPECT_THAT(out, HasSubstr("hint: the server wants a bearer token: pass --token_file=FILE"));
   EXPECT_THAT(out, HasSubstr("ATTENTION_TOKEN"));
-  EXPECT_EQ(Cli("models --token_file=" + dir + "/wrong" + at, &out), 1);
+  EXPECT_EQ(RunClient("models --token_file=" + dir + "/wrong" + at, &out), 1);
   EXPECT_THAT(out, HasSubstr("hint: the server refused this client's bearer token"));
-  EXPECT_EQ(Cli("models --token_file=" + dir + "/token" + at, &out), 0) << out;
+  EXPECT_EQ(RunClient("models --token_file=" + dir + "/token" + at, &out), 0) << out;
   EXPECT_EQ(server.Stop(), 0);
   std::filesystem::remove_all(dir);
 }
@@ -135,7 +124,7 @@ TEST(ClientCliErrorHintsTest, TlsToAPlaintextServerPrintsNoRawGrpcHandshakeLines
   testing::ServerProcess server(ATTENTION_SERVER_BINARY, {});
   ASSERT_TRUE(server.ok());
   std::string out;
-  EXPECT_NE(Cli("models --tls --deadline_ms=5000 --server=" + server.target(), &out), 0);
+  EXPECT_NE(RunClient("models --tls --deadline_ms=5000 --server=" + server.target(), &out), 0);
   EXPECT_THAT(out, HasSubstr("leave out --tls"));
   EXPECT_THAT(out, HasSubstr("wrong version number"));  // In the call's own error.
   EXPECT_THAT(out, Not(HasSubstr("ssl_transport_security")));
@@ -148,7 +137,7 @@ TEST(ClientCliProgressTest, LoadLevelsAndDecodeLoadReportAsTheyGo) {
   ASSERT_TRUE(server.ok());
   const std::string at = " --server=" + server.target();
   std::string out;
-  ASSERT_EQ(Cli("load --concurrency=1,2 --requests=6 --seq_len=4" + at, &out), 0) << out;
+  ASSERT_EQ(RunClient("load --concurrency=1,2 --requests=6 --seq_len=4" + at, &out), 0) << out;
   const size_t first = out.find("load: level 1 of 2: concurrency 1, 6 requests");
   const size_t row1 = out.find("\n1  ");
   const size_t second = out.find("load: level 2 of 2: concurrency 2, 6 requests");
@@ -159,7 +148,7 @@ TEST(ClientCliProgressTest, LoadLevelsAndDecodeLoadReportAsTheyGo) {
   EXPECT_LT(row1, second) << out;  // The first row before the second level starts.
   EXPECT_LT(second, row2) << out;
 
-  ASSERT_EQ(Cli("load --sessions=3 --context=20 --steps=2" + at, &out), 0) << out;
+  ASSERT_EQ(RunClient("load --sessions=3 --context=20 --steps=2" + at, &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("decode load: creating 3 sessions, each prefilling 20 tokens"));
   EXPECT_THAT(out, HasSubstr("prefilled 3/3 sessions"));
   EXPECT_THAT(out, HasSubstr("decoded 6/6 tokens"));
@@ -168,7 +157,7 @@ TEST(ClientCliProgressTest, LoadLevelsAndDecodeLoadReportAsTheyGo) {
 
 TEST(ClientCliFlagsTest, HelpExitsZeroAndOutOfRangeNumbersAreRefused) {
   std::string out;
-  EXPECT_EQ(Cli("--help", &out), 0) << out;
+  EXPECT_EQ(RunClient("--help", &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("attention-client {infer|models|repository|load|unload"));
   EXPECT_THAT(out, HasSubstr("--deadline_ms"));
   for (const auto& [flag, message] : std::vector<std::pair<std::string, std::string>>{
@@ -180,17 +169,18 @@ TEST(ClientCliFlagsTest, HelpExitsZeroAndOutOfRangeNumbersAreRefused) {
            {"--pad_share=1.5", "--pad_share=1.5: expected a share from 0 to 1"},
            {"--concurrency=0,4", "--concurrency=0,4: expected counts of at least 1"},
            {"--duration=-1s", "--duration=-1s: expected a positive duration"}}) {
-    EXPECT_EQ(Cli("load " + flag + " --server=127.0.0.1:1", &out), 2) << flag;
+    EXPECT_EQ(RunClient("load " + flag + " --server=127.0.0.1:1", &out), 2) << flag;
     EXPECT_THAT(out, HasSubstr(message)) << flag;
   }
   // `load MODEL` beside a load-generator flag: the name is a stray value.
-  EXPECT_EQ(Cli("load --concurrency 1,8 64 --server=127.0.0.1:1", &out), 2);
+  EXPECT_EQ(RunClient("load --concurrency 1,8 64 --server=127.0.0.1:1", &out), 2);
   EXPECT_THAT(out, HasSubstr("load 64: load MODEL loads a model, but --concurrency is a "
                              "load-generator flag"));
   // The same for the random inputs' flags the load generator shares with
   // infer (--help: "infer/load"): `--batch 4 8` is not LoadModel("8").
   for (const std::string flag : {"--batch 4", "--seq_len 16:64", "--kv_seq_len 32", "--seed 7"}) {
-    EXPECT_EQ(Cli("load " + flag + " 8 --server=127.0.0.1:1", &out), 2) << flag << ": " << out;
+    EXPECT_EQ(RunClient("load " + flag + " 8 --server=127.0.0.1:1", &out), 2)
+        << flag << ": " << out;
     EXPECT_THAT(out, HasSubstr("load 8: load MODEL loads a model, but " +
                                flag.substr(0, flag.find(' ')) + " is a load-generator flag"))
         << flag;

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/clients/cli_test_util.h"
 #include "tests/fixture/server_child.h"
 #include "tests/fixture/server_test_util.h"
 #include "tests/fixture/test_certificates.h"
@@ -28,6 +29,7 @@ namespace attention {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::RunClient;
 
 class ClientCliTest : public ::testing::Test {
  protected:
@@ -227,12 +229,6 @@ TEST(ClientCliUnreachableTest, FailsClearlyWithinTheDeadline) {
         << out;
     EXPECT_LT(seconds, 5.0) << command;
   }
-}
-
-// Runs attention-client with `args` (a shell fragment); its exit code, and its
-// output in `out`.
-int RunClient(const std::string& args, std::string* out) {
-  return testing::RunCommand(std::string(ATTENTION_CLIENT_BINARY) + " " + args, out);
 }
 
 TEST(ClientCliErrorsTest, MalformedServerStrayArgumentsAndVersion) {

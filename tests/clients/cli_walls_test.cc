@@ -12,27 +12,16 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/clients/cli_test_util.h"
 #include "tests/fixture/server_test_util.h"
 
 namespace attention {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::NewDir;
 using ::testing::Not;
-
-// attention-client with `args` (a shell fragment): its exit code; its stdout
-// and stderr in `out`.
-int Cli(const std::string& args, std::string* out) {
-  return testing::RunCommand(std::string(ATTENTION_CLIENT_BINARY) + " " + args, out);
-}
-
-// A fresh folder `TempDir()/<name>_<pid>`.
-std::string NewDir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using testing::RunClient;
 
 // A server that holds 2 sessions of at most 16 tokens: 2 of 4 sessions are
 // created (none is idle long enough to be evicted); a 20-token context fails
@@ -44,14 +33,14 @@ TEST(ClientCliDecodeLoadTest, CountsOnlyReadySessionsAndStopsWhenNoneIs) {
   ASSERT_TRUE(server.ok());
   const std::string at = " --server=" + server.target();
   std::string out;
-  EXPECT_EQ(Cli("load --sessions=4 --context=4 --steps=3" + at, &out), 1) << out;
+  EXPECT_EQ(RunClient("load --sessions=4 --context=4 --steps=3" + at, &out), 1) << out;
   EXPECT_THAT(out, HasSubstr("2 of 4 sessions failed to be created or prefilled"));
   EXPECT_THAT(out, HasSubstr("decode load: 2 sessions stepping 3 tokens each"));
   EXPECT_THAT(out, HasSubstr("decoded 6/6 tokens")) << out;
   EXPECT_THAT(out, HasSubstr("decode load: 2 sessions x 3 steps after a 4-token context"));
   EXPECT_THAT(out, HasSubstr("2 of 4 sessions failed to start"));
 
-  EXPECT_EQ(Cli("load --sessions=2 --context=20 --steps=3" + at, &out), 1) << out;
+  EXPECT_EQ(RunClient("load --sessions=2 --context=20 --steps=3" + at, &out), 1) << out;
   EXPECT_THAT(out, HasSubstr("2 of 2 sessions failed to be created or prefilled; first error:"));
   EXPECT_THAT(out, HasSubstr("no session is ready, so no step ran")) << out;
   EXPECT_THAT(out, Not(HasSubstr("stepping"))) << out;
@@ -76,14 +65,16 @@ TEST(ClientCliAdminTokenTest, RefusalSaysAnAdminTokenMustAlsoBeAnAuthToken) {
   testing::ServerProcess server(ATTENTION_SERVER_BINARY, {"--auth_tokens_file=" + dir + "/tokens",
                                                           "--admin_tokens_file=" + dir + "/admin"});
   ASSERT_TRUE(server.ok());
-  EXPECT_EQ(Cli("models --token_file=" + dir + "/admin_token --server=" + server.target(), &out),
-            1);
+  EXPECT_EQ(
+      RunClient("models --token_file=" + dir + "/admin_token --server=" + server.target(), &out),
+      1);
   EXPECT_THAT(out, HasSubstr("unknown token"));
   EXPECT_THAT(out, HasSubstr("(an admin token must also be in --auth_tokens_file)")) << out;
   EXPECT_EQ(server.Stop(), 0);
   testing::ServerProcess plain(ATTENTION_SERVER_BINARY, {"--auth_tokens_file=" + dir + "/tokens"});
   ASSERT_TRUE(plain.ok());
-  EXPECT_EQ(Cli("models --token_file=" + dir + "/admin_token --server=" + plain.target(), &out), 1);
+  EXPECT_EQ(
+      RunClient("models --token_file=" + dir + "/admin_token --server=" + plain.target(), &out), 1);
   EXPECT_THAT(out, HasSubstr("unknown token"));
   EXPECT_THAT(out, Not(HasSubstr("admin token"))) << out;
   EXPECT_EQ(plain.Stop(), 0);
@@ -93,10 +84,11 @@ TEST(ClientCliAdminTokenTest, RefusalSaysAnAdminTokenMustAlsoBeAnAuthToken) {
 // infer's error names the model the user asked for, not the RPC it called.
 TEST(ClientCliInferTest, ModelErrorNamesTheModel) {
   std::string out;
-  EXPECT_EQ(Cli("infer --model=demo --deadline_ms=3000 --server=127.0.0.1:1", &out), 1) << out;
+  EXPECT_EQ(RunClient("infer --model=demo --deadline_ms=3000 --server=127.0.0.1:1", &out), 1)
+      << out;
   EXPECT_THAT(out, HasSubstr("attention-client: infer: cannot read model 'demo': UNAVAILABLE"));
   EXPECT_THAT(out, Not(HasSubstr("GetModel failed"))) << out;
-  EXPECT_EQ(Cli("infer --deadline_ms=3000 --server=127.0.0.1:1", &out), 1) << out;
+  EXPECT_EQ(RunClient("infer --deadline_ms=3000 --server=127.0.0.1:1", &out), 1) << out;
   EXPECT_THAT(out, HasSubstr("infer: cannot read the server's default model: UNAVAILABLE"));
 }
 
