@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/cli/target_check.h"
 #include "proto/codec/status_codes.h"
 
 namespace attention::client {
@@ -116,7 +117,7 @@ void SetMaxMessageBytes(int bytes) { MessageLimit() = bytes; }
 
 int MaxMessageBytes() { return MessageLimit(); }
 
-std::string ServiceConfig(const std::string& lb_policy) {
+std::string ServiceConfig(const std::string& lb_policy, bool health_check) {
   // Requests refused with UNAVAILABLE (a replica draining or gone) are retried:
   // computing attention has no side effects. With round_robin a retry goes to
   // the next replica, and client-side health checking skips replicas that
@@ -132,7 +133,7 @@ std::string ServiceConfig(const std::string& lb_policy) {
   if (!lb_policy.empty()) {
     absl::StrAppend(&config, R"(, "loadBalancingConfig": [{")", lb_policy, R"(": {}}])");
   }
-  if (lb_policy == "round_robin") {
+  if (lb_policy == "round_robin" && health_check) {
     absl::StrAppend(&config, R"(, "healthCheckConfig": {"serviceName": ""})");
   }
   return config + "}";
@@ -150,7 +151,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   // channel re-resolves the name to find replicas added meanwhile: allow that
   // every 2 s rather than gRPC's default 30 s.
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 2000);
-  args.SetServiceConfigJSON(ServiceConfig(lb_policy));
+  args.SetServiceConfigJSON(ServiceConfig(lb_policy, !TargetCheck::NamesOneServer(target)));
   const ResolvedSecurity& security = Security();
   if (!security.server_name.empty()) args.SetSslTargetNameOverride(security.server_name);
   if (security.token.empty()) {

@@ -30,10 +30,15 @@ void SetMaxMessageBytes(int bytes);
 int MaxMessageBytes();
 
 // The channel's service config: retries of UNAVAILABLE on Infer and
-// InferStream, and `lb_policy` if not empty. round_robin (the clients'
-// default) also gets client-side health checking: replicas reporting
-// NOT_SERVING get no new calls, and a retry goes to another replica.
-std::string ServiceConfig(const std::string& lb_policy);
+// InferStream, and `lb_policy` if not empty. With `health_check`,
+// round_robin (the clients' default) also gets client-side health checking:
+// replicas reporting NOT_SERVING get no new calls, and a retry goes to
+// another replica. MakeChannel asks for it only for a target that may name
+// several servers (TargetCheck::NamesOneServer): with one there is no other
+// replica to choose, and under a flood past the server's gRPC receive quota
+// gRPC may cancel the health Watch call with the others, which makes the
+// channel fail every call UNAVAILABLE for its retry backoff (about 1 s).
+std::string ServiceConfig(const std::string& lb_policy, bool health_check = true);
 
 // How channels reach the server: plaintext (the default) or TLS, optionally
 // with a client certificate (mutual TLS), and a bearer token sent on every

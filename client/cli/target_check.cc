@@ -1,5 +1,8 @@
 #include "client/cli/target_check.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -134,6 +137,25 @@ std::optional<TargetCheck::Address> TargetCheck::FirstAddress(const std::string&
   }
   if (absl::StartsWith(host, "[")) host = host.substr(1, host.size() - 2);
   return Address{host, number};
+}
+
+bool TargetCheck::NamesOneServer(const std::string& target) {
+  for (const char* socket : {"unix:", "unix-abstract:", "vsock:"}) {
+    if (absl::StartsWith(target, socket)) return true;
+  }
+  std::string text = target;
+  if (absl::StartsWith(text, "ipv4:") || absl::StartsWith(text, "ipv6:")) {
+    if (absl::StrContains(text, ',')) return false;
+    text = text.substr(5);
+  }
+  std::string host, port;
+  bool has_port;
+  if (!SplitHostPort(text, &host, &port, &has_port) || !has_port) return false;
+  if (absl::StartsWith(host, "[")) host = host.substr(1, host.size() - 2);
+  // A numeric IPv4 or IPv6 address, not a name to resolve.
+  in6_addr v6;
+  in_addr v4;
+  return inet_pton(AF_INET, host.c_str(), &v4) == 1 || inet_pton(AF_INET6, host.c_str(), &v6) == 1;
 }
 
 }  // namespace attention::client

@@ -32,6 +32,13 @@ class TargetCheck {
     int port = 0;
   };
   static std::optional<Address> FirstAddress(const std::string& target);
+
+  // True when `target` can only ever name one server: a numeric address
+  // (1.2.3.4:5, [::1]:5, ipv4:/ipv6: with one address) or a unix:/vsock:
+  // socket. False for a name the resolver may turn into several addresses
+  // (localhost:5, dns:///svc:5, a headless Kubernetes service) and for
+  // address lists. MakeChannel health-checks only those (see ServiceConfig).
+  static bool NamesOneServer(const std::string& target);
 };
 
 }  // namespace attention::client

@@ -58,4 +58,15 @@ TEST(TargetCheckTest, FirstAddress) {
 }
 
 }  // namespace
+TEST(TargetCheckTest, NamesOneServer) {
+  for (const char* one :
+       {"127.0.0.1:5", "[::1]:5", "ipv4:10.0.0.1:5", "ipv6:[::1]:5", "unix:/tmp/s", "vsock:3:5"}) {
+    EXPECT_TRUE(TargetCheck::NamesOneServer(one)) << one;
+  }
+  for (const char* several : {"localhost:5", "dns:///svc:5", "svc.ns.svc.cluster.local:5",
+                              "ipv4:10.0.0.1:5,10.0.0.2:5", "10.0.0.1", "abc:5"}) {
+    EXPECT_FALSE(TargetCheck::NamesOneServer(several)) << several;
+  }
+}
+
 }  // namespace attention::client

@@ -3,7 +3,8 @@
 // summary count only the sessions that are ready (and with none ready it
 // exits 1 with the prefill's error and no table). Every assertion is on the
 // text; nothing is timed. infer's errors name the model asked for; a
-// token only in --admin_tokens_file is told it must be in --auth_tokens_file.
+// token only in --admin_tokens_file is told it must be in --auth_tokens_file;
+// a flood past the gRPC receive quota is refused, never UNAVAILABLE.
 #include <unistd.h>
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/clients/cli_test_util.h"
 #include "tests/fixture/server_test_util.h"
 
@@ -90,6 +92,39 @@ TEST(ClientCliInferTest, ModelErrorNamesTheModel) {
   EXPECT_THAT(out, Not(HasSubstr("GetModel failed"))) << out;
   EXPECT_EQ(RunClient("infer --deadline_ms=3000 --server=127.0.0.1:1", &out), 1) << out;
   EXPECT_THAT(out, HasSubstr("infer: cannot read the server's default model: UNAVAILABLE"));
+}
+
+// A flood of 16 MiB requests past the server's gRPC receive quota (64 MiB):
+// gRPC sheds load by cancelling calls (RESOURCE_EXHAUSTED), which once took
+// the channel's health-check Watch with them, and the channel then failed
+// every call UNAVAILABLE ("health check call failed") for its backoff: 298
+// of the container test's flood in stop 42's CI, and 32-396 of 700-950
+// requests in this test (3 runs of 3). A numeric address names one server and is not
+// health-checked: every request is answered by the server (here refused: each needs more working
+// memory than the server allows a batch).
+TEST(ClientCliFloodTest, AFloodPastTheReceiveQuotaIsRefusedNotUnavailable) {
+  testing::ServerProcess server(ATTENTION_SERVER_BINARY, {"--grpc_receive_quota_bytes=67108864",
+                                                          "--max_batch_working_bytes=67108864"});
+  ASSERT_TRUE(server.ok());
+  const std::string json = NewDir("client_cli_flood") + "/load.json";
+  std::string out;
+  // Exits 1: every request failed (was refused).
+  RunClient("load --concurrency=32 --seq_len=16384 --duration=3s --deadline_ms=20000 --json=" +
+                json + " --server=" + server.target(),
+            &out);
+  std::ifstream in(json);
+  ASSERT_TRUE(in.good()) << out;
+  const nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_EQ(j.size(), 1u);
+  int64_t refused = 0;
+  for (const auto& [code, count] : j[0]["errors"].items()) {
+    EXPECT_THAT(code, ::testing::AnyOf("RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"))
+        << count << " requests: " << j.dump();
+    refused += count.get<int64_t>();
+  }
+  EXPECT_GT(refused, 0) << j.dump();  // The flood was refused, not computed.
+  EXPECT_EQ(server.Stop(), 0);
+  std::filesystem::remove_all(std::filesystem::path(json).parent_path());
 }
 
 }  // namespace

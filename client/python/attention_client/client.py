@@ -13,7 +13,8 @@ from ._codec import (_OUTPUT_DTYPES, InferResult, _decode, _encode,  # noqa: F40
                      model_version_of, output_dtype_of)
 from ._stubs import attention_pb2, attention_pb2_grpc, sessions_pb2, sessions_pb2_grpc
 from ._stubs import grpc_predict_v2_pb2_grpc
-from .errors import AttentionError, check_target, from_rpc_error, status_code  # noqa: F401
+from .errors import (AttentionError, check_target, from_rpc_error, names_one_server,  # noqa: F401
+                     status_code)
 from .models import (RepositoryModel, index_request, load_request, model_dict,
                      repository_models, unload_request)
 # The security's names stay importable from attention_client.client too.
@@ -49,7 +50,7 @@ _RETRY_POLICY = {"maxAttempts": 4, "initialBackoff": "0.02s", "maxBackoff": "0.5
 _RETRIED_SESSION_METHODS = ("CreateSession", "GetSession", "CloseSession")
 
 
-def service_config(load_balancing="round_robin"):
+def service_config(load_balancing="round_robin", target=None):
     """The service config of the client's channel for attention.v1 calls.
 
     UNAVAILABLE (a replica draining or gone) is retried: computing attention has no side
@@ -58,7 +59,10 @@ def service_config(load_balancing="round_robin"):
     load_balancing names the policy (None or "": gRPC's default, pick_first). With
     round_robin (the default) the channel also health-checks every backend (grpc.health.v1),
     so replicas reporting NOT_SERVING get no calls and a retry goes to the next healthy
-    replica; with pick_first every attempt goes to the same one.
+    replica; with pick_first every attempt goes to the same one. A target that can name only
+    one server (names_one_server: 10.0.0.5:50051) is not health-checked: there is no other
+    replica to choose, and under a flood past the server's gRPC receive quota gRPC may cancel
+    the health Watch call, which fails every call UNAVAILABLE for the retry backoff (~1 s).
     """
     names = [{"service": "attention.v1.AttentionService"}]
     names += [{"service": "attention.v1.SessionService", "method": method}
@@ -66,7 +70,7 @@ def service_config(load_balancing="round_robin"):
     config = {"methodConfig": [{"name": names, "retryPolicy": dict(_RETRY_POLICY)}]}
     if load_balancing:
         config["loadBalancingConfig"] = [{load_balancing: {}}]
-    if load_balancing == "round_robin":
+    if load_balancing == "round_robin" and not (target and names_one_server(target)):
         config["healthCheckConfig"] = {"serviceName": ""}
     return config
 
@@ -147,7 +151,7 @@ class AttentionClient:
                                           token_file=token_file)
         self.tls = self._security.credentials is not None
         self.timeout = timeout
-        self.service_config = service_config(load_balancing)
+        self.service_config = service_config(load_balancing, target)
         # health() has its own channel that asks the first reachable address, without
         # client-side health checking: with it, a NOT_SERVING backend would fail the Check
         # call UNAVAILABLE instead of answering NOT_SERVING.

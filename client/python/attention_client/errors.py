@@ -14,6 +14,7 @@ back (made only after a call failed to connect).
 The C++ CLI (client/cli/call_advice.cc) and the Node.js client (client/node/index.js) give the
 same hints.
 """
+import ipaddress
 import re
 import socket
 from typing import Optional, Tuple
@@ -109,6 +110,28 @@ def first_address(target) -> Optional[Tuple[str, int]]:
     if not match or not (match.group("port") or "").isdigit():
         return None
     return match.group("host").strip("[]"), int(match.group("port"))
+
+
+def names_one_server(target) -> bool:
+    """True when `target` can only name one server: a numeric address (1.2.3.4:5, [::1]:5,
+    ipv4:/ipv6: with one address) or a unix:/vsock: socket. False for a name the resolver
+    may turn into several addresses (localhost:5, dns:///svc:5) and for address lists. The
+    channel health-checks only those, as the C++ client does (TargetCheck::NamesOneServer)."""
+    if target.startswith(("unix:", "unix-abstract:", "vsock:")):
+        return True
+    rest = target
+    if rest.startswith(("ipv4:", "ipv6:")):
+        if "," in rest:
+            return False
+        rest = rest[5:]
+    match = _HOST_PORT.match(rest)
+    if not match or not (match.group("port") or "").isdigit():
+        return False
+    try:
+        ipaddress.ip_address(match.group("host").strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"

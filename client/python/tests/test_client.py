@@ -442,9 +442,16 @@ class ChannelTest(unittest.TestCase):
         return client
 
     def test_default_config_round_robin_with_health_checks(self):
-        config = self.client("127.0.0.1:1").service_config
+        config = self.client("localhost:1").service_config
         self.assertEqual(config["loadBalancingConfig"], [{"round_robin": {}}])
         self.assertEqual(config["healthCheckConfig"], {"serviceName": ""})
+        for several in ("dns:///svc:1", "ipv4:127.0.0.1:1,127.0.0.1:2"):
+            self.assertIn("healthCheckConfig", self.client(several).service_config, several)
+        # One numeric address, or a socket, names one server: nothing to choose between.
+        for one in ("127.0.0.1:1", "[::1]:1", "ipv4:127.0.0.1:1", "unix:/tmp/attention.sock"):
+            one_config = self.client(one).service_config
+            self.assertEqual(one_config["loadBalancingConfig"], [{"round_robin": {}}], one)
+            self.assertNotIn("healthCheckConfig", one_config, one)
         self.assertEqual(config["methodConfig"][0]["retryPolicy"]["maxAttempts"], 4)
         self.assertEqual(config["methodConfig"][0]["retryPolicy"]["retryableStatusCodes"],
                          ["UNAVAILABLE"])
@@ -548,11 +555,19 @@ class ChannelTest(unittest.TestCase):
         client = self.client(draining.address)
         self.assertEqual(client.health_status(), "NOT_SERVING")
         self.assertFalse(client.health())
-        # The calls' channel health-checks the replica itself: it sends it nothing.
+        # A numeric address names one server: not health-checked, the replica itself answers
+        # UNAVAILABLE (4 attempts).
         with self.assertRaises(AttentionError) as ctx:
             client.infer(np.ones((1, 2, 8), np.float32))
         self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
-        self.assertEqual(draining.infer_calls, 0)
+        self.assertEqual(draining.infer_calls, 4)
+        # A name may resolve to several replicas: the calls' channel health-checks each and
+        # sends the draining one nothing.
+        named = self.client(f"localhost:{draining.port}")
+        with self.assertRaises(AttentionError) as ctx:
+            named.infer(np.ones((1, 2, 8), np.float32))
+        self.assertEqual(ctx.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertEqual(draining.infer_calls, 4)
         serving = self.backend()
         self.assertEqual(self.client(serving.address).health_status(), "SERVING")
         self.assertTrue(self.client(serving.address).health())
@@ -582,7 +597,8 @@ for call in (lambda: client.infer(np.ones((1, 2, 8), np.float32)), client.models
 client.close()
 print("no crash")
 """
-        child = subprocess.run([sys.executable, "-c", script, f"127.0.0.1:{free_port()}"],
+        # A name (not a numeric address), so that the calls' channel health-checks.
+        child = subprocess.run([sys.executable, "-c", script, f"localhost:{free_port()}"],
                                capture_output=True, text=True, timeout=120, env=os.environ)
         self.assertEqual(child.returncode, 0,
                          f"exit {child.returncode} (-11: SIGSEGV); stdout: {child.stdout}; "
