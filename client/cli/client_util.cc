@@ -151,8 +151,13 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   // channel re-resolves the name to find replicas added meanwhile: allow that
   // every 2 s rather than gRPC's default 30 s.
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 2000);
-  args.SetServiceConfigJSON(ServiceConfig(lb_policy, !TargetCheck::NamesOneServer(target)));
   const ResolvedSecurity& security = Security();
+  // gRPC's health-check calls do not pass through interceptors, so they
+  // cannot carry the token: against a server with --auth_probes every Watch
+  // was refused and the channel failed every call UNAVAILABLE. With a token,
+  // a draining replica is skipped by retrying its UNAVAILABLE instead.
+  args.SetServiceConfigJSON(
+      ServiceConfig(lb_policy, security.token.empty() && !TargetCheck::NamesOneServer(target)));
   if (!security.server_name.empty()) args.SetSslTargetNameOverride(security.server_name);
   if (security.token.empty()) {
     return grpc::CreateCustomChannel(target, security.credentials, args);

@@ -33,11 +33,15 @@ int MaxMessageBytes();
 // InferStream, and `lb_policy` if not empty. With `health_check`,
 // round_robin (the clients' default) also gets client-side health checking:
 // replicas reporting NOT_SERVING get no new calls, and a retry goes to
-// another replica. MakeChannel asks for it only for a target that may name
-// several servers (TargetCheck::NamesOneServer): with one there is no other
-// replica to choose, and under a flood past the server's gRPC receive quota
+// another replica. MakeChannel asks for it only without a token (gRPC's
+// health-check calls cannot carry one, and a server with --auth_probes
+// refuses them) and for a target that may name several servers
+// (TargetCheck::NamesOneServer): with one there is no other replica to
+// choose, and under a flood past the server's gRPC receive quota
 // gRPC may cancel the health Watch call with the others, which makes the
-// channel fail every call UNAVAILABLE for its retry backoff (about 1 s).
+// channel fail every call UNAVAILABLE for the Watch's retry backoff (1 s,
+// then 1.6 times longer for each failure in a row, up to 120 s). Named
+// targets stay exposed to that.
 std::string ServiceConfig(const std::string& lb_policy, bool health_check = true);
 
 // How channels reach the server: plaintext (the default) or TLS, optionally

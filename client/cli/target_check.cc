@@ -150,8 +150,12 @@ bool TargetCheck::NamesOneServer(const std::string& target) {
   }
   std::string host, port;
   bool has_port;
-  if (!SplitHostPort(text, &host, &port, &has_port) || !has_port) return false;
+  if (!SplitHostPort(text, &host, &port, &has_port) || !has_port || port.empty() ||
+      !std::all_of(port.begin(), port.end(), absl::ascii_isdigit)) {
+    return false;
+  }
   if (absl::StartsWith(host, "[")) host = host.substr(1, host.size() - 2);
+  host = host.substr(0, host.find('%'));  // An IPv6 zone id ("fe80::1%eth0").
   // A numeric IPv4 or IPv6 address, not a name to resolve.
   in6_addr v6;
   in_addr v4;

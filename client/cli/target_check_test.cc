@@ -57,16 +57,17 @@ TEST(TargetCheckTest, FirstAddress) {
   EXPECT_FALSE(TargetCheck::FirstAddress("unix:/tmp/s").has_value());
 }
 
-}  // namespace
 TEST(TargetCheckTest, NamesOneServer) {
-  for (const char* one :
-       {"127.0.0.1:5", "[::1]:5", "ipv4:10.0.0.1:5", "ipv6:[::1]:5", "unix:/tmp/s", "vsock:3:5"}) {
+  for (const char* one : {"127.0.0.1:5", "[::1]:5", "ipv4:10.0.0.1:5", "ipv6:[::1]:5",
+                          "[fe80::1%eth0]:5", "unix:/tmp/s", "unix-abstract:s", "vsock:3:5"}) {
     EXPECT_TRUE(TargetCheck::NamesOneServer(one)) << one;
   }
   for (const char* several : {"localhost:5", "dns:///svc:5", "svc.ns.svc.cluster.local:5",
-                              "ipv4:10.0.0.1:5,10.0.0.2:5", "10.0.0.1", "abc:5"}) {
+                              "ipv4:10.0.0.1:5,10.0.0.2:5", "ipv6:[::1]:5,[::2]:5", "10.0.0.1",
+                              "10.0.0.1:", "10.0.0.1:x", "10.0.0.1:5 ", "abc:5", ""}) {
     EXPECT_FALSE(TargetCheck::NamesOneServer(several)) << several;
   }
 }
 
+}  // namespace
 }  // namespace attention::client

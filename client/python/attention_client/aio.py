@@ -58,7 +58,8 @@ class AsyncAttentionClient:
         self._metadata = ()
         if self._security.interceptor is not None:
             self._metadata = (self._security.interceptor._header,)
-        self._channel = self._make_channel(target, service_config(load_balancing, target))
+        self._channel = self._make_channel(
+            target, service_config(load_balancing, target, token=bool(self._metadata)))
         self._stub = attention_pb2_grpc.AttentionServiceStub(self._channel)
         self._session_stub = sessions_pb2_grpc.SessionServiceStub(self._channel)
         self._oip_stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(self._channel)

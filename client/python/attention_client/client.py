@@ -50,7 +50,7 @@ _RETRY_POLICY = {"maxAttempts": 4, "initialBackoff": "0.02s", "maxBackoff": "0.5
 _RETRIED_SESSION_METHODS = ("CreateSession", "GetSession", "CloseSession")
 
 
-def service_config(load_balancing="round_robin", target=None):
+def service_config(load_balancing="round_robin", target=None, token=False):
     """The service config of the client's channel for attention.v1 calls.
 
     UNAVAILABLE (a replica draining or gone) is retried: computing attention has no side
@@ -62,7 +62,11 @@ def service_config(load_balancing="round_robin", target=None):
     replica; with pick_first every attempt goes to the same one. A target that can name only
     one server (names_one_server: 10.0.0.5:50051) is not health-checked: there is no other
     replica to choose, and under a flood past the server's gRPC receive quota gRPC may cancel
-    the health Watch call, which fails every call UNAVAILABLE for the retry backoff (~1 s).
+    the health Watch call, which fails every call UNAVAILABLE for the Watch's retry backoff
+    (1 s, growing 1.6x per failure in a row up to 120 s); names stay exposed to that. Nor is
+    a channel with a token (`token` true): gRPC's health-check calls do not pass through
+    the interceptor that adds it, and a server with --auth_probes refused them, failing
+    every call UNAVAILABLE; a draining replica's UNAVAILABLE is retried instead.
     """
     names = [{"service": "attention.v1.AttentionService"}]
     names += [{"service": "attention.v1.SessionService", "method": method}
@@ -70,7 +74,7 @@ def service_config(load_balancing="round_robin", target=None):
     config = {"methodConfig": [{"name": names, "retryPolicy": dict(_RETRY_POLICY)}]}
     if load_balancing:
         config["loadBalancingConfig"] = [{load_balancing: {}}]
-    if load_balancing == "round_robin" and not (target and names_one_server(target)):
+    if load_balancing == "round_robin" and not token and not (target and names_one_server(target)):
         config["healthCheckConfig"] = {"serviceName": ""}
     return config
 
@@ -151,7 +155,8 @@ class AttentionClient:
                                           token_file=token_file)
         self.tls = self._security.credentials is not None
         self.timeout = timeout
-        self.service_config = service_config(load_balancing, target)
+        self.service_config = service_config(load_balancing, target,
+                                             token=self._security.interceptor is not None)
         # health() has its own channel that asks the first reachable address, without
         # client-side health checking: with it, a NOT_SERVING backend would fail the Check
         # call UNAVAILABLE instead of answering NOT_SERVING.

@@ -452,6 +452,8 @@ class ChannelTest(unittest.TestCase):
             one_config = self.client(one).service_config
             self.assertEqual(one_config["loadBalancingConfig"], [{"round_robin": {}}], one)
             self.assertNotIn("healthCheckConfig", one_config, one)
+        # gRPC's health-check calls cannot carry a token: a channel with one has none.
+        self.assertNotIn("healthCheckConfig", self.client("localhost:1", token="t").service_config)
         self.assertEqual(config["methodConfig"][0]["retryPolicy"]["maxAttempts"], 4)
         self.assertEqual(config["methodConfig"][0]["retryPolicy"]["retryableStatusCodes"],
                          ["UNAVAILABLE"])

@@ -108,7 +108,7 @@ class ExitTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        assert cls.servers.stop() == [0, 0, 0], "attention-server must exit 0 on SIGTERM"
+        assert cls.servers.stop() == [0, 0, 0, 0], "attention-server must exit 0 on SIGTERM"
 
     def test_a_script_using_the_client_exits_cleanly_every_time(self):
         with tempfile.TemporaryDirectory() as folder:

@@ -2,9 +2,10 @@
 
 Certificates are made at test time with the openssl tool (two CAs; a server certificate for
 localhost/127.0.0.1 signed by the first, a client certificate signed by each); the tokens file
-holds SHA-256 hashes of random tokens. Three servers, started once and shared: TLS with tokens,
-mutual TLS with tokens, and plaintext with tokens (the token goes through an interceptor on
-every channel, not as call credentials).
+holds SHA-256 hashes of random tokens. Four servers, started once and shared: TLS with tokens,
+mutual TLS with tokens, plaintext with tokens (the token goes through an interceptor on every
+channel, not as call credentials), and plaintext with tokens and --auth_probes (health checks
+need a token too; ATTENTION_CLIENT_BINARY, when set, runs the C++ CLI against it).
 
 Run by CTest as python_client_security_test (ATTENTION_SERVER_BINARY, ATTENTION_PY_GEN and
 PYTHONPATH set there) and by python_package_test against the installed package; by hand:
@@ -99,6 +100,7 @@ class Servers:
         self.tls = self.start(tls)
         self.mtls = self.start(tls + [f"--tls_client_ca_file={self.path('ca1.pem')}"])
         self.plain = self.start([])
+        self.probes = self.start(["--auth_probes"])  # Health checks need a token too.
 
     def path(self, name):
         return os.path.join(self.dir, name)
@@ -122,7 +124,7 @@ class Servers:
                   (self.mtls, {"tls_ca_file": self.path("ca1.pem"),
                                "tls_cert_file": self.path("client-ca1.pem"),
                                "tls_key_file": self.path("client-ca1.key")}),
-                  (self.plain, {})]
+                  (self.plain, {}), (self.probes, {"token": self.tokens["alice"]})]
         deadline = time.monotonic() + 30
 
         def wait(ready, process, target):
@@ -134,7 +136,8 @@ class Servers:
         for (target, kwargs), process in zip(checks, self.processes):
             host, port = target.rsplit(":", 1)
             wait(lambda: port_open(host, int(port)), process, target)
-            with AttentionClient(target, timeout=2, token="", **kwargs) as client:
+            kwargs.setdefault("token", "")
+            with AttentionClient(target, timeout=2, **kwargs) as client:
                 wait(client.health, process, target)
 
     def stop(self):
@@ -163,7 +166,7 @@ def setUpModule():
 
 def tearDownModule():
     if SERVERS is not None:
-        assert SERVERS.stop() == [0, 0, 0], "attention-server must exit 0 on SIGTERM"
+        assert SERVERS.stop() == [0, 0, 0, 0], "attention-server must exit 0 on SIGTERM"
 
 
 @unittest.skipIf(MISSING, f"Python client security test dependencies missing: {MISSING}")
@@ -262,6 +265,25 @@ class SecurityTest(unittest.TestCase):
             self.assertCode(grpc.StatusCode.UNAUTHENTICATED, client.models)
             self.assertCode(grpc.StatusCode.UNAUTHENTICATED, client.session)
             self.assertTrue(client.health())  # Health checks stay open (no --auth_probes).
+
+    def test_a_named_target_with_a_token_works_when_probes_need_one(self):
+        # gRPC's client-side health checks cannot carry the token (they bypass interceptors):
+        # against --auth_probes every Watch was refused, and a health-checked channel (a name,
+        # round_robin) failed every call UNAVAILABLE "health check call failed".
+        named = "localhost:" + SERVERS.probes.rsplit(":", 1)[1]
+        for client in (self.client(named, token=SERVERS.tokens["alice"]),
+                       self.client(SERVERS.probes, token=SERVERS.tokens["alice"])):
+            self.assertEqual(client.infer(self.query).output.shape, (1, 4, 256))
+            self.assertTrue(client.health())
+        self.assertCode(grpc.StatusCode.UNAUTHENTICATED,
+                        lambda: self.client(named, token="").health_status())
+        client = os.environ.get("ATTENTION_CLIENT_BINARY")
+        if client:  # The C++ CLI, the same way.
+            result = subprocess.run(
+                [client, "infer", f"--server={named}", "--seq_len=4", "--deadline_ms=10000",
+                 f"--token_file={SERVERS.path('alice.token')}"],
+                capture_output=True, text=True, timeout=60)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
 
     def test_model_not_permitted_is_permission_denied(self):
         for client in (self.tls_client(token="bob"),
