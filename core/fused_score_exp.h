@@ -38,35 +38,52 @@ constexpr int64_t kNoDiagonal = std::numeric_limits<int64_t>::max();
 // Row r's block of 16 NV scores from column c of the tile, held as x = s -
 // m_old (acc, `shift` = -m_old, or 0 for a row with no reference yet), has
 // one above the reference + kSlack, or the row has no reference yet
-// (`fresh`): moves the reference (MoveReference) and re-bases acc on the new
-// one (x + m_old - m_new: m_new - m_old is a whole number, so this is one
-// rounding, as computing s - m_new is).
+// (`fresh`): moves the reference (MoveReference; a fresh row's, the block's
+// top, in registers) and re-bases acc on the new one (x + m_old - m_new:
+// m_new - m_old is a whole number, so this is one rounding, as computing
+// s - m_new is).
 template <int NV>
 inline void RebaseRow(__m512 (&acc)[NV], __mmask16 last, const TileRows& st, int64_t r, int64_t c,
                       float shift, bool fresh) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  if (fresh) {
+    // Every row's first block: the reference is the block's top, as
+    // MoveReference sets it for a fresh row, taken in registers (a NaN lane
+    // keeps the others': max returns its second operand then; lanes past
+    // `last` left out). Nothing is accumulated yet, so nothing is rescaled.
+    __m512 top = _mm512_set1_ps(kNegInf);
+#pragma GCC unroll 4
+    for (int v = 0; v + 1 < NV; ++v) top = _mm512_max_ps(acc[v], top);
+    top = _mm512_mask_max_ps(top, last, acc[NV - 1], top);
+    const float m = _mm512_reduce_max_ps(top);
+    st.m[r] = m;
+    // Every score -inf or NaN: no reference yet; acc holds the scores, whose
+    // 2^x are the 0s and NaNs wanted. Else x = s - m (-inf, and NaN for a
+    // +inf score, when the reference is +inf).
+    if (m == kNegInf) return;
+    const __m512 delta = _mm512_set1_ps(-m);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[v] = _mm512_add_ps(acc[v], delta);
+    return;
+  }
   __mmask16 over = 0;
   const __m512 limit = _mm512_set1_ps(kSlack);
 #pragma GCC unroll 4
   for (int v = 0; v + 1 < NV; ++v) over |= _mm512_cmp_ps_mask(acc[v], limit, _CMP_GT_OQ);
   over |= _mm512_mask_cmp_ps_mask(last, acc[NV - 1], limit, _CMP_GT_OQ);
-  if (over == 0 && !fresh) return;
-  // The scores themselves (exact for a fresh row: shift 0), -inf past `last`.
+  if (over == 0) return;
+  // The scores themselves, -inf past `last`.
   alignas(64) float scores[16 * NV];
   const __m512 unshift = _mm512_set1_ps(-shift);
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) {
-    const __m512 s = fresh ? acc[v] : _mm512_add_ps(acc[v], unshift);
+    const __m512 s = _mm512_add_ps(acc[v], unshift);
     _mm512_store_ps(scores + 16 * v,
                     v + 1 < NV ? s : _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), last, s));
   }
   MoveReference(st, r, c, scores, 16 * NV);
-  // Still no reference (fresh, every score -inf or NaN): acc holds the
-  // scores themselves, whose 2^x are the 0s and NaNs wanted.
-  if (st.m[r] == kNegInf) return;
-  // -m_new - shift: for a fresh row -m_new, else -(m_new - m_old), exact;
-  // -inf when the reference became +inf (every x then -inf or NaN, as s -
-  // m_new would be).
+  // -(m_new - m_old), exact; -inf when the reference became +inf (every x
+  // then -inf or NaN, as s - m_new would be).
   const __m512 delta = _mm512_set1_ps(-st.m[r] - shift);
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v) acc[v] = _mm512_add_ps(acc[v], delta);
@@ -121,17 +138,18 @@ inline void ScoreExpBlock(const T* q, int64_t ldq, const T* panel, int64_t depth
     }
   }
   if constexpr (std::is_same_v<T, float>) {
-    // The block's largest x (a NaN lane keeps the others': max returns its
-    // second operand then); lanes past `last` left out. One test for the
-    // block.
-    __m512 top = _mm512_set1_ps(kNegInf);
+    // One test for the block: does any x exceed kSlack (NaN lanes and lanes
+    // past `last` left out)? Independent compares, not a chain of maxima
+    // that waits on the last FMAs.
+    const __m512 limit = _mm512_set1_ps(kSlack);
+    __mmask16 over = 0;
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 16
-      for (int v = 0; v + 1 < NV; ++v) top = _mm512_max_ps(acc[r][v], top);
-      top = _mm512_mask_max_ps(top, last, acc[r][NV - 1], top);
+      for (int v = 0; v + 1 < NV; ++v) over |= _mm512_cmp_ps_mask(acc[r][v], limit, _CMP_GT_OQ);
+      over |= _mm512_mask_cmp_ps_mask(last, acc[r][NV - 1], limit, _CMP_GT_OQ);
     }
-    if (any_fresh || _mm512_cmp_ps_mask(top, _mm512_set1_ps(kSlack), _CMP_GT_OQ) != 0) {
+    if (any_fresh || over != 0) {
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) RebaseRow<NV>(acc[r], last, st, r0 + r, c, shift[r], fresh[r]);
     }
