@@ -163,31 +163,13 @@ TEST_F(AsyncInferParseTest, DrainWaitsForAndAnswersARequestHeldInTheParsePool) {
   ASSERT_TRUE(Start(SmallServerOptions("async_parse_drain")));
   std::mt19937 rng(4);
   PendingCall large(LargeRequest(rng, "large"));
-  absl::Notification drained;
-  bool idle = false;
-  std::thread drain;
-  {
-    PoolLatch latch(pool());
-    large.Start(stub_.get());
-    ASSERT_TRUE(latch.WaitEntered());
-    drain = std::thread([&] {
-      idle = server_->Drain();
-      drained.Notify();
-    });
-    ASSERT_TRUE(WaitFor([&] { return server_->service().draining(); }));
-    // Received before the drain: the drain waits for its answer.
-    EXPECT_FALSE(drained.HasBeenNotified());
-    EXPECT_FALSE(large.done.HasBeenNotified());
-  }
+  EXPECT_TRUE(DrainWithACallHeldInTheParsePool(*server_, pool(), large, stub_.get()));
   // Not yet parsed when the drain began, it is refused as one arriving then
   // would be (the batchers take no new work): answered, never lost.
-  ASSERT_TRUE(large.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(large.done.HasBeenNotified());
   EXPECT_EQ(large.status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << large.status.error_message();
   EXPECT_EQ(large.status.error_message(), "server is shutting down");
-  EXPECT_TRUE(drained.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  drain.join();
-  EXPECT_TRUE(idle);
   EXPECT_EQ(server_->service().inflight_bytes(), 0);
 }
 

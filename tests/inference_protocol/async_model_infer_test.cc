@@ -164,28 +164,11 @@ TEST_F(AsyncModelInferTest, DrainAnswersARequestHeldInTheParsePool) {
   ASSERT_TRUE(Start(SmallServerOptions("async_oip_drain")));
   std::mt19937 rng(4);
   PendingModelInfer large(Request(RandomTensor({80, 64, 16}, rng), "large"));
-  absl::Notification drained;
-  bool idle = false;
-  std::thread drain;
-  {
-    PoolLatch latch(pool());
-    large.Start(oip_.get());
-    ASSERT_TRUE(latch.WaitEntered());
-    drain = std::thread([&] {
-      idle = server_->Drain();
-      drained.Notify();
-    });
-    ASSERT_TRUE(WaitFor([&] { return server_->service().draining(); }));
-    EXPECT_FALSE(drained.HasBeenNotified());
-    EXPECT_FALSE(large.done.HasBeenNotified());
-  }
+  EXPECT_TRUE(DrainWithACallHeldInTheParsePool(*server_, pool(), large, oip_.get()));
   // Not parsed when the drain began: refused as one arriving then would be.
-  ASSERT_TRUE(large.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(large.done.HasBeenNotified());
   EXPECT_EQ(large.status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << large.status.error_message();
-  EXPECT_TRUE(drained.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  drain.join();
-  EXPECT_TRUE(idle);
   EXPECT_EQ(server_->service().inflight_bytes(), 0);
 }
 
