@@ -57,9 +57,12 @@ inline void RebaseRow(__m512 (&acc)[NV], __mmask16 last, const TileRows& st, int
     top = _mm512_mask_max_ps(top, last, acc[NV - 1], top);
     const float m = _mm512_reduce_max_ps(top);
     st.m[r] = m;
-    // Every score -inf or NaN: no reference yet; acc holds the scores, whose
-    // 2^x are the 0s and NaNs wanted. Else x = s - m (-inf, and NaN for a
-    // +inf score, when the reference is +inf).
+    // Every score -inf or NaN: the row stays without a reference (acc holds
+    // the scores, whose 2^x are the 0s and NaNs wanted), so that a later
+    // block's finite scores, however low, get theirs exactly (a finite
+    // reference set here could only move up: later scores more than 126
+    // below it would vanish). Else x = s - m (-inf, and NaN for a +inf
+    // score, when the reference is +inf).
     if (m == kNegInf) return;
     const __m512 delta = _mm512_set1_ps(-m);
 #pragma GCC unroll 4

@@ -134,17 +134,7 @@ float SumLanes(const float* lanes) { return _mm512_reduce_add_ps(_mm512_loadu_ps
 void MoveReference(const TileRows& st, int64_t r, int64_t c, const float* scores, int64_t count) {
   float top = kNegInf;
   for (int64_t i = 0; i < count; ++i) top = std::max(top, scores[i]);  // NaN left out.
-  const float old = st.m[r];
-  if (old == kNegInf) {
-    // Nothing accumulated yet (zero context and sum, or a NaN sum, which
-    // stays): the reference is the block's top. Every score -inf or NaN: the
-    // row stays without one (its probabilities are 0 or NaN), so that a later
-    // block's finite scores, however low, get theirs exactly (a finite
-    // reference set here could only move up: later scores more than 126
-    // below it would vanish).
-    st.m[r] = top;
-    return;
-  }
+  const float old = st.m[r];  // Never -inf here (see the header).
   // k >= 1 whole steps (+inf for an infinite score: everything else becomes 0).
   const float k = std::max(1.0f, std::ceil(top - old));
   st.m[r] = old + k;

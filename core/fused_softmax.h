@@ -54,8 +54,8 @@ struct TileRows {
 constexpr float kSlack = 8.0f;
 
 // Row r's block of `count` scores, from column c of the tile, has one above
-// m[r] + kSlack (or m[r] is -inf: the row's first scores): sets the reference
-// to the block's maximum the first time, else moves it up by the whole number
+// m[r] + kSlack (m[r] finite or +inf: a row's first reference is set by
+// RebaseRow in fused_score_exp.h): moves the reference up by the whole number
 // k of steps that puts the maximum at or below it, and rescales the row's
 // context, sum and the probabilities already written in this tile (columns
 // [0, c)) by 2^-k, exactly.
